@@ -1,0 +1,96 @@
+"""Decoding configuration: one pydantic model carrying the paper's defaults.
+
+Every knob the paper names (arXiv 2604.02047, "Default hyperparameters") lives here with its
+published value, so an ablation is a config change, never a code change.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class SpineTier(BaseModel):
+    """Spine ratio r used while the spine source's acceptance EMA is below ``below``."""
+
+    model_config = ConfigDict(frozen=True)
+    below: float = Field(gt=0.0)
+    ratio: float = Field(gt=0.0, le=1.0)
+
+
+def _paper_tiers() -> list[SpineTier]:
+    # p_s < 0.2 -> r = 0.15; < 0.4 -> 0.30; >= 0.4 -> 0.50
+    return [SpineTier(below=0.2, ratio=0.15), SpineTier(below=0.4, ratio=0.30), SpineTier(below=1.01, ratio=0.50)]
+
+
+class GooseConfig(BaseModel):
+    """Everything that shapes one Goose generation. Defaults are the paper's."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # which plugins take part
+    sources: list[str] = Field(default_factory=lambda: ["context_match", "bigram_transition"])
+    topology: str = "spine"
+
+    # tree shape (BuildSpineTree)
+    budget: int | Literal["auto"] = Field(default=60, description="draft-tree node budget B (anchor excluded)")
+    max_depth: int = Field(default=6, ge=1, description="max depth of a branch expanded through successors")
+    min_score: float = Field(default=0.01, ge=0.0, description="branch nodes scoring below this are not drafted")
+    spine_tiers: list[SpineTier] = Field(default_factory=_paper_tiers)
+    spine_branch_ratio: float = Field(
+        default=0.5, ge=0.0, le=1.0, description="rho: share of the off-spine budget spent at the root"
+    )
+    bypass_threshold: int = Field(
+        default=8, ge=1, description="consensus continuation length that skips the tree (linear bypass)"
+    )
+    branch_top_k: int = Field(default=10, ge=1, description="widest fan-out a branching source may give a node")
+    isotropic_k: int = Field(default=3, ge=1, description="fan-out of the balanced k-ary tree (Iso(k))")
+
+    # sources' shared conventions
+    ema: float = Field(default=0.3, gt=0.0, le=1.0, description="EMA coefficient of acceptance estimates")
+    harvest_top_k: int = Field(default=10, ge=1, description="top-k of every verified position sent to observers")
+    prefill_harvest: int | None = Field(
+        default=256,
+        ge=0,
+        description="prompt positions (the last ones) whose top-k is harvested at prefill; None = all. "
+        "Bounded because each harvested position costs one lm_head row (262k wide on Gemma 3)",
+    )
+    source_options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per-source options, validated by each source's own model"
+    )
+
+    # ablations (paper, Table "Ablations")
+    spine_branches: bool = Field(default=True, description="False: no branches on spine nodes (root only)")
+    consensus_bypass: bool = Field(default=True, description="False: never take the linear bypass")
+
+    @field_validator("budget")
+    @classmethod
+    def _budget_positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("budget must be >= 1 draft node (or 'auto')")
+        return value
+
+    @field_validator("sources")
+    @classmethod
+    def _sources_nonempty(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"sources listed twice: {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _tiers_sorted(self) -> GooseConfig:
+        bounds = [tier.below for tier in self.spine_tiers]
+        if bounds != sorted(bounds) or not bounds:
+            raise ValueError("spine_tiers must be non-empty and sorted by 'below'")
+        return self
+
+    def spine_ratio(self, spine_acceptance: float) -> float:
+        """Confidence-adaptive spine ratio r for the spine source's current acceptance EMA."""
+        for tier in self.spine_tiers:
+            if spine_acceptance < tier.below:
+                return tier.ratio
+        return self.spine_tiers[-1].ratio
+
+    def options_for(self, source: str) -> dict[str, Any]:
+        return dict(self.source_options.get(source, {}))

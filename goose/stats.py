@@ -1,0 +1,69 @@
+"""Generation statistics: tau, speed, per-source acceptance and the kinds of accepted paths."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from goose.outcome import PathKind
+
+
+@dataclass
+class GenerationStats:
+    """Counters of one generation. ``tau`` is tokens per verification call, the bonus token included."""
+
+    new_tokens: int = 0
+    verify_steps: int = 0
+    accepted_lengths: list[int] = field(default_factory=list)
+    tree_sizes: list[int] = field(default_factory=list)
+    source_reached: Counter[str] = field(default_factory=Counter)
+    source_accepted: Counter[str] = field(default_factory=Counter)
+    path_kinds: Counter[str] = field(default_factory=Counter)
+    prefill_s: float = 0.0
+    wall_s: float = 0.0
+    profile: Counter[str] = field(default_factory=Counter)  # seconds per cycle phase, when profiling
+
+    def record_step(self, new_tokens: int, tree_size: int, kind: PathKind,
+                    per_source: dict[str, tuple[int, int]]) -> None:
+        self.verify_steps += 1
+        self.accepted_lengths.append(new_tokens)
+        self.tree_sizes.append(tree_size)
+        self.path_kinds[kind.value] += 1
+        for name, (reached, accepted) in per_source.items():
+            self.source_reached[name] += reached
+            self.source_accepted[name] += accepted
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens gained per verification call (the paper's tau; 1.0 for plain decoding)."""
+        return sum(self.accepted_lengths) / self.verify_steps if self.verify_steps else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def source_acceptance(self) -> dict[str, float]:
+        """Per source: accepted / tested draft nodes (a node is tested when its parent was accepted)."""
+        return {
+            name: (self.source_accepted[name] / reached if reached else 0.0)
+            for name, reached in sorted(self.source_reached.items())
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "new_tokens": self.new_tokens,
+            "verify_steps": self.verify_steps,
+            "tau": round(self.tau, 4),
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "wall_s": round(self.wall_s, 4),
+            "prefill_s": round(self.prefill_s, 4),
+            "mean_tree_size": round(sum(self.tree_sizes) / len(self.tree_sizes), 2) if self.tree_sizes else 0.0,
+            "source_acceptance": {k: round(v, 4) for k, v in self.source_acceptance.items()},
+            "source_tested": dict(self.source_reached),
+            "source_accepted": dict(self.source_accepted),
+            "path_kinds": {kind.value: self.path_kinds.get(kind.value, 0) for kind in PathKind},
+            "accepted_lengths": list(self.accepted_lengths),
+            **({"profile_s": {k: round(v, 4) for k, v in self.profile.items()}} if self.profile else {}),
+        }

@@ -1,0 +1,231 @@
+"""The draft tree: a parent array of draft tokens hanging off the anchor.
+
+Node 0 is the anchor (the last accepted token, not yet in the KV cache); every other node is a
+draft token whose parent precedes it, so index order is a topological order. Nodes are unique
+on (parent, token): when two sources propose the same token under the same parent the node is
+kept once and keeps the tag of whoever laid it first, which is how a planner that lays the most
+trusted source first gets "prefer context match over transition" in the walk for free.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+ROOT = 0
+NO_PARENT = -1
+NO_SOURCE = -1
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """An immutable draft tree, ready for one verification pass.
+
+    tokens, parents, depths, source_ids: int64 [n]; on_spine: bool [n]. parents[0] == -1,
+    source_ids[0] == -1 (the anchor belongs to no source). ``source_names[source_ids[i]]`` is the
+    source that drafted node i.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    source_ids: torch.Tensor
+    on_spine: torch.Tensor
+    source_names: tuple[str, ...]
+    max_depth: int
+    _ancestors: list[torch.Tensor] = field(default_factory=list, repr=False, compare=False)
+
+    @property
+    def size(self) -> int:
+        """Number of nodes, the anchor included: the tree's row count in the verify pass."""
+        return int(self.tokens.shape[0])
+
+    @property
+    def draft_size(self) -> int:
+        return self.size - 1
+
+    @property
+    def ancestors(self) -> torch.Tensor:
+        """bool [n, n]: ancestors[i, j] is True when j is i or one of i's ancestors."""
+        if not self._ancestors:
+            self._ancestors.append(ancestor_matrix(self.parents, self.max_depth))
+        return self._ancestors[0]
+
+    def attention_mask(
+        self, past_length: int, sliding_window: int | None = None, device: torch.device | str | None = None
+    ) -> torch.Tensor:
+        """bool [1, 1, n, past_length + n]: True where a node may attend.
+
+        Each node sees the whole cached context and its own root path. With ``sliding_window``
+        a node at position q sees a cached position k only when q - k < sliding_window, as the
+        model's sliding-attention layers do in plain decoding.
+        """
+        n = self.size
+        ancestors = self.ancestors
+        past = torch.ones(n, past_length, dtype=torch.bool)
+        if sliding_window is not None and past_length > 0:
+            query_positions = (past_length + self.depths).unsqueeze(1)
+            key_positions = torch.arange(past_length).unsqueeze(0)
+            past = query_positions - key_positions < sliding_window
+            # tree keys lie within max_depth of every query, always inside the window
+        mask = torch.cat([past, ancestors], dim=1)[None, None]
+        return mask if device is None else mask.to(device, non_blocking=True)
+
+    def position_ids(self, past_length: int, device: torch.device | str | None = None) -> torch.Tensor:
+        """int64 [1, n]: context length + depth, the position each node would have in a plain sequence."""
+        positions = (past_length + self.depths)[None]
+        return positions if device is None else positions.to(device, non_blocking=True)
+
+    def root_path(self, node: int) -> torch.Tensor:
+        """Node indices from the first draft node down to ``node`` (anchor excluded), in depth order."""
+        members = self.ancestors[node].nonzero().squeeze(1)
+        return members[members != ROOT]
+
+    @staticmethod
+    def single(anchor: int, source_names: tuple[str, ...] = ()) -> DraftTree:
+        """The one-node tree: plain autoregressive decoding through the same plumbing."""
+        return TreeBuilder(anchor, source_names, capacity=0).build()
+
+
+def ancestor_matrix(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """bool [n, n] ancestor-or-self matrix by pointer jumping: ceil(log2(depth + 1)) tensor steps."""
+    n = parents.shape[0]
+    jump = parents.clamp(min=0)  # the root is its own parent, so jumping past it stays there
+    ancestors = torch.eye(n, dtype=torch.bool)
+    for _ in range(max(1, math.ceil(math.log2(max_depth + 1)))):
+        # rows cover distances [0, 2^k); adding the rows of the 2^k-th ancestor covers [0, 2^(k+1))
+        ancestors = ancestors | ancestors[jump]
+        jump = jump[jump]
+    return ancestors
+
+
+class TreeBuilder:
+    """Lays nodes into a draft tree within a node budget, deduplicated on (parent, token).
+
+    Planners call ``add_chain`` and ``add_children`` in priority order (most trusted source
+    first); nodes beyond the budget are dropped and reported as -1.
+    """
+
+    def __init__(self, anchor: int, source_names: tuple[str, ...], capacity: int) -> None:
+        self.source_names = tuple(source_names)
+        self.capacity = capacity
+        size = capacity + 1
+        self._tokens = torch.empty(size, dtype=torch.long)
+        self._parents = torch.empty(size, dtype=torch.long)
+        self._depths = torch.empty(size, dtype=torch.long)
+        self._sources = torch.empty(size, dtype=torch.long)
+        self._spine = torch.zeros(size, dtype=torch.bool)
+        self._tokens[0], self._parents[0], self._depths[0], self._sources[0] = anchor, NO_PARENT, 0, NO_SOURCE
+        self._size = 1
+        self._max_depth = 0
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def room(self) -> int:
+        """Draft nodes that still fit in the budget."""
+        return self.capacity + 1 - self._size
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        return self._tokens[: self._size]
+
+    @property
+    def depths(self) -> torch.Tensor:
+        return self._depths[: self._size]
+
+    @property
+    def parents(self) -> torch.Tensor:
+        return self._parents[: self._size]
+
+    def source_id(self, name: str) -> int:
+        return self.source_names.index(name)
+
+    def find(self, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Index of the existing node with each (parent, token), or -1."""
+        same = (self.parents[None, :] == parents[:, None]) & (self.tokens[None, :] == tokens[:, None])
+        found = same.any(dim=1)
+        return torch.where(found, same.int().argmax(dim=1), torch.full_like(parents, -1))
+
+    def add_children(
+        self, parents: torch.Tensor, tokens: torch.Tensor, source: int, spine: bool = False
+    ) -> torch.Tensor:
+        """Add one child per (parent, token) pair, in the given order; returns their node indices.
+
+        Existing (parent, token) nodes are reused (their tag is kept). Pairs repeated within the
+        call collapse to their first occurrence. Pairs past the budget get -1.
+        """
+        parents = parents.to(torch.long)
+        tokens = tokens.to(torch.long)
+        if parents.numel() == 0:
+            return parents
+        result = self.find(parents, tokens)
+        fresh = result < 0
+        # within-call duplicates: only the first of equal (parent, token) pairs is new
+        same = (parents[None, :] == parents[:, None]) & (tokens[None, :] == tokens[:, None])
+        first = same.int().argmax(dim=1)
+        fresh &= first == torch.arange(parents.shape[0])
+        new_count = min(int(fresh.sum()), self.room)
+        new_positions = fresh.nonzero().squeeze(1)[:new_count]
+        if new_count:
+            start, stop = self._size, self._size + new_count
+            new_parents = parents[new_positions]
+            new_depths = self._depths[new_parents] + 1
+            self._tokens[start:stop] = tokens[new_positions]
+            self._parents[start:stop] = new_parents
+            self._depths[start:stop] = new_depths
+            self._sources[start:stop] = source
+            self._spine[start:stop] = spine
+            self._size = stop
+            self._max_depth = max(self._max_depth, int(new_depths.max()))
+            result[new_positions] = torch.arange(start, stop)
+        # duplicates inside the call point at their first occurrence's node (or -1 if it did not fit)
+        result = torch.where(result < 0, result[first], result)
+        return result
+
+    def add_chain(self, parent: int, tokens: torch.Tensor, source: int, spine: bool = False) -> torch.Tensor:
+        """Add a linear continuation under ``parent``; returns the node index of every token laid.
+
+        A leading stretch that already exists in the tree is followed, not duplicated; the rest is
+        appended in one block. The result is shorter than ``tokens`` when the budget runs out.
+        """
+        tokens = tokens.to(torch.long)
+        indices: list[int] = []
+        position = 0
+        while position < tokens.shape[0]:  # follow the existing prefix (rarely more than a step)
+            existing = self.find(torch.tensor([parent]), tokens[position : position + 1])
+            node = int(existing[0])
+            if node < 0:
+                break
+            indices.append(node)
+            parent, position = node, position + 1
+        count = min(tokens.shape[0] - position, self.room)
+        if count > 0:
+            start, stop = self._size, self._size + count
+            self._tokens[start:stop] = tokens[position : position + count]
+            self._parents[start] = parent
+            self._parents[start + 1 : stop] = torch.arange(start, stop - 1)
+            base_depth = int(self._depths[parent])
+            self._depths[start:stop] = torch.arange(base_depth + 1, base_depth + 1 + count)
+            self._sources[start:stop] = source
+            self._spine[start:stop] = spine
+            self._size = stop
+            self._max_depth = max(self._max_depth, base_depth + count)
+            indices.extend(range(start, stop))
+        return torch.tensor(indices, dtype=torch.long)
+
+    def build(self) -> DraftTree:
+        n = self._size
+        return DraftTree(
+            tokens=self._tokens[:n].clone(),
+            parents=self._parents[:n].clone(),
+            depths=self._depths[:n].clone(),
+            source_ids=self._sources[:n].clone(),
+            on_spine=self._spine[:n].clone(),
+            source_names=self.source_names,
+            max_depth=self._max_depth,
+        )
