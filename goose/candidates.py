@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,6 +38,7 @@ class DecodeContext:
     vocab_size: int
     eos_token_ids: frozenset[int]
     config: GooseConfig
+    tokenizer: Any = None  # the target's tokenizer, for sources that work with text (datastores, phrases)
 
     @property
     def anchor(self) -> int:

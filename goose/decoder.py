@@ -263,7 +263,8 @@ class GooseDecoder(_Decoding):
 
     def _context(self, request: _Request) -> DecodeContext:
         return DecodeContext(tokens=request.tokens, prompt_length=len(request.prompt_ids),
-                             vocab_size=self.verifier.vocab_size, eos_token_ids=self.eos_ids, config=self.config)
+                             vocab_size=self.verifier.vocab_size, eos_token_ids=self.eos_ids, config=self.config,
+                             tokenizer=self.tokenizer)
 
     def _candidate_pool(self, context: DecodeContext) -> tuple[CandidatePool, list[tuple[str, AuxiliaryRows]]]:
         vocab = self.verifier.vocab_size

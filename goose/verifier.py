@@ -98,6 +98,7 @@ class Verifier:
         self._pass_length = int(tokens.shape[0])
         return output.logits[0]
 
+    @torch.inference_mode()
     def commit(self, path: torch.Tensor) -> None:
         """Keep the anchor and the accepted draft nodes ``path`` of the last pass; drop every other row.
 
@@ -116,6 +117,14 @@ class Verifier:
             layer.keys = layer.keys[:, :, : start + kept]
             layer.values = layer.values[:, :, : start + kept]
         self.past_length = start + kept
+        self._pass_length = 0
+
+
+    def discard(self) -> None:
+        """Drop every row of the last pass, anchor included (the cache is as before ``verify``)."""
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[:, :, : self.past_length]
+            layer.values = layer.values[:, :, : self.past_length]
         self._pass_length = 0
 
 

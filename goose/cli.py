@@ -1,0 +1,265 @@
+"""The ``goose`` command: generate, plugins (and, from their own modules, bench, datastore, calibrate)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from goose.plugins import PluginError, registry
+
+logger = logging.getLogger("goose")
+
+# errors a user can act on: one line on stderr and exit status 2, never a traceback
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, PluginError, FileNotFoundError)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="goose: %(levelname)s: %(message)s")
+    if not hasattr(args, "run"):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.run(args) or 0)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "config"
+        print(f"goose: error: {where}: {first['msg']}", file=sys.stderr)
+    except USER_ERRORS as error:
+        print(f"goose: error: {error}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("goose: interrupted", file=sys.stderr)
+        return 130
+    return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="goose", description="Lossless, training-free speculative decoding.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress (model loading, plugins)")
+    commands = parser.add_subparsers(title="commands")
+    for name, add in _COMMANDS.items():
+        add(commands.add_parser(name, help=_HELP[name], description=_HELP[name]))
+    return parser
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, *, dtype: str = "float32") -> None:
+    parser.add_argument("--model", default="smollm2-135m",
+                        help="smollm2-135m (embedded default), gemma3-270m, a Hugging Face id or a local path")
+    parser.add_argument("--dtype", default=dtype, help="float32 (token-exact), bfloat16 or float16")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
+def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sources", default=None,
+                        help="comma-separated candidate sources (default: context_match,bigram_transition)")
+    parser.add_argument("--disable", action="append", default=[], metavar="NAME",
+                        help="switch a source off (repeatable), e.g. for ablations")
+    parser.add_argument("--topology", default=None, help="draft-tree planner (default: spine)")
+    parser.add_argument("--budget", default=None, help="draft-tree node budget, or 'auto'")
+    parser.add_argument("--config", default=None, metavar="JSON",
+                        help="extra GooseConfig fields as a JSON object, e.g. '{\"max_depth\": 4}'")
+
+
+def decoding_config(args: argparse.Namespace) -> Any:
+    """The GooseConfig named by the command-line flags (validated; unknown plugins are reported)."""
+    from goose.config import GooseConfig
+
+    fields: dict[str, Any] = json.loads(args.config) if args.config else {}
+    if not isinstance(fields, dict):
+        raise ValueError("--config must be a JSON object")
+    if args.sources is not None:
+        fields["sources"] = [s.strip() for s in args.sources.split(",") if s.strip()]
+    if args.topology is not None:
+        fields["topology"] = args.topology
+    if args.budget is not None:
+        fields["budget"] = args.budget if args.budget == "auto" else _int(args.budget, "--budget")
+    config = GooseConfig.model_validate(fields)
+    for name in args.disable:
+        registry().source(name)  # unknown names are an error, not a silent no-op
+    config.sources = [s for s in config.sources if s not in set(args.disable)]
+    if not config.sources:
+        raise PluginError("every source is disabled: keep at least one")
+    for name in config.sources:
+        registry().source(name)
+    registry().topology(config.topology)
+    return config
+
+
+def load_model(args: argparse.Namespace) -> tuple[Any, Any]:
+    import torch
+
+    from goose import models
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return models.load(args.model, dtype=args.dtype, device=device)
+
+
+def _int(text: str, flag: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{flag} must be an integer or 'auto', got {text!r}") from None
+
+
+# --- goose generate -----------------------------------------------------------------------------
+
+
+def _add_generate(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt", help="the prompt text, or - to read it from stdin")
+    add_model_arguments(parser)
+    add_decoding_arguments(parser)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
+    parser.add_argument("--compare-ar", action="store_true",
+                        help="also run plain greedy decoding; report speedup and whether outputs are identical")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument("--profile", action="store_true", help="time each phase of the Goose cycle")
+    parser.set_defaults(run=_run_generate)
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    from goose.decoder import AutoregressiveDecoder, GooseDecoder
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt.strip():
+        raise ValueError("empty prompt: give some text (or pipe it in with -)")
+    if args.max_new_tokens <= 0:
+        raise ValueError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
+    config = decoding_config(args)
+    model, tokenizer = load_model(args)
+    goose = GooseDecoder(model, tokenizer, config, chat=not args.no_chat, profile=args.profile)
+    baseline = AutoregressiveDecoder(model, tokenizer, chat=not args.no_chat) if args.compare_ar else None
+    if baseline is not None:  # warm both paths up so the first timed run pays no one-off costs
+        baseline.generate(prompt, 4)
+        goose.generate(prompt, 4)
+    if args.json or baseline is not None:
+        result = goose.generate(prompt, args.max_new_tokens)
+    else:
+        for chunk in goose.stream(prompt, args.max_new_tokens):
+            print(chunk.text, end="", flush=True)
+        print()
+        result = goose.last_result
+    assert result is not None
+    report: dict[str, Any] = {"model": args.model, "dtype": args.dtype, "sources": config.sources,
+                              "topology": config.topology, "budget": config.budget, **result.to_dict()}
+    if baseline is not None:
+        ar = baseline.generate(prompt, args.max_new_tokens)
+        report |= {
+            "ar_new_token_ids": ar.new_token_ids,
+            "ar_tokens_per_s": round(ar.stats.tokens_per_s, 3),
+            "speedup": round(result.stats.tokens_per_s / ar.stats.tokens_per_s, 3) if ar.stats.tokens_per_s else None,
+            "identical_to_ar": ar.new_token_ids == result.new_token_ids,
+        }
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    if baseline is not None:
+        print(result.text)
+    print(_stats_line(report), file=sys.stderr)
+    return 0
+
+
+def _stats_line(report: dict[str, Any]) -> str:
+    acceptance = ", ".join(f"{name} {rate:.2f}" for name, rate in report["source_acceptance"].items())
+    line = (f"[goose] {report['new_tokens']} tokens in {report['wall_s']:.2f} s ({report['tokens_per_s']:.1f} tok/s), "
+            f"tau {report['tau']:.2f} over {report['verify_steps']} verify steps"
+            + (f"; acceptance {acceptance}" if acceptance else ""))
+    if "speedup" in report:
+        verdict = "identical" if report["identical_to_ar"] else "DIFFERENT from AR"
+        line += f"; AR {report['ar_tokens_per_s']:.1f} tok/s -> {report['speedup']:.2f}x, {verdict}"
+    if "profile_s" in report:
+        total = sum(report["profile_s"].values()) or 1.0
+        line += "; cycle time " + ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in report["profile_s"].items())
+    return line
+
+
+# --- goose plugins ------------------------------------------------------------------------------
+
+
+def _add_plugins(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(run=_run_plugins)
+
+
+def _run_plugins(args: argparse.Namespace) -> int:
+    from goose.config import GooseConfig
+
+    known = registry()
+    defaults = GooseConfig()
+    rows = [
+        {"name": r.name, "kind": r.kind, "origin": r.origin,
+         "state": ("enabled" if (r.name in defaults.sources if r.kind == "source" else r.name == defaults.topology)
+                   else "available"),
+         "description": r.description}
+        for table in (known.sources, known.topologies) for r in table.values()
+    ]
+    if args.json:
+        print(json.dumps({"plugins": rows, "load_errors": known.load_errors}))
+        return 0
+    width = max(len(r["name"]) for r in rows) if rows else 4
+    for row in rows:
+        print(f"{row['name']:<{width}}  {row['kind']:<8}  {row['state']:<9}  {row['origin']:<16}  {row['description']}")
+    for problem in known.load_errors:
+        print(f"! {problem}", file=sys.stderr)
+    return 0
+
+
+# --- goose calibrate ----------------------------------------------------------------------------
+
+
+def _add_calibrate(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser, dtype="bfloat16")
+    parser.add_argument("--refresh", action="store_true", help="measure again instead of using the cached curve")
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(run=_run_calibrate)
+
+
+def _run_calibrate(args: argparse.Namespace) -> int:
+    from goose import cost
+
+    model, _ = load_model(args)
+    curve = cost.load_or_measure(model, refresh=args.refresh)
+    if args.json:
+        print(json.dumps({"model": args.model, "dtype": args.dtype, "device": args.device, "key": cost.cache_key(model),
+                          **curve.to_dict(), "relative": curve.relative()}))
+        return 0
+    print(f"verify cost t(n) for {args.model} ({args.dtype}, {args.device}, {cost.CALIBRATION_CONTEXT}-token context)")
+    print(f"{'tree nodes':>10}  {'ms':>8}  {'x one token':>11}")
+    for size, seconds in zip(curve.sizes, curve.seconds, strict=True):
+        print(f"{size:>10}  {1000 * seconds:>8.2f}  {seconds / curve.seconds[0]:>11.2f}")
+    return 0
+
+
+_HELP = {
+    "generate": "generate text with Goose (optionally side by side with plain greedy decoding)",
+    "plugins": "list every registered candidate source and topology",
+    "calibrate": "measure (or show the cached) verify cost curve t(n) of a model on this device",
+}
+_COMMANDS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
+    "generate": _add_generate,
+    "plugins": _add_plugins,
+    "calibrate": _add_calibrate,
+}
+
+
+def register_command(name: str, help_text: str, add: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Let a goose module (bench, datastore, calibrate) add its subcommand."""
+    _HELP[name] = help_text
+    _COMMANDS[name] = add
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,100 @@
+"""The verify cost curve t(n): seconds for one verification pass of an n-node tree on this device.
+
+On a GPU a 60-node tree costs about one token; on a 2-core CPU a 64-node forward costs 2.4x
+(bfloat16) to 3.7x (float32) one token. The budget planner needs the real curve of the model,
+dtype, device and context length at hand, so it is measured once (a second or two) and cached
+per machine; ``goose calibrate`` prints it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from goose.tree import TreeBuilder
+from goose.verifier import Verifier
+
+logger = logging.getLogger("goose.cost")
+
+DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+CALIBRATION_CONTEXT = 256  # tokens of context while measuring: a typical prompt length
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """Median verify latency per tree size (anchor included), interpolated in between."""
+
+    sizes: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    def __call__(self, nodes: int | np.ndarray) -> float | np.ndarray:
+        return np.interp(nodes, self.sizes, self.seconds)
+
+    def relative(self) -> dict[int, float]:
+        """t(n) / t(1) per measured size."""
+        return {n: s / self.seconds[0] for n, s in zip(self.sizes, self.seconds, strict=True)}
+
+    def to_dict(self) -> dict[str, list[float] | list[int]]:
+        return {"sizes": list(self.sizes), "seconds": list(self.seconds)}
+
+
+def measure(model: torch.nn.Module, sizes: tuple[int, ...] = DEFAULT_SIZES, repeats: int = 3,
+            context_length: int = CALIBRATION_CONTEXT) -> CostCurve:
+    """Time one verify pass of chain-shaped trees of each size after a ``context_length`` prefill."""
+    verifier = Verifier(model)
+    vocab = verifier.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    context = torch.randint(100, min(vocab, 30_000), (context_length,), generator=generator).tolist()
+    verifier.prefill(context)
+    medians = []
+    for size in sizes:
+        builder = TreeBuilder(context[-1], ("calibration",), capacity=size - 1)
+        builder.add_chain(0, torch.randint(100, min(vocab, 30_000), (size - 1,), generator=generator), 0)
+        tree = builder.build()
+        timings = []
+        for _ in range(repeats + 1):  # the first run warms kernels for this shape
+            started = time.perf_counter()
+            logits = verifier.verify(tree)
+            logits.argmax(-1).cpu()  # include the argmax and the device sync the decoder pays
+            timings.append(time.perf_counter() - started)
+            verifier.discard()  # the context stays put for every measurement
+        medians.append(statistics.median(timings[1:]))
+    # a curve must not decrease: noise on tiny sizes would otherwise make bigger trees look free
+    seconds = np.maximum.accumulate(np.array(medians))
+    return CostCurve(tuple(sizes), tuple(float(s) for s in seconds))
+
+
+def cache_key(model: torch.nn.Module) -> str:
+    parameter = next(model.parameters())
+    config = model.config
+    parts = [getattr(config, "_name_or_path", "") or config.model_type, str(config.num_hidden_layers),
+             str(getattr(config, "hidden_size", "")), str(parameter.dtype).removeprefix("torch."), parameter.device.type,
+             f"threads{torch.get_num_threads()}", platform.machine(), platform.processor() or "cpu"]
+    return "-".join(p.replace("/", "_").replace(" ", "_") for p in parts if p)
+
+
+def load_or_measure(model: torch.nn.Module, cache_dir: Path | None = None, refresh: bool = False) -> CostCurve:
+    """The cached curve for this model/dtype/device/threads, measured on first use."""
+    from goose.models import default_cache_dir
+
+    folder = (cache_dir or default_cache_dir()) / "calibration"
+    path = folder / f"{cache_key(model)}.json"
+    if path.exists() and not refresh:
+        data = json.loads(path.read_text())
+        return CostCurve(tuple(data["sizes"]), tuple(data["seconds"]))
+    logger.info("measuring the verify cost curve once for %s (cached at %s)", cache_key(model), path)
+    curve = measure(model)
+    folder.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(curve.to_dict()))
+    temporary.replace(path)
+    return curve

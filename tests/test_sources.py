@@ -1,0 +1,559 @@
+"""The built-in candidate sources, on plain token arrays: both are model-agnostic.
+
+Context match is checked against a brute-force numpy search over many random contexts grown
+token by token; the bigram transition table against a plain-Python model of the same rules.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from goose.sources.bigram_transition import (
+    EMPTY,
+    BigramTransitionSource,
+    SuccessorTable,
+    bigram_bucket,
+)
+from goose.sources.context_match import ContextMatchSource
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from goose import DecodeContext, GooseConfig, Harvest, PathKind, TreeBuilder, VerifyOutcome
+from goose.plugins import BUILTIN_ORIGIN, SourceSet, registry
+
+EOS = 999  # outside the small ids the tests draw with
+
+
+def make_config(**source_options: dict) -> GooseConfig:
+    return GooseConfig(source_options=source_options)
+
+
+def make_context(tokens: list[int] | np.ndarray, vocab_size: int = 1000, eos: tuple[int, ...] = (EOS,),
+                 config: GooseConfig | None = None) -> DecodeContext:
+    array = np.asarray(tokens, dtype=np.int64)
+    return DecodeContext(tokens=array, prompt_length=array.shape[0], vocab_size=vocab_size,
+                         eos_token_ids=frozenset(eos), config=config or GooseConfig())
+
+
+def propose(source: ContextMatchSource, tokens: list[int], **context_args) -> list[int] | None:
+    draft = source.goose_propose(make_context(tokens, **context_args))
+    return None if draft is None else draft.tokens.tolist()
+
+
+def make_outcome(source_names: tuple[str, ...], chains: dict[str, list[int]], accepted_per_source: dict[str, int],
+                 harvest: Harvest | None = None) -> VerifyOutcome:
+    """A verification outcome: each source's chain hangs off the anchor; the first
+    ``accepted_per_source[name]`` nodes of each chain are accepted, the next one is reached and rejected."""
+    builder = TreeBuilder(anchor=5, source_names=source_names, capacity=64)
+    reached_nodes, accepted_nodes = [], []
+    for name, chain in chains.items():
+        nodes = builder.add_chain(0, torch.tensor(chain), builder.source_id(name)).tolist()
+        accepted = accepted_per_source.get(name, 0)
+        accepted_nodes += nodes[:accepted]
+        reached_nodes += nodes[: accepted + 1]
+    tree = builder.build()
+    reached = torch.zeros(tree.size, dtype=torch.bool)
+    reached[reached_nodes] = True
+    accepted = torch.zeros(tree.size, dtype=torch.bool)
+    accepted[accepted_nodes] = True
+    empty = torch.empty(0, dtype=torch.long)
+    if harvest is None:
+        harvest = Harvest(empty, empty, torch.empty(0, 10, dtype=torch.long), torch.empty(0, 10))
+    return VerifyOutcome(tree=tree, accepted_nodes=torch.tensor(accepted_nodes), new_tokens=[], bonus_token=7,
+                         reached=reached, accepted=accepted, path_kind=PathKind.SPINE, harvest=harvest)
+
+
+# --- registration -------------------------------------------------------------------------------
+
+
+def test_both_sources_are_registered_as_built_ins() -> None:
+    known = registry()
+    for name, cls in (("context_match", ContextMatchSource), ("bigram_transition", BigramTransitionSource)):
+        registration = known.source(name)
+        assert registration.origin == BUILTIN_ORIGIN
+        assert registration.factory is cls
+        assert registration.description
+        assert isinstance(registration.factory(GooseConfig()), cls)
+
+
+def test_hooks_run_through_the_plugin_manager(caplog: pytest.LogCaptureFixture) -> None:
+    """pluggy passes hook arguments by name: a misspelt argument would surface here as a skipped source."""
+    config = GooseConfig()
+    sources = SourceSet(["context_match", "bigram_transition"], config)
+    context = make_context([1, 2, 3, 40, 41, 1, 2, 3], config=config)
+    sources.call("goose_reset")
+    sources.call("goose_prefill", context=context, harvest=harvest_of([2], [3], [list(range(100, 110))]))
+    proposals = sources.call("goose_propose", context=context)
+    assert list(proposals) == ["context_match"]  # the transition source branches, it does not propose
+    assert proposals["context_match"].tokens.tolist() == [40, 41, 1, 2, 3]
+    assert sources.call("goose_acceptance") == {"context_match": 0.5, "bigram_transition": 0.05}
+    found = sources.call("goose_successors", previous=torch.tensor([2]), tokens=torch.tensor([3]), k=4)
+    assert list(found) == ["bigram_transition"]
+    assert found["bigram_transition"][0].tolist() == [[100, 101, 102, 103]]
+    outcome = make_outcome(sources.names, {"context_match": [40, 41], "bigram_transition": [100]},
+                           {"context_match": 2})
+    sources.call("goose_observe", outcome=outcome)
+    assert "skipped" not in caplog.text
+
+
+# --- context match: behaviour -------------------------------------------------------------------
+
+
+def test_longest_ngram_wins_over_a_more_recent_shorter_one() -> None:
+    # [1..5] occurred first, followed by 10 11 12; only [3 4 5] occurred later, followed by 20 21
+    tokens = [1, 3, 4, 5, 10, 11, 12, 9, 3, 4, 5, 20, 21, 9, 1, 3, 4, 5]
+    source = ContextMatchSource(GooseConfig())
+    assert propose(source, tokens) == [10, 11, 12, 9, 3, 4, 5, 20, 21, 9, 1, 3, 4, 5]
+    assert source.last_match_length == 4
+
+
+def test_most_recent_occurrence_by_default_and_first_on_request() -> None:
+    tokens = [7, 8, 9, 100, 101, 51, 7, 8, 9, 200, 201, 52, 7, 8, 9]
+    assert propose(ContextMatchSource(GooseConfig()), tokens)[:2] == [200, 201]
+    first = ContextMatchSource(make_config(context_match={"occurrence": "first"}))
+    assert propose(first, tokens)[:2] == [100, 101]
+
+
+def test_continuation_is_capped() -> None:
+    tokens = [1, 2, 3, *range(100, 140), 1, 2, 3]
+    assert propose(ContextMatchSource(GooseConfig()), tokens) == list(range(100, 120))
+    short = ContextMatchSource(make_config(context_match={"max_continuation": 5}))
+    assert propose(short, tokens) == list(range(100, 105))
+
+
+def test_continuation_never_runs_past_the_context_end() -> None:
+    # the latest earlier occurrence of [7]*5 ends one token before the end: one token to copy
+    assert propose(ContextMatchSource(GooseConfig()), [7] * 10) == [7]
+    # too short for any earlier occurrence
+    assert propose(ContextMatchSource(GooseConfig()), [7, 7, 7]) is None
+
+
+def test_draft_stops_before_eos() -> None:
+    tokens = [1, 2, 3, 40, 41, EOS, 60, 61, 9, 1, 2, 3]
+    source = ContextMatchSource(GooseConfig())
+    assert propose(source, tokens) == [40, 41]
+    # every id in eos_token_ids counts
+    assert propose(ContextMatchSource(GooseConfig()), tokens, eos=(41,)) == [40]
+
+
+def test_continuation_starting_with_eos_yields_to_a_shorter_match() -> None:
+    # the 5-gram's continuation is EOS; [3 4 5] also occurred before 70 71
+    tokens = [1, 2, 3, 4, 5, EOS, 8, 3, 4, 5, 70, 71, 9, 1, 2, 3, 4, 5]
+    source = ContextMatchSource(GooseConfig())
+    assert propose(source, tokens) == [70, 71, 9, 1, 2, 3, 4, 5]
+    assert source.last_match_length == 3
+    # nothing but EOS to copy: no draft
+    assert propose(ContextMatchSource(GooseConfig()), [1, 2, 3, EOS, 1, 2, 3]) is None
+
+
+def test_no_match_gives_no_draft() -> None:
+    source = ContextMatchSource(GooseConfig())
+    assert propose(source, list(range(50))) is None
+    assert source.last_match_length == 0
+
+
+def test_consensus_counts_leading_tokens_that_two_lengths_agree_on() -> None:
+    config = GooseConfig()
+    # one occurrence serves all three lengths: full agreement
+    same = [1, 2, 3, 4, 5, 60, 61, 62, 9, 1, 2, 3, 4, 5]
+    source = ContextMatchSource(config)
+    draft = source.goose_propose(make_context(same))
+    assert draft.consensus == len(draft) == 9
+    # a later [2 3 4 5] continues 60 61 then diverges: the 5-gram and the shorter ones agree on 2 tokens
+    split = [1, 2, 3, 4, 5, 60, 61, 62, 9, 2, 3, 4, 5, 60, 61, 99, 8, 1, 2, 3, 4, 5]
+    draft = source.goose_propose(make_context(split))
+    assert draft.tokens.tolist()[:3] == [60, 61, 62]
+    assert draft.consensus == 2 and source.last_consensus == 2
+    # only the 3-gram matches: no second opinion
+    lone = [3, 4, 5, 60, 61, 8, 9, 3, 4, 5]
+    assert source.goose_propose(make_context(lone)).consensus == 0
+
+
+def test_scores_are_the_acceptance_estimate_boosted_on_consensus() -> None:
+    source = ContextMatchSource(make_config(context_match={"initial_acceptance": 0.3, "consensus_score": 0.8}))
+    split = [1, 2, 3, 4, 5, 60, 61, 62, 9, 2, 3, 4, 5, 60, 61, 99, 8, 1, 2, 3, 4, 5]
+    draft = source.goose_propose(make_context(split))
+    assert draft.is_chain and draft.consensus == 2
+    assert draft.scores[:2].tolist() == pytest.approx([0.8, 0.8])
+    assert draft.scores[2:].tolist() == pytest.approx([0.3] * (len(draft) - 2))
+    # a source already trusted beyond the consensus floor keeps its own estimate
+    source.acceptance = 0.95
+    assert source.goose_propose(make_context(split)).scores.tolist() == pytest.approx([0.95] * len(draft))
+
+
+def test_custom_ngram_sizes_are_sorted_longest_first() -> None:
+    source = ContextMatchSource(make_config(context_match={"ngram_sizes": [1, 2]}))
+    assert source.options.ngram_sizes == (2, 1)
+    assert propose(source, [5, 6, 8, 9, 6]) == [8, 9, 6]
+    assert source.last_match_length == 1
+
+
+@pytest.mark.parametrize("options", [{"ngram_sizes": []}, {"ngram_sizes": [0, 3]}, {"max_continuation": 0},
+                                     {"occurrence": "latest"}, {"no_such_option": 1}])
+def test_bad_options_are_refused(options: dict) -> None:
+    with pytest.raises(ValidationError):
+        ContextMatchSource(make_config(context_match=options))
+
+
+def test_reset_forgets_the_previous_request() -> None:
+    source = ContextMatchSource(GooseConfig())
+    first_request = [1, 2, 3, 40, 41, 1, 2, 3]
+    assert propose(source, first_request) == [40, 41, 1, 2, 3]
+    source.goose_reset()
+    assert source.index.indexed == 0 and all(not starts for starts in source.index.starts.values())
+    # a new prompt that ends like the old one has nothing to copy from
+    assert propose(source, [9, 9, 1, 2, 3]) is None
+
+
+def test_a_new_context_is_detected_without_reset() -> None:
+    source = ContextMatchSource(GooseConfig())
+    assert propose(source, [1, 2, 3, 40, 41, 1, 2, 3]) == [40, 41, 1, 2, 3]
+    # same length, different text: the stale index must not be used
+    assert propose(source, [1, 2, 3, 50, 51, 1, 2, 3]) == [50, 51, 1, 2, 3]
+    # shorter
+    assert propose(source, [1, 2, 3, 9, 1, 2, 3]) == [9, 1, 2, 3]
+    # longer, but not an extension
+    assert propose(source, [8, 8, 1, 2, 3, 60, 1, 2, 3]) == [60, 1, 2, 3]
+
+
+def test_prefill_indexes_the_prompt_and_propose_catches_up() -> None:
+    source = ContextMatchSource(GooseConfig())
+    prompt = [1, 2, 3, 40, 41, 42, 5]
+    source.goose_prefill(make_context(prompt))
+    assert source.index.indexed == len(prompt)
+    assert propose(source, [*prompt, 1, 2, 3]) == [40, 41, 42, 5, 1, 2, 3]
+
+
+def test_acceptance_ema_follows_this_sources_nodes_only() -> None:
+    source = ContextMatchSource(make_config(context_match={"initial_acceptance": 0.5}))
+    names = ("context_match", "bigram_transition")
+    # 3 of our nodes accepted, the 4th reached and rejected: 3/4; the bigram nodes do not count
+    outcome = make_outcome(names, {"context_match": [10, 11, 12, 13, 14], "bigram_transition": [20, 21]},
+                           {"context_match": 3, "bigram_transition": 0})
+    source.goose_observe(outcome)
+    assert source.goose_acceptance() == pytest.approx(0.7 * 0.5 + 0.3 * 0.75)
+    # none of our nodes reached: no update
+    before = source.goose_acceptance()
+    source.goose_observe(make_outcome(names, {"bigram_transition": [20]}, {"bigram_transition": 1}))
+    assert source.goose_acceptance() == before
+    # a decoder without this source in its tree
+    source.goose_observe(make_outcome(("other",), {"other": [1]}, {"other": 1}))
+    assert source.goose_acceptance() == before
+    # the estimate survives a reset: it describes model and task, not one prompt
+    source.goose_reset()
+    assert source.goose_acceptance() == before
+
+
+# --- context match: the incremental index against a brute-force search -------------------------
+
+
+def brute_force(tokens: np.ndarray, sizes: tuple[int, ...], cap: int, occurrence: str,
+                eos: frozenset[int]) -> tuple[list[int], int, int] | None:
+    """(draft, matched n, consensus) by scanning every earlier position with numpy, or None."""
+    length = tokens.shape[0]
+    found = []  # (n, continuation) for every length with an earlier occurrence, longest first
+    for n in sorted(sizes, reverse=True):
+        if length < n + 1:
+            continue
+        windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)
+        hits = np.flatnonzero((windows == tokens[length - n :]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1] if occurrence == "recent" else hits[0]) + n
+            continuation = tokens[start : start + cap].tolist()
+            stops = [i for i, token in enumerate(continuation) if token in eos]
+            found.append((n, continuation[: stops[0]] if stops else continuation))
+    chosen = next((i for i, (_, copy) in enumerate(found) if copy), None)
+    if chosen is None:
+        return None
+    n, copy = found[chosen]
+    agreements = [0]
+    for i, (_, other) in enumerate(found):
+        if i != chosen:
+            common = 0
+            while common < min(len(copy), len(other)) and copy[common] == other[common]:
+                common += 1
+            agreements.append(common)
+    return copy, n, max(agreements)
+
+
+def random_text(rng: np.random.Generator, length: int, alphabet: int) -> np.ndarray:
+    """Tokens from a small alphabet, often copying an earlier stretch, the way code and answers repeat:
+    long matches, partial agreements between n-gram lengths and EOS hits all come up."""
+    tokens: list[int] = []
+    while len(tokens) < length:
+        if tokens and rng.random() < 0.5:
+            start = int(rng.integers(0, len(tokens)))
+            tokens += tokens[start : start + int(rng.integers(1, 30))]
+        else:
+            tokens += rng.integers(0, alphabet, int(rng.integers(1, 8))).tolist()
+    return np.asarray(tokens[:length], dtype=np.int64)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    length=st.integers(1, 300),
+    alphabet=st.integers(2, 8),
+    prompt_share=st.floats(0.0, 1.0),
+    sizes=st.sampled_from([(5, 4, 3), (3,), (4, 2), (6, 3, 1)]),
+    cap=st.integers(1, 25),
+    occurrence=st.sampled_from(["recent", "first"]),
+    eos=st.sampled_from([frozenset(), frozenset({0}), frozenset({1, 3})]),
+)
+def test_incremental_index_equals_brute_force(seed: int, length: int, alphabet: int, prompt_share: float,
+                                              sizes: tuple[int, ...], cap: int, occurrence: str,
+                                              eos: frozenset[int]) -> None:
+    rng = np.random.default_rng(seed)
+    tokens = random_text(rng, length, alphabet)
+    config = make_config(context_match={"ngram_sizes": sizes, "max_continuation": cap, "occurrence": occurrence})
+    source = ContextMatchSource(config)
+    known = max(1, int(prompt_share * length))
+    source.goose_prefill(make_context(tokens[:known], eos=tuple(eos), config=config))
+    while True:  # the context grows by a few accepted tokens a cycle, as in decoding
+        context = tokens[:known]
+        draft = source.goose_propose(make_context(context, eos=tuple(eos), config=config))
+        expected = brute_force(context, sizes, cap, occurrence, eos)
+        if expected is None:
+            assert draft is None
+        else:
+            copy, n, consensus = expected
+            assert draft is not None and draft.tokens.tolist() == copy
+            assert source.last_match_length == n
+            assert draft.consensus == consensus
+        if known == length:
+            break
+        known = min(length, known + int(rng.integers(1, 8)))
+
+
+def test_long_context_is_indexed_incrementally() -> None:
+    """Each cycle indexes only the new tokens: the index size tracks the context length."""
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 50_000, 3000)
+    source = ContextMatchSource(GooseConfig())
+    source.goose_prefill(make_context(tokens[:2000], vocab_size=50_000))
+    for length in range(2001, 3000, 3):
+        source.goose_propose(make_context(tokens[:length], vocab_size=50_000))
+        assert source.index.indexed == length
+    assert len(source.index.starts[3]) <= 3000
+
+
+# --- bigram transition ---------------------------------------------------------------------------
+
+VOCAB = 500
+
+
+def harvest_of(previous: list[int], tokens: list[int], top_tokens: list[list[int]],
+               top_scores: list[list[float]] | None = None) -> Harvest:
+    top = torch.tensor(top_tokens, dtype=torch.long)
+    scores = torch.tensor(top_scores) if top_scores is not None else torch.linspace(0.5, 0.05, top.shape[1]).expand(
+        top.shape[0], -1).clone()
+    return Harvest(previous=torch.tensor(previous, dtype=torch.long), tokens=torch.tensor(tokens, dtype=torch.long),
+                   top_tokens=top, top_scores=scores)
+
+
+def prefilled(options: dict | None = None, harvest: Harvest | None = None,
+              vocab_size: int = VOCAB) -> BigramTransitionSource:
+    source = BigramTransitionSource(make_config(bigram_transition=options or {}))
+    nothing = torch.empty(0, dtype=torch.long)
+    empty = Harvest(nothing, nothing, torch.empty(0, 10, dtype=torch.long), torch.empty(0, 10))
+    source.goose_prefill(make_context([1, 2, 3], vocab_size=vocab_size), harvest or empty)
+    return source
+
+
+def successors(source: BigramTransitionSource, previous: list[int], tokens: list[int],
+               k: int = 10) -> tuple[list[list[int]], torch.Tensor]:
+    found, scores = source.goose_successors(torch.tensor(previous), torch.tensor(tokens), k)
+    assert found.dtype == torch.int64 and scores.dtype == torch.float32
+    assert found.shape == scores.shape == (len(tokens), min(k, source.options.top_k))
+    return found.tolist(), scores
+
+
+def test_harvested_top_k_comes_back_for_its_bigram() -> None:
+    top = list(range(100, 110))
+    source = prefilled(harvest=harvest_of([7], [8], [top], [[0.4, 0.2, 0.1, 0.1, 0.05, 0.05, 0.04, 0.03, 0.02, 0.01]]))
+    found, scores = successors(source, [7], [8])
+    assert found == [top]
+    assert scores[0].tolist() == pytest.approx([0.4, 0.2, 0.1, 0.1, 0.05, 0.05, 0.04, 0.03, 0.02, 0.01], abs=1e-3)
+    found, _ = successors(source, [7], [8], k=3)
+    assert found == [top[:3]]
+    assert source.bigram_hits == 2
+
+
+def test_unknown_bigram_falls_back_to_the_unigram_row() -> None:
+    source = prefilled(harvest=harvest_of([7, 9], [8, 8], [list(range(100, 110)), list(range(200, 210))]))
+    # (9, 8) was written last: the unigram row of 8 holds its successors
+    found, _ = successors(source, [7, 9, 3, -1], [8, 8, 8, 8])
+    assert found[0] == list(range(100, 110))  # own bigram row
+    assert found[1] == list(range(200, 210))  # own bigram row
+    assert found[2] == list(range(200, 210))  # (3, 8) never seen: unigram row of 8
+    assert found[3] == list(range(200, 210))  # previous unknown: unigram row of 8
+    assert source.bigram_hits == 2
+
+
+def test_nothing_known_reads_as_empty() -> None:
+    source = prefilled(harvest=harvest_of([7], [8], [list(range(100, 110))]))
+    found, scores = successors(source, [7, 1], [9, 2])
+    assert found == [[EMPTY] * 10] * 2
+    assert (scores == 0).all()
+
+
+def test_bucket_collisions_read_as_misses() -> None:
+    # one bucket for every pair: (7, 8) owns it, (6, 9) collides and must get 9's unigram row
+    source = prefilled({"buckets": 1}, harvest_of([4, 7], [9, 8], [list(range(300, 310)), list(range(100, 110))]))
+    found, _ = successors(source, [7, 6], [8, 9])
+    assert found == [list(range(100, 110)), list(range(300, 310))]
+    assert source.bigram_hits == 1
+
+
+def test_bad_inputs_are_answered_not_raised() -> None:
+    source = prefilled(harvest=harvest_of([-1, 7], [8, -3], [list(range(100, 110)), list(range(200, 210))]))
+    # previous -1 wrote the unigram row only; token -3 wrote nothing
+    assert (source.table.bigram_keys == EMPTY).all()
+    found, scores = successors(source, [-1, 7, 7, -5, 7], [8, -3, VOCAB + 4, 8, 8])
+    assert found[0] == list(range(100, 110))
+    assert found[1] == found[2] == [EMPTY] * 10
+    assert found[3] == found[4] == list(range(100, 110))
+    assert (scores[1:3] == 0).all()
+    # no nodes, a zero width
+    assert successors(source, [], [])[0] == []
+    empty, empty_scores = source.goose_successors(torch.tensor([7]), torch.tensor([8]), 0)
+    assert empty.shape == empty_scores.shape == (1, 0)
+
+
+def test_successors_before_any_prefill_are_empty() -> None:
+    source = BigramTransitionSource(GooseConfig())
+    found, scores = source.goose_successors(torch.tensor([1, 2]), torch.tensor([3, 4]), 10)
+    assert found.shape == scores.shape == (2, 0)
+    source.goose_observe(make_outcome(("bigram_transition",), {"bigram_transition": [1]}, {}))  # no table: no-op
+
+
+def test_harvest_is_fitted_to_the_table_width_and_vocabulary() -> None:
+    source = prefilled({"top_k": 6}, harvest_of([7], [8], [[100, VOCAB + 1, 102]]))
+    source.absorb(harvest_of([8], [9], [[1, 2, 3, 4, 5, 6, 7, 8]]))
+    found, scores = successors(source, [7, 8], [8, 9])
+    assert found[0] == [100, EMPTY, 102, EMPTY, EMPTY, EMPTY]  # padded; an id outside the vocabulary dropped
+    assert scores[0, 1] == 0 and scores[0, 3:].eq(0).all()
+    assert found[1] == [1, 2, 3, 4, 5, 6]  # cut to top_k
+    assert source.goose_successors(torch.tensor([7]), torch.tensor([8]), 50)[0].shape == (1, 6)
+
+
+def test_the_newest_row_wins_repeated_keys() -> None:
+    harvest = harvest_of([7, 7, 7], [8, 8, 8], [[10] * 10, [11] * 10, [12] * 10])
+    source = prefilled(harvest=harvest)
+    assert successors(source, [7, 1], [8, 8])[0] == [[12] * 10, [12] * 10]
+
+
+def test_reset_clears_unless_persistent() -> None:
+    harvest = harvest_of([7], [8], [list(range(100, 110))])
+    fresh = prefilled(harvest=harvest)
+    fresh.goose_reset()
+    assert successors(fresh, [7, 1], [8, 8])[0] == [[EMPTY] * 10] * 2
+    assert (fresh.table.tokens == EMPTY).all() and (fresh.table.bigram_keys == EMPTY).all()
+    kept = prefilled({"persist": True}, harvest)
+    kept.goose_reset()
+    assert successors(kept, [7, 1], [8, 8])[0] == [list(range(100, 110))] * 2
+    # the next request's prefill adds to the persistent table rather than replacing it
+    kept.goose_prefill(make_context([1, 2], vocab_size=VOCAB), harvest_of([1], [2], [list(range(300, 310))]))
+    assert successors(kept, [7, 1], [8, 2])[0] == [list(range(100, 110)), list(range(300, 310))]
+
+
+def test_reset_clears_everything_after_heavy_use() -> None:
+    # more rows written than the reset bookkeeping follows: the whole table is cleared
+    rng = np.random.default_rng(1)
+    source = prefilled({"buckets": 64}, vocab_size=64)
+    for _ in range(20):
+        rows = rng.integers(0, 64, (2, 30))
+        source.absorb(harvest_of(rows[0].tolist(), rows[1].tolist(), rng.integers(0, 64, (30, 10)).tolist()))
+    source.goose_reset()
+    assert (source.table.tokens == EMPTY).all() and (source.table.scores == 0).all()
+    assert (source.table.bigram_keys == EMPTY).all()
+
+
+def test_unigram_only_ablation_ignores_the_previous_token() -> None:
+    harvest = harvest_of([7, 9], [8, 8], [list(range(100, 110)), list(range(200, 210))])
+    source = prefilled({"unigram_only": True}, harvest)
+    assert source.table.buckets == 0 and source.table.bigram_keys.numel() == 0
+    assert successors(source, [7, 9], [8, 8])[0] == [list(range(200, 210))] * 2
+    assert source.nbytes < prefilled().nbytes
+
+
+def test_memory_stays_bounded_for_a_262k_vocabulary() -> None:
+    vocab = 262_144
+    source = prefilled(vocab_size=vocab, harvest=harvest_of([vocab - 1], [vocab - 2], [list(range(10))]))
+    table = source.table
+    assert table.unigram_tokens.shape == (vocab, 10) and table.unigram_tokens.dtype == torch.int32
+    assert table.bigram_tokens.shape == (2**18, 10) and table.bigram_keys.shape == (2**18,)
+    assert table.scores.dtype == torch.float16
+    assert source.nbytes == (vocab + 2**18 + 1) * 10 * 6 + 2**18 * 8
+    assert source.nbytes < 34 * 2**20
+    assert successors(source, [vocab - 1], [vocab - 2])[0] == [list(range(10))]
+    # the smaller vocabulary (SmolLM2) is mostly the bigram buckets
+    assert prefilled(vocab_size=49_152).nbytes < 21 * 2**20
+
+
+def test_vocabulary_size_is_checked() -> None:
+    with pytest.raises(ValueError, match="vocab_size"):
+        SuccessorTable(2**31, 16, 10)
+    with pytest.raises(ValidationError):
+        BigramTransitionSource(make_config(bigram_transition={"buckets": 0}))
+
+
+def test_buckets_spread_keys_evenly() -> None:
+    rng = np.random.default_rng(2)
+    vocab, buckets = 262_144, 2**12
+    keys = rng.integers(0, vocab, 100_000) * vocab + rng.integers(0, vocab, 100_000)
+    counts = np.bincount(bigram_bucket(keys, buckets), minlength=buckets)
+    assert counts.min() > 0 and counts.max() < 3 * counts.mean()
+    # consecutive keys (one previous token, neighbouring tokens) spread as well
+    assert np.unique(bigram_bucket(np.arange(1000, 2000, dtype=np.int64), buckets)).size > 700
+
+
+def test_observe_updates_the_estimate_and_harvests() -> None:
+    source = prefilled({"initial_acceptance": 0.1})
+    names = ("context_match", "bigram_transition")
+    harvest = harvest_of([7], [8], [list(range(100, 110))])
+    outcome = make_outcome(names, {"context_match": [10, 11], "bigram_transition": [20, 21, 22]},
+                           {"context_match": 2, "bigram_transition": 1}, harvest)
+    source.goose_observe(outcome)
+    assert source.goose_acceptance() == pytest.approx(0.7 * 0.1 + 0.3 * 0.5)
+    assert successors(source, [7], [8])[0] == [list(range(100, 110))]
+    source.goose_reset()
+    assert source.goose_acceptance() == pytest.approx(0.7 * 0.1 + 0.3 * 0.5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    harvests=st.lists(
+        st.lists(st.tuples(st.integers(-1, 11), st.integers(0, 11), st.integers(0, 11)), min_size=0, max_size=12),
+        min_size=1, max_size=6),
+    buckets=st.sampled_from([1, 3, 16, 2**10]),
+    unigram_only=st.booleans(),
+)
+def test_table_matches_a_plain_python_model(harvests: list[list[tuple[int, int, int]]], buckets: int,
+                                            unigram_only: bool) -> None:
+    """Rows (previous, token, first successor); the newest write wins each unigram row and each bucket."""
+    vocab = 12
+    source = prefilled({"buckets": buckets, "top_k": 2, "unigram_only": unigram_only}, vocab_size=vocab)
+    unigram: dict[int, int] = {}
+    bucket_owner: dict[int, tuple[int, int]] = {}  # bucket -> (key, first successor)
+    for rows in harvests:
+        for previous, token, successor in rows:
+            unigram[token] = successor
+            if previous >= 0 and not unigram_only:
+                key = previous * vocab + token
+                bucket_owner[int(bigram_bucket(np.array([key]), buckets)[0])] = (key, successor)
+        if rows:
+            previous, tokens, firsts = (list(column) for column in zip(*rows, strict=True))
+            source.absorb(harvest_of(previous, tokens, [[first, (first + 1) % vocab] for first in firsts]))
+    queries = [(previous, token) for previous in range(-1, vocab) for token in range(vocab)]
+    found, _ = successors(source, [q[0] for q in queries], [q[1] for q in queries], k=1)
+    for (previous, token), (answer,) in zip(queries, found, strict=True):
+        expected = unigram.get(token, EMPTY)
+        if previous >= 0 and not unigram_only:
+            key = previous * vocab + token
+            owner = bucket_owner.get(int(bigram_bucket(np.array([key]), buckets)[0]))
+            if owner is not None and owner[0] == key:
+                expected = owner[1]
+        assert answer == expected

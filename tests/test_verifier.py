@@ -1,0 +1,103 @@
+"""Tree verification equals sequential decoding: every node's logits match its root path run alone.
+
+Random trees (hypothesis) go through the real verifier on the real models in float32; each
+node's logits are compared with a plain causal forward of context + anchor + the node's root
+path. Also: cache compaction leaves the cache exactly as if only the accepted path had been fed.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from goose.tree import DraftTree, TreeBuilder
+from goose.verifier import Verifier
+from goose.walker import walk
+
+TOLERANCE = 2e-4  # float32; observed differences are ~5e-5 (different matmul shapes, same math)
+
+
+def build_tree(anchor: int, parent_choices: list[int], tokens: list[int]) -> DraftTree:
+    builder = TreeBuilder(anchor, ("test",), capacity=len(tokens))
+    for choice, token in zip(parent_choices, tokens, strict=True):
+        builder.add_children(torch.tensor([choice % builder.size]), torch.tensor([token]), source=0)
+    return builder.build()
+
+
+@torch.inference_mode()
+def sequential_logits(model, ids: list[int]) -> torch.Tensor:
+    return model(input_ids=torch.tensor([ids])).logits[0, -1]
+
+
+def check_tree_against_sequential(model, context: list[int], tree: DraftTree) -> None:
+    verifier = Verifier(model)
+    verifier.prefill(context[:-1])
+    logits = verifier.verify(tree)
+    assert logits.shape[0] == tree.size
+    for node in range(tree.size):
+        path_tokens = tree.tokens[tree.root_path(node)].tolist()
+        expected = sequential_logits(model, context + path_tokens)
+        difference = (logits[node] - expected).abs().max().item()
+        assert difference < TOLERANCE, f"node {node}: max |diff| {difference:.2e}"
+
+
+tree_specs = st.integers(1, 10).flatmap(
+    lambda n: st.tuples(st.lists(st.integers(0, 99), min_size=n, max_size=n),
+                        st.lists(st.integers(0, 7), min_size=n, max_size=n))
+)
+
+
+@given(tree_specs)
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_random_trees_match_sequential_smollm2(smollm2, spec) -> None:
+    model, tokenizer = smollm2
+    context = tokenizer.encode("def add(a, b):\n    return a + b\n\nprint(add(1, 2))")
+    vocabulary = tokenizer.encode(" the a b return def ( ) :")  # real, plausible token ids
+    parents, picks = spec
+    tree = build_tree(context[-1], parents, [vocabulary[p % len(vocabulary)] for p in picks])
+    check_tree_against_sequential(model, context, tree)
+
+
+@given(tree_specs)
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_random_trees_match_sequential_gemma3(gemma3, spec) -> None:
+    model, tokenizer = gemma3
+    context = tokenizer.encode("The quick brown fox jumps over the lazy dog. The quick brown")
+    vocabulary = tokenizer.encode(" fox dog the lazy quick jumps over")
+    parents, picks = spec
+    tree = build_tree(context[-1], parents, [vocabulary[p % len(vocabulary)] for p in picks])
+    check_tree_against_sequential(model, context, tree)
+
+
+def test_gemma3_tree_past_the_sliding_window(gemma3) -> None:
+    """With 600 tokens of context the sliding layers must see only the last 512 positions."""
+    model, tokenizer = gemma3
+    text = " ".join(f"item {i} costs {i * 7 % 13} dollars." for i in range(120))
+    context = tokenizer.encode(text)[:600]
+    assert len(context) == 600 and Verifier(model).sliding_window == 512
+    tree = build_tree(context[-1], [0, 0, 1, 2, 1], tokenizer.encode(" item costs 3 dollars.")[:5])
+    check_tree_against_sequential(model, context, tree)
+
+
+def test_commit_keeps_exactly_the_accepted_path(smollm2) -> None:
+    """After compaction the next token's logits equal those of a plain forward over the accepted text."""
+    model, tokenizer = smollm2
+    context = tokenizer.encode("for i in range(10):\n    print(i)\nfor j in range(")
+    verifier = Verifier(model)
+    verifier.prefill(context[:-1])
+    branch = tokenizer.encode("10):\n    print(")
+    decoy = tokenizer.encode("3")
+    builder = TreeBuilder(context[-1], ("test",), capacity=len(branch) + 1)
+    builder.add_children(torch.tensor([0]), torch.tensor(decoy[:1]), source=0)  # node 1: a sibling decoy
+    builder.add_chain(0, torch.tensor(branch), source=0)
+    tree = builder.build()
+    logits = verifier.verify(tree)
+    walked = walk(tree, logits.argmax(-1))
+    verifier.commit(walked.path)
+    accepted = context + tree.tokens[walked.path].tolist()
+    assert verifier.past_length == len(accepted)
+    assert all(layer.keys.shape[2] == len(accepted) for layer in verifier.cache.layers)
+    next_logits = verifier.verify(DraftTree.single(walked.bonus_token))[0]
+    expected = sequential_logits(model, [*accepted, walked.bonus_token])
+    assert (next_logits - expected).abs().max().item() < TOLERANCE

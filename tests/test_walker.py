@@ -1,0 +1,64 @@
+"""The unified greedy walk: longest agreed path, bonus token, path kinds, source priority."""
+
+from __future__ import annotations
+
+import torch
+
+from goose.outcome import PathKind
+from goose.tree import TreeBuilder
+from goose.walker import walk
+
+SPINE, BRANCH = 0, 1
+
+
+def spine_tree():
+    """anchor 1 -> spine 10, 11, 12; root branch 20 -> 21; branch 30 off the first spine node."""
+    builder = TreeBuilder(1, ("context_match", "bigram_transition"), capacity=10)
+    builder.add_chain(0, torch.tensor([10, 11, 12]), SPINE, spine=True)  # nodes 1, 2, 3
+    builder.add_children(torch.tensor([0, 1]), torch.tensor([20, 30]), BRANCH)  # nodes 4, 5
+    builder.add_children(torch.tensor([4]), torch.tensor([21]), BRANCH)  # node 6
+    return builder.build()
+
+
+def predictions_for(tree, next_token: dict[int, int]) -> torch.Tensor:
+    """The target's argmax per node: ``next_token[node]`` or an unrelated token."""
+    return torch.tensor([next_token.get(i, 999) for i in range(tree.size)])
+
+
+def test_pure_spine_with_bonus() -> None:
+    tree = spine_tree()
+    walked = walk(tree, predictions_for(tree, {0: 10, 1: 11, 2: 12, 3: 13}))
+    assert walked.tokens == [10, 11, 12, 13] and walked.kind is PathKind.SPINE
+    assert walked.path.tolist() == [1, 2, 3]
+
+
+def test_pure_branch() -> None:
+    tree = spine_tree()
+    walked = walk(tree, predictions_for(tree, {0: 20, 4: 21, 6: 22}))
+    assert walked.tokens == [20, 21, 22] and walked.kind is PathKind.BRANCH
+
+
+def test_spine_continuation() -> None:
+    tree = spine_tree()
+    walked = walk(tree, predictions_for(tree, {0: 10, 1: 30, 5: 31}))
+    assert walked.tokens == [10, 30, 31] and walked.kind is PathKind.CONTINUATION
+
+
+def test_bonus_only_and_fates() -> None:
+    tree = spine_tree()
+    walked = walk(tree, predictions_for(tree, {0: 77}))
+    assert walked.tokens == [77] and walked.kind is PathKind.BONUS and walked.path.numel() == 0
+    # the anchor's children were tested, nothing else
+    assert walked.reached.tolist() == [False, True, False, False, True, False, False]
+    assert not walked.accepted.any()
+
+
+def test_duplicate_proposals_keep_the_trusted_tag() -> None:
+    """Both sources propose 11 after 10: one node, tagged with the spine source laid first."""
+    builder = TreeBuilder(1, ("context_match", "bigram_transition"), capacity=10)
+    builder.add_chain(0, torch.tensor([10, 11]), SPINE, spine=True)
+    builder.add_children(torch.tensor([1, 1]), torch.tensor([11, 40]), BRANCH)
+    tree = builder.build()
+    walked = walk(tree, predictions_for(tree, {0: 10, 1: 11, 2: 5}))
+    assert walked.tokens == [10, 11, 5]
+    assert tree.source_ids[walked.path].tolist() == [SPINE, SPINE]
