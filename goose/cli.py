@@ -42,6 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    _load_command_modules()
     parser = argparse.ArgumentParser(prog="goose", description="Lossless, training-free speculative decoding.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress (model loading, plugins)")
     commands = parser.add_subparsers(title="commands")
@@ -253,6 +254,14 @@ _COMMANDS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "plugins": _add_plugins,
     "calibrate": _add_calibrate,
 }
+
+
+def _load_command_modules() -> None:
+    """Modules with subcommands of their own register them on import."""
+    import importlib
+
+    for module in ("goose.bench.cli", "goose.datastore"):
+        importlib.import_module(module)
 
 
 def register_command(name: str, help_text: str, add: Callable[[argparse.ArgumentParser], None]) -> None:

@@ -34,7 +34,11 @@ class GooseConfig(BaseModel):
     topology: str = "spine"
 
     # tree shape (BuildSpineTree)
-    budget: int | Literal["auto"] = Field(default=60, description="draft-tree node budget B (anchor excluded)")
+    budget: int | Literal["auto"] = Field(
+        default="auto",
+        description="draft-tree node budget B (anchor excluded); 'auto' picks, every cycle, the size the device's "
+        "measured cost curve and the acceptance estimates say is fastest (the paper's fixed B=60 is a GPU setting)",
+    )
     max_depth: int = Field(default=6, ge=1, description="max depth of a branch expanded through successors")
     min_score: float = Field(default=0.01, ge=0.0, description="branch nodes scoring below this are not drafted")
     spine_tiers: list[SpineTier] = Field(default_factory=_paper_tiers)

@@ -77,8 +77,9 @@ def cache_key(model: torch.nn.Module) -> str:
     parameter = next(model.parameters())
     config = model.config
     parts = [getattr(config, "_name_or_path", "") or config.model_type, str(config.num_hidden_layers),
-             str(getattr(config, "hidden_size", "")), str(parameter.dtype).removeprefix("torch."), parameter.device.type,
-             f"threads{torch.get_num_threads()}", platform.machine(), platform.processor() or "cpu"]
+             str(getattr(config, "hidden_size", "")), str(parameter.dtype).removeprefix("torch."),
+             parameter.device.type, f"threads{torch.get_num_threads()}", platform.machine(),
+             platform.processor() or "cpu"]
     return "-".join(p.replace("/", "_").replace(" ", "_") for p in parts if p)
 
 

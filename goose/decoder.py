@@ -10,7 +10,7 @@ topologies only change how many tokens each forward pass yields.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +18,10 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from goose.candidates import CandidateError, CandidatePool, DecodeContext, Draft, SourceCandidates
+from goose.budget import BudgetPlanner
+from goose.candidates import CandidateError, CandidatePool, DecodeContext, Draft, SourceCandidates, SuccessorFn
 from goose.config import GooseConfig
+from goose.cost import load_or_measure
 from goose.outcome import AuxiliaryRows, Harvest, VerifyOutcome
 from goose.plugins import PluginError, SourceSet, make_topology
 from goose.stats import GenerationStats
@@ -215,6 +217,8 @@ class GooseDecoder(_Decoding):
         self.sources = SourceSet(self.config.sources, self.config)
         self.planner = make_topology(self.config.topology, self.config)
         self.profile = profile
+        self.budget_planner = (BudgetPlanner(load_or_measure(model), max_depth=self.config.max_depth)
+                               if self.config.budget == "auto" else None)
         self._successors = {name: self._checked_successors(name) for name in self.sources.names
                             if self.sources.implements(name, "goose_successors")}
 
@@ -232,16 +236,19 @@ class GooseDecoder(_Decoding):
             room = self.verifier.max_positions - 1 - self.verifier.past_length
             if room <= 0:
                 break
+            cycle_started = time.perf_counter()
             # 1. candidates: every source drafts and reports how far it is trusted
             context = self._context(request)
             pool, auxiliary = self._candidate_pool(context)
             clock.lap("draft")
             # 2. topology: the candidate pool becomes a draft tree within the budget
-            tree = self._plan(pool, min(self._budget(), room))
+            tree = self._plan(pool, min(self._budget(pool), room))
             clock.lap("plan")
             # 3. one verification pass over the whole tree (and any auxiliary rows)
+            verify_started = time.perf_counter()
             logits = self.verifier.verify(tree, [rows for _, rows in auxiliary])
             predictions = logits.argmax(dim=-1).cpu()
+            verify_s = time.perf_counter() - verify_started
             clock.lap("verify")
             # 4. walk: longest path the target agrees with, then the bonus token
             walked = walk(tree, predictions[: tree.size])
@@ -259,6 +266,8 @@ class GooseDecoder(_Decoding):
             stats.record_step(len(kept), tree.size, walked.kind,
                               {name: outcome.source_counts(i) for i, name in enumerate(sources.names)})
             clock.lap("observe")
+            if self.budget_planner is not None:
+                self.budget_planner.observe_overhead(time.perf_counter() - cycle_started - verify_s)
             yield kept
 
     def _context(self, request: _Request) -> DecodeContext:
@@ -299,7 +308,7 @@ class GooseDecoder(_Decoding):
             self.sources.warn_once(name, "goose_propose", str(error))
             return None
 
-    def _checked_successors(self, name: str) -> Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]:
+    def _checked_successors(self, name: str) -> SuccessorFn:
         vocab = self.verifier.vocab_size
 
         def successors(previous: torch.Tensor, tokens: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -330,8 +339,17 @@ class GooseDecoder(_Decoding):
             self.sources.warn_once(self.config.topology, "goose_plan_tree", f"{type(error).__name__}: {error}")
             return DraftTree.single(pool.anchor, pool.source_names)
 
-    def _budget(self) -> int:
-        return self.config.budget if isinstance(self.config.budget, int) else 60
+    def _budget(self, pool: CandidatePool) -> int:
+        """The configured budget, or with ``budget="auto"`` the one the cost model expects to be fastest."""
+        if self.budget_planner is None:
+            return int(self.config.budget)
+        spine = pool.drafting[0] if pool.drafting else None
+        branch = pool.branching[0] if pool.branching else None
+        return self.budget_planner.choose(
+            spine.acceptance if spine else 0.0,
+            len(spine.draft) if spine and spine.draft is not None else 0,
+            branch.acceptance if branch else 0.0,
+        )
 
 
 def _checked_tree(tree: object, pool: CandidatePool, budget: int, vocab: int) -> DraftTree:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 ROOT = 0
@@ -105,18 +106,20 @@ class TreeBuilder:
     """Lays nodes into a draft tree within a node budget, deduplicated on (parent, token).
 
     Planners call ``add_chain`` and ``add_children`` in priority order (most trusted source
-    first); nodes beyond the budget are dropped and reported as -1.
+    first); nodes beyond the budget are dropped and reported as -1. The arrays live in NumPy
+    while the tree grows (a NumPy op on a few dozen elements costs a third of a torch op on a
+    CPU) and become tensors once, in ``build``.
     """
 
     def __init__(self, anchor: int, source_names: tuple[str, ...], capacity: int) -> None:
         self.source_names = tuple(source_names)
         self.capacity = capacity
         size = capacity + 1
-        self._tokens = torch.empty(size, dtype=torch.long)
-        self._parents = torch.empty(size, dtype=torch.long)
-        self._depths = torch.empty(size, dtype=torch.long)
-        self._sources = torch.empty(size, dtype=torch.long)
-        self._spine = torch.zeros(size, dtype=torch.bool)
+        self._tokens = np.empty(size, dtype=np.int64)
+        self._parents = np.empty(size, dtype=np.int64)
+        self._depths = np.empty(size, dtype=np.int64)
+        self._sources = np.empty(size, dtype=np.int64)
+        self._spine = np.zeros(size, dtype=np.bool_)
         self._tokens[0], self._parents[0], self._depths[0], self._sources[0] = anchor, NO_PARENT, 0, NO_SOURCE
         self._size = 1
         self._max_depth = 0
@@ -132,47 +135,48 @@ class TreeBuilder:
 
     @property
     def tokens(self) -> torch.Tensor:
-        return self._tokens[: self._size]
+        return torch.from_numpy(self._tokens[: self._size])
 
     @property
     def depths(self) -> torch.Tensor:
-        return self._depths[: self._size]
+        return torch.from_numpy(self._depths[: self._size])
 
     @property
     def parents(self) -> torch.Tensor:
-        return self._parents[: self._size]
+        return torch.from_numpy(self._parents[: self._size])
 
     def source_id(self, name: str) -> int:
         return self.source_names.index(name)
 
-    def find(self, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    def _find(self, parents: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        n = self._size
+        same = (self._parents[None, :n] == parents[:, None]) & (self._tokens[None, :n] == tokens[:, None])
+        return np.where(same.any(axis=1), same.argmax(axis=1), -1)
+
+    def find(self, parents: torch.Tensor | np.ndarray, tokens: torch.Tensor | np.ndarray) -> torch.Tensor:
         """Index of the existing node with each (parent, token), or -1."""
-        same = (self.parents[None, :] == parents[:, None]) & (self.tokens[None, :] == tokens[:, None])
-        found = same.any(dim=1)
-        return torch.where(found, same.int().argmax(dim=1), torch.full_like(parents, -1))
+        return torch.from_numpy(self._find(_array(parents), _array(tokens)))
 
     def add_children(
-        self, parents: torch.Tensor, tokens: torch.Tensor, source: int, spine: bool = False
+        self, parents: torch.Tensor | np.ndarray, tokens: torch.Tensor | np.ndarray, source: int, spine: bool = False
     ) -> torch.Tensor:
         """Add one child per (parent, token) pair, in the given order; returns their node indices.
 
         Existing (parent, token) nodes are reused (their tag is kept). Pairs repeated within the
         call collapse to their first occurrence. Pairs past the budget get -1.
         """
-        parents = parents.to(torch.long)
-        tokens = tokens.to(torch.long)
-        if parents.numel() == 0:
-            return parents
-        result = self.find(parents, tokens)
-        fresh = result < 0
+        parents, tokens = _array(parents), _array(tokens)
+        if parents.shape[0] == 0:
+            return torch.from_numpy(parents)
+        result = self._find(parents, tokens)
         # within-call duplicates: only the first of equal (parent, token) pairs is new
         same = (parents[None, :] == parents[:, None]) & (tokens[None, :] == tokens[:, None])
-        first = same.int().argmax(dim=1)
-        fresh &= first == torch.arange(parents.shape[0])
-        new_count = min(int(fresh.sum()), self.room)
-        new_positions = fresh.nonzero().squeeze(1)[:new_count]
-        if new_count:
-            start, stop = self._size, self._size + new_count
+        first = same.argmax(axis=1)
+        fresh = (result < 0) & (first == np.arange(parents.shape[0]))
+        new_positions = np.flatnonzero(fresh)[: self.room]
+        count = new_positions.shape[0]
+        if count:
+            start, stop = self._size, self._size + count
             new_parents = parents[new_positions]
             new_depths = self._depths[new_parents] + 1
             self._tokens[start:stop] = tokens[new_positions]
@@ -182,50 +186,56 @@ class TreeBuilder:
             self._spine[start:stop] = spine
             self._size = stop
             self._max_depth = max(self._max_depth, int(new_depths.max()))
-            result[new_positions] = torch.arange(start, stop)
+            result[new_positions] = np.arange(start, stop)
         # duplicates inside the call point at their first occurrence's node (or -1 if it did not fit)
-        result = torch.where(result < 0, result[first], result)
-        return result
+        return torch.from_numpy(np.where(result < 0, result[first], result))
 
-    def add_chain(self, parent: int, tokens: torch.Tensor, source: int, spine: bool = False) -> torch.Tensor:
+    def add_chain(
+        self, parent: int, tokens: torch.Tensor | np.ndarray, source: int, spine: bool = False
+    ) -> torch.Tensor:
         """Add a linear continuation under ``parent``; returns the node index of every token laid.
 
         A leading stretch that already exists in the tree is followed, not duplicated; the rest is
         appended in one block. The result is shorter than ``tokens`` when the budget runs out.
         """
-        tokens = tokens.to(torch.long)
-        indices: list[int] = []
+        tokens = _array(tokens)
+        followed: list[int] = []
         position = 0
         while position < tokens.shape[0]:  # follow the existing prefix (rarely more than a step)
-            existing = self.find(torch.tensor([parent]), tokens[position : position + 1])
-            node = int(existing[0])
+            node = int(self._find(np.array([parent]), tokens[position : position + 1])[0])
             if node < 0:
                 break
-            indices.append(node)
+            followed.append(node)
             parent, position = node, position + 1
         count = min(tokens.shape[0] - position, self.room)
+        laid = np.arange(self._size, self._size + max(count, 0))
         if count > 0:
             start, stop = self._size, self._size + count
             self._tokens[start:stop] = tokens[position : position + count]
             self._parents[start] = parent
-            self._parents[start + 1 : stop] = torch.arange(start, stop - 1)
+            self._parents[start + 1 : stop] = laid[:-1]
             base_depth = int(self._depths[parent])
-            self._depths[start:stop] = torch.arange(base_depth + 1, base_depth + 1 + count)
+            self._depths[start:stop] = np.arange(base_depth + 1, base_depth + 1 + count)
             self._sources[start:stop] = source
             self._spine[start:stop] = spine
             self._size = stop
             self._max_depth = max(self._max_depth, base_depth + count)
-            indices.extend(range(start, stop))
-        return torch.tensor(indices, dtype=torch.long)
+        return torch.from_numpy(np.concatenate([np.array(followed, dtype=np.int64), laid]))
 
     def build(self) -> DraftTree:
         n = self._size
         return DraftTree(
-            tokens=self._tokens[:n].clone(),
-            parents=self._parents[:n].clone(),
-            depths=self._depths[:n].clone(),
-            source_ids=self._sources[:n].clone(),
-            on_spine=self._spine[:n].clone(),
+            tokens=torch.from_numpy(self._tokens[:n].copy()),
+            parents=torch.from_numpy(self._parents[:n].copy()),
+            depths=torch.from_numpy(self._depths[:n].copy()),
+            source_ids=torch.from_numpy(self._sources[:n].copy()),
+            on_spine=torch.from_numpy(self._spine[:n].copy()),
             source_names=self.source_names,
             max_depth=self._max_depth,
         )
+
+
+def _array(values: torch.Tensor | np.ndarray | list[int]) -> np.ndarray:
+    if isinstance(values, torch.Tensor):
+        return values.detach().cpu().numpy().astype(np.int64, copy=False).reshape(-1)
+    return np.asarray(values, dtype=np.int64).reshape(-1)

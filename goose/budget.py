@@ -1,0 +1,58 @@
+"""Hardware-aware budget: the tree size that maximises expected accepted tokens per second.
+
+Each cycle the decoder asks for the budget n maximising E[tau(n)] / (t(n + 1) + overhead), where
+t is the device's measured verify cost curve (:mod:`goose.cost`), E[tau(n)] the expected yield of
+the best spine tree of n draft nodes under the sources' current acceptance estimates
+(:func:`goose.theory.best_spine_tree`), and overhead the decoder's own per-cycle time (drafting,
+planning, walking), tracked as a running mean. On a GPU t is flat and this picks the paper's
+large trees; on a CPU, where width costs, it picks small ones and long chains only when the
+context match is trusted.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from goose.cost import CostCurve
+from goose.theory import best_spine_tree
+
+CANDIDATE_BUDGETS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128)
+ESTIMATE_STEP = 0.02  # estimates are rounded to this so the choice is cached, not recomputed, per cycle
+
+
+class BudgetPlanner:
+    """Chooses a draft-tree budget from the cost curve and the current acceptance estimates."""
+
+    def __init__(self, curve: CostCurve, max_budget: int = 128, max_depth: int = 6) -> None:
+        self.curve = curve
+        self.max_depth = max_depth
+        self.candidates = tuple(n for n in CANDIDATE_BUDGETS if n <= max_budget) or (1,)
+        self.overhead_s = 0.0005
+        self._choose = lru_cache(maxsize=4096)(self._best)
+
+    def observe_overhead(self, seconds: float) -> None:
+        """Fold one cycle's non-verify time into the running mean."""
+        self.overhead_s += 0.1 * (seconds - self.overhead_s)
+
+    def choose(self, spine_acceptance: float, spine_length: int, branch_acceptance: float) -> int:
+        """Budget for a cycle whose best draft has ``spine_length`` tokens (0: no draft)."""
+        overhead_bucket = round(self.overhead_s / self.curve.seconds[0], 1)  # in units of one token's verify
+        return self._choose(_bucket(spine_acceptance), min(spine_length, self.candidates[-1]),
+                            _bucket(branch_acceptance), overhead_bucket)
+
+    def expected_rate(self, budget: int, spine_acceptance: float, spine_length: int,
+                      branch_acceptance: float) -> float:
+        """Expected tokens per second of a cycle with ``budget`` draft nodes."""
+        tau = best_spine_tree(spine_acceptance, branch_acceptance, budget, self.max_depth,
+                              max_spine=spine_length).expected_tau
+        return tau / (float(self.curve(budget + 1)) + self.overhead_s)
+
+    def _best(self, spine_acceptance: float, spine_length: int, branch_acceptance: float,
+              overhead_bucket: float) -> int:
+        del overhead_bucket  # part of the cache key only: a new overhead level re-evaluates the choice
+        return max(self.candidates,
+                   key=lambda n: self.expected_rate(n, spine_acceptance, spine_length, branch_acceptance))
+
+
+def _bucket(value: float) -> float:
+    return round(round(min(1.0, max(0.0, value)) / ESTIMATE_STEP) * ESTIMATE_STEP, 4)

@@ -1,0 +1,444 @@
+"""The four built-in planners on real CandidatePools: real Drafts and a real (table) successor source.
+
+The successor source is a deterministic bigram table: (previous, token) picks a row of a seeded
+random table of successor tokens with decreasing conditional scores, the same contract
+``goose_successors`` has (int64 [m, k] with -1 for unknown, float scores best first).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from goose import CandidatePool, Draft, DraftTree, GooseConfig, SourceCandidates
+from goose.plugins import BUILTIN_ORIGIN, make_topology, registry
+from goose.topologies._shape import best_root_path, harmonic_split
+from goose.topologies.chain import ChainTopology
+from goose.topologies.isotropic import IsotropicTopology
+from goose.topologies.spine import SpineTopology, spine_length
+from goose.topologies.transition_tree import TransitionTreeTopology, static_template
+
+PLANNERS = {
+    "spine": SpineTopology,
+    "chain": ChainTopology,
+    "isotropic": IsotropicTopology,
+    "transition_tree": TransitionTreeTopology,
+}
+ANCHOR, PREVIOUS = 3, 2
+
+
+class TransitionTable:
+    """A bigram successor table: k successors of every (previous, token) pair with fixed scores.
+
+    ``holes`` is the share of entries that are unknown (-1), to exercise sparse tables.
+    """
+
+    def __init__(self, vocab: int = 200, width: int = 10, seed: int = 0, first: float = 0.6,
+                 decay: float = 0.5, holes: float = 0.0, rows: int = 997) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.vocab, self.rows = vocab, rows
+        self.tokens = torch.stack([torch.randperm(vocab, generator=generator)[:width] for _ in range(rows)])
+        self.tokens[torch.rand(rows, width, generator=generator) < holes] = -1
+        self.scores = (first * decay ** torch.arange(width, dtype=torch.float32)).expand(rows, width)
+        self.calls = 0
+
+    def row(self, previous: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return (tokens * 31 + previous.clamp(min=0) * 7 + 1) % self.rows
+
+    def __call__(self, previous: torch.Tensor, tokens: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.calls += 1
+        rows = self.row(previous, tokens)
+        return self.tokens[rows, :k], self.scores[rows, :k]
+
+    def score(self, previous: int, token: int, successor: int) -> float:
+        """The conditional score the table gives ``successor`` after (previous, token); 0 if absent."""
+        row = int(self.row(torch.tensor(previous), torch.tensor(token)))
+        hit = (self.tokens[row] == successor).nonzero()
+        return float(self.scores[row, hit[0, 0]]) if hit.numel() else 0.0
+
+
+def make_pool(
+    draft: Draft | None = None,
+    acceptance: float = 0.5,
+    table: TransitionTable | None = None,
+    extra: tuple[SourceCandidates, ...] = (),
+) -> CandidatePool:
+    """A pool of a context-match-like drafting source and a transition-like branching source."""
+    names = ("context_match", "bigram_transition", *(c.name for c in extra))
+    candidates = (
+        SourceCandidates("context_match", 0, acceptance, draft, None),
+        SourceCandidates("bigram_transition", 1, 0.04, None, table),
+        *extra,
+    )
+    return CandidatePool(ANCHOR, PREVIOUS, names, tuple(c for c in candidates if c.draft or c.successors))
+
+
+def spine_draft(length: int = 20, score: float = 0.8, consensus: int = 0, start: int = 500) -> Draft:
+    return Draft.chain(torch.arange(start, start + length), score, consensus=consensus)
+
+
+def plan(name: str, pool: CandidatePool, budget: int, config: GooseConfig | None = None) -> DraftTree:
+    config = config or GooseConfig()
+    return PLANNERS[name](config).goose_plan_tree(pool=pool, budget=budget, config=config)
+
+
+def check_tree(tree: DraftTree, budget: int, pool: CandidatePool) -> None:
+    """Invariants every planner's tree must keep."""
+    n = tree.size
+    assert tree.draft_size <= budget
+    assert tree.parents[0] == -1 and tree.tokens[0] == pool.anchor and tree.source_ids[0] == -1
+    assert bool((tree.parents[1:] < torch.arange(1, n)).all()) and bool((tree.parents[1:] >= 0).all())
+    assert bool((tree.depths[1:] == tree.depths[tree.parents[1:]] + 1).all())
+    pairs = set(zip(tree.parents.tolist(), tree.tokens.tolist(), strict=True))
+    assert len(pairs) == n, "a (parent, token) pair is laid twice"
+    assert bool((tree.source_ids[1:] >= 0).all()) and bool((tree.source_ids < len(pool.source_names)).all())
+    spine = tree.on_spine.nonzero().squeeze(1)
+    if spine.numel():  # the spine is one chain from the root, laid by the most trusted drafting source
+        assert tree.parents[spine].tolist() == [0, *spine[:-1].tolist()]
+        assert set(tree.source_ids[spine].tolist()) == {pool.drafting[0].source_id}
+
+
+def spine_of(tree: DraftTree) -> list[int]:
+    return tree.tokens[tree.on_spine].tolist()
+
+
+def branch_sizes(tree: DraftTree) -> list[int]:
+    """Off-spine nodes hanging from each spine node (the anchor first), by nearest spine ancestor."""
+    spine_nodes = [0, *tree.on_spine.nonzero().squeeze(1).tolist()]
+    owner = torch.zeros(tree.size, dtype=torch.long)
+    for node in range(1, tree.size):  # test code: a plain loop is clearest
+        parent = int(tree.parents[node])
+        owner[node] = node if bool(tree.on_spine[node]) else owner[parent]
+    off_spine = ~tree.on_spine
+    off_spine[0] = False
+    return [int((owner[off_spine] == s).sum()) for s in spine_nodes]
+
+
+# --- registry --------------------------------------------------------------------------------
+
+
+def test_registry_lists_the_four_planners_as_built_in() -> None:
+    topologies = registry(refresh=True).topologies
+    for name in PLANNERS:
+        assert name in topologies, f"{name} is not registered"
+        assert topologies[name].origin == BUILTIN_ORIGIN
+        assert topologies[name].description
+
+
+@pytest.mark.parametrize("name", list(PLANNERS))
+def test_planner_runs_through_pluggy(name: str) -> None:
+    config = GooseConfig(topology=name)
+    pool = make_pool(spine_draft(), table=TransitionTable())
+    tree = make_topology(name, config).goose_plan_tree(pool=pool, budget=16, config=config)
+    assert isinstance(tree, DraftTree)
+    check_tree(tree, 16, pool)
+    assert tree.draft_size > 0
+
+
+# --- invariants on random pools ---------------------------------------------------------------
+
+
+@st.composite
+def random_drafts(draw: st.DrawFn, vocab: int) -> Draft | None:
+    length = draw(st.integers(0, 25))
+    if length == 0:
+        return None
+    tokens = torch.tensor(draw(st.lists(st.integers(0, vocab - 1), min_size=length, max_size=length)))
+    scores = torch.tensor(draw(st.lists(st.floats(0.0, 1.0), min_size=length, max_size=length)))
+    consensus = draw(st.integers(0, 12))
+    if draw(st.booleans()):
+        return Draft.chain(tokens, scores, consensus=consensus)
+    parents = torch.tensor([draw(st.integers(-1, i - 1)) for i in range(length)])
+    return Draft(tokens=tokens, parents=parents, scores=scores, consensus=consensus)
+
+
+@st.composite
+def random_cases(draw: st.DrawFn) -> tuple[CandidatePool, int, GooseConfig]:
+    vocab = draw(st.sampled_from([5, 30, 500]))  # small vocabularies force dedup collisions
+    draft = draw(random_drafts(vocab))
+    table = None
+    if draw(st.booleans()) or draft is None:
+        table = TransitionTable(vocab=vocab, width=min(vocab, 10), seed=draw(st.integers(0, 50)),
+                                first=draw(st.floats(0.05, 1.0)), holes=draw(st.sampled_from([0.0, 0.3, 0.9])))
+    extra = ()
+    if draw(st.booleans()):  # a third source that both drafts and branches, less trusted
+        second = draw(random_drafts(vocab))
+        extra = (SourceCandidates("third", 2, 0.01, second, TransitionTable(vocab=vocab, width=min(vocab, 10),
+                                                                             seed=99, first=0.3)),)
+    pool = make_pool(draft, draw(st.floats(0.0, 1.0)), table, extra)
+    config = GooseConfig(
+        max_depth=draw(st.integers(1, 6)),
+        min_score=draw(st.sampled_from([0.0, 0.01, 0.2])),
+        spine_branch_ratio=draw(st.sampled_from([0.0, 0.5, 1.0])),
+        isotropic_k=draw(st.integers(1, 5)),
+        branch_top_k=draw(st.integers(1, 10)),
+        spine_branches=draw(st.booleans()),
+        consensus_bypass=draw(st.booleans()),
+    )
+    return pool, draw(st.integers(0, 80)), config
+
+
+@pytest.mark.parametrize("name", list(PLANNERS))
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=random_cases())
+def test_random_pools_keep_the_budget_and_tree_invariants(name: str, case: tuple) -> None:
+    pool, budget, config = case
+    tree = plan(name, pool, budget, config)
+    check_tree(tree, budget, pool)
+
+
+# --- spine ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("acceptance", "ratio"), [(0.1, 0.15), (0.3, 0.30), (0.5, 0.50)])
+@pytest.mark.parametrize("budget", [16, 60])
+def test_spine_length_follows_the_tier_ratio(acceptance: float, ratio: float, budget: int) -> None:
+    draft = spine_draft(length=40)
+    tree = plan("spine", make_pool(draft, acceptance, TransitionTable()), budget)
+    expected = max(1, int(budget * ratio + 0.5))
+    assert spine_of(tree) == draft.tokens[:expected].tolist()
+    assert tree.draft_size == budget  # the rest of the budget went to branches
+
+
+def test_spine_nodes_come_from_the_most_trusted_drafting_source() -> None:
+    weaker = SourceCandidates("weak_draft", 2, 0.01, spine_draft(start=900), None)
+    pool = make_pool(spine_draft(), 0.5, TransitionTable(), extra=(weaker,))
+    tree = plan("spine", pool, 16)
+    spine = tree.on_spine.nonzero().squeeze(1)
+    assert spine.numel() == 8
+    assert set(tree.source_ids[spine].tolist()) == {0}
+    assert set(tree.source_ids[~tree.on_spine][1:].tolist()) == {1}  # branches: the branching source
+    assert not set(range(900, 920)) & set(tree.tokens.tolist())  # the less trusted draft is not used
+
+
+def test_consensus_stretches_the_spine_beyond_the_tier() -> None:
+    # tier r=0.15 at budget 16 gives 2 spine nodes; five agreeing tokens stretch it to 5
+    tree = plan("spine", make_pool(spine_draft(consensus=5), 0.1, TransitionTable()), 16)
+    assert len(spine_of(tree)) == 5
+    assert spine_length(16, 0.15, 5, available=3) == 3  # never past the draft
+
+
+def test_consensus_bypass_lays_the_linear_spine_alone() -> None:
+    draft = spine_draft(length=12, consensus=9)
+    tree = plan("spine", make_pool(draft, 0.1, TransitionTable()), 16)
+    assert spine_of(tree) == draft.tokens.tolist()  # as long as the match goes, not capped at B*r
+    assert bool(tree.on_spine[1:].all())
+    assert tree.parents.tolist() == list(range(-1, 12))
+    long_tree = plan("spine", make_pool(spine_draft(length=30, consensus=9), 0.1, TransitionTable()), 16)
+    assert long_tree.draft_size == 16 and bool(long_tree.on_spine[1:].all())  # ... up to the budget
+
+
+def test_bypass_ablation_builds_the_tree_instead() -> None:
+    config = GooseConfig(consensus_bypass=False)
+    tree = plan("spine", make_pool(spine_draft(length=12, consensus=9), 0.1, TransitionTable()), 16, config)
+    assert len(spine_of(tree)) == 9  # still stretched to the consensus
+    assert tree.draft_size == 16 and int((~tree.on_spine[1:]).sum()) == 7
+
+
+def test_no_context_match_gives_the_transition_tree() -> None:
+    table = TransitionTable()
+    pool = make_pool(None, 0.5, table)
+    spine_tree = plan("spine", pool, 60)
+    transition_tree = plan("transition_tree", pool, 60)
+    assert spine_tree.draft_size > 0 and not bool(spine_tree.on_spine.any())
+    assert torch.equal(spine_tree.tokens, transition_tree.tokens)
+    assert torch.equal(spine_tree.parents, transition_tree.parents)
+
+
+def test_no_branching_source_gives_the_spine_alone() -> None:
+    draft = spine_draft(length=30)
+    tree = plan("spine", make_pool(draft, 0.1, None), 16)
+    assert spine_of(tree) == draft.tokens[:16].tolist() and tree.draft_size == 16
+
+
+def test_harmonic_shares_decrease_with_depth_and_fill_the_tree() -> None:
+    # draft scores 1 and a rich table keep every candidate above min_score: shares are filled exactly
+    table = TransitionTable(first=0.9, decay=0.9)
+    pool = make_pool(spine_draft(length=40, score=1.0), 0.5, table)
+    tree = plan("spine", pool, 60)  # spine 30, root round(0.5 * 30) = 15, 15 harmonically over 30 nodes
+    sizes = branch_sizes(tree)
+    assert sizes[0] == 15
+    assert sizes[1:] == harmonic_split(15, 30).tolist()
+    assert all(a >= b for a, b in itertools.pairwise(sizes[1:]))
+    assert sizes[1] > sizes[-1]
+
+
+@given(total=st.integers(0, 200), count=st.integers(1, 40))
+def test_harmonic_split_sums_exactly_and_never_increases(total: int, count: int) -> None:
+    shares = harmonic_split(total, count)
+    assert int(shares.sum()) == total and shares.shape == (count,)
+    assert bool((np.diff(shares) <= 0).all())
+
+
+def test_spine_branch_ablation_keeps_branches_at_the_root() -> None:
+    config = GooseConfig(spine_branches=False)
+    tree = plan("spine", make_pool(spine_draft(), 0.5, TransitionTable(first=0.9, decay=0.9)), 16, config)
+    sizes = branch_sizes(tree)
+    assert sizes[0] == 8 and sum(sizes[1:]) == 0
+
+
+def test_branches_respect_min_score_and_max_depth() -> None:
+    table = TransitionTable(first=0.7, decay=0.6)
+    config = GooseConfig(max_depth=3, min_score=0.05)
+    pool = make_pool(spine_draft(score=0.9), 0.3, table)
+    tree = plan("spine", pool, 60, config)
+    spine_scores = dict(zip(spine_of(tree), torch.cumprod(torch.full((20,), 0.9), 0).tolist(), strict=False))
+    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+    path_score = {0: 1.0}
+    branch_depth = {0: 0}
+    for node in range(1, tree.size):
+        parent = parents[node]
+        if bool(tree.on_spine[node]):
+            path_score[node], branch_depth[node] = spine_scores[tokens[node]], 0
+            continue
+        previous = tokens[parents[parent]] if parent > 0 else PREVIOUS
+        path_score[node] = path_score[parent] * table.score(previous, tokens[parent], tokens[node])
+        branch_depth[node] = branch_depth[parent] + 1
+        assert path_score[node] >= config.min_score - 1e-9
+        assert branch_depth[node] <= config.max_depth
+
+
+def test_a_branch_never_duplicates_the_next_spine_token() -> None:
+    # a table whose top successor of every spine node is the next spine token
+    table = TransitionTable(first=0.9, decay=0.8)
+    draft = spine_draft(length=10, score=1.0)
+    spine_tokens = [ANCHOR, *draft.tokens.tolist()]
+    for previous, token, following in zip([PREVIOUS, *spine_tokens], spine_tokens, spine_tokens[1:], strict=False):
+        table.tokens[int(table.row(torch.tensor(previous), torch.tensor(token))), 0] = following
+    tree = plan("spine", make_pool(draft, 0.3, table), 16)
+    check_tree(tree, 16, make_pool(draft, 0.3, table))
+    spine_nodes = [0, *tree.on_spine.nonzero().squeeze(1).tolist()]
+    for index, node in enumerate(spine_nodes[:-1]):
+        children = (tree.parents == node).nonzero().squeeze(1)
+        next_spine = [c for c in children.tolist() if tree.tokens[c] == spine_tokens[index + 1]]
+        assert next_spine == [spine_nodes[index + 1]], "the next spine token appears once, on the spine"
+    assert tree.draft_size == 16  # the skipped duplicate's place went to another successor
+
+
+def test_a_trie_draft_lays_its_most_valuable_root_path() -> None:
+    # two root paths: [10] (score 0.9) and [20, 21, 22] (0.7 each): 0.7 + 0.49 + 0.34 > 0.9
+    draft = Draft(tokens=torch.tensor([10, 20, 21, 22]), parents=torch.tensor([-1, -1, 1, 2]),
+                  scores=torch.tensor([0.9, 0.7, 0.7, 0.7]))
+    tokens, scores = best_root_path(draft)
+    assert tokens.tolist() == [20, 21, 22]
+    assert np.allclose(scores, [0.7, 0.49, 0.343])
+    tree = plan("spine", make_pool(draft, 0.5, TransitionTable()), 16)
+    assert spine_of(tree) == [20, 21, 22]
+
+
+# --- chain ------------------------------------------------------------------------------------
+
+
+def test_chain_lays_the_whole_draft_up_to_the_budget() -> None:
+    tree = plan("chain", make_pool(spine_draft(length=30), 0.1, TransitionTable()), 16)
+    assert spine_of(tree) == list(range(500, 516)) and tree.parents.tolist() == list(range(-1, 16))
+    short = plan("chain", make_pool(spine_draft(length=5), 0.1, TransitionTable()), 16)
+    assert short.draft_size == 5
+
+
+def test_chain_falls_back_to_the_greedy_successor_chain() -> None:
+    table = TransitionTable(first=0.9, decay=0.9)
+    tree = plan("chain", make_pool(None, 0.5, table), 16)
+    assert tree.draft_size == GooseConfig().max_depth and not bool(tree.on_spine.any())
+    previous, token = PREVIOUS, ANCHOR
+    for node in range(1, tree.size):  # every node is its parent's top-1 successor
+        expected = int(table(torch.tensor([previous]), torch.tensor([token]), 1)[0][0, 0])
+        assert int(tree.parents[node]) == node - 1 and int(tree.tokens[node]) == expected
+        previous, token = token, expected
+    bare = plan("chain", make_pool(None, 0.5, None), 16)
+    assert bare.size == 1
+
+
+# --- isotropic --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [3, 5])
+def test_isotropic_is_a_balanced_k_ary_tree(k: int) -> None:
+    config = GooseConfig(isotropic_k=k, min_score=0.0)
+    tree = plan("isotropic", make_pool(spine_draft(), 0.5, TransitionTable()), 60, config)
+    assert tree.draft_size == 60
+    fan_out = torch.bincount(tree.parents[1:], minlength=tree.size)
+    assert int(fan_out.max()) <= k
+    level_sizes = torch.bincount(tree.depths).tolist()
+    full_levels = [k**d for d in range(len(level_sizes))]
+    assert level_sizes[:-1] == full_levels[:-1]  # breadth first: every level but the last is full
+    assert not bool(tree.on_spine.any())
+
+
+def test_isotropic_merges_sources_and_follows_the_draft() -> None:
+    draft = spine_draft(length=10, score=0.95)
+    tree = plan("isotropic", make_pool(draft, 0.5, TransitionTable()), 60, GooseConfig(isotropic_k=3))
+    # the draft's tokens outscore the table (0.95^d vs 0.6 * ...) and form a chain of draft-tagged nodes
+    drafted = (tree.source_ids == 0).nonzero().squeeze(1)
+    assert tree.tokens[drafted].tolist() == draft.tokens[: drafted.numel()].tolist()
+    assert drafted.numel() == int(tree.depths.max())
+
+
+# --- transition tree ---------------------------------------------------------------------------
+
+
+def test_static_template_is_ancestor_closed_and_deepest_on_top_ranks() -> None:
+    levels = static_template(80, 8, 6)
+    assert sum(ranks.shape[0] for _, ranks in levels) == 80
+    assert [ranks.shape[0] for _, ranks in levels][:3] == [8, 21, 25]  # TR's published tree's first levels
+    for depth in range(1, len(levels)):
+        parents, _ = levels[depth]
+        assert int(parents.max()) < levels[depth - 1][1].shape[0]
+    root_fan_outs = [static_template(budget, 10, 6)[0][1].shape[0] for budget in (4, 16, 60)]
+    assert root_fan_outs == sorted(root_fan_outs) and root_fan_outs[0] < root_fan_outs[-1]  # it scales
+
+
+def test_transition_tree_fills_slots_by_rank_and_ignores_drafts() -> None:
+    table = TransitionTable()
+    pool = make_pool(spine_draft(), 0.9, table)
+    tree = plan("transition_tree", pool, 16, GooseConfig(min_score=0.0))
+    assert tree.draft_size == 16 and set(tree.source_ids[1:].tolist()) == {1}
+    root_children = tree.tokens[tree.parents == 0].tolist()
+    expected = table(torch.tensor([PREVIOUS]), torch.tensor([ANCHOR]), 10)[0][0].tolist()
+    assert root_children == expected[: len(root_children)]
+    assert int(tree.depths.max()) > 1  # not a flat fan: top ranks are grown deeper
+
+
+def test_planners_with_an_empty_pool_return_the_bare_anchor() -> None:
+    pool = CandidatePool(ANCHOR, PREVIOUS, (), ())
+    for name in PLANNERS:
+        assert plan(name, pool, 16).size == 1
+
+
+# --- with the real bigram transition source ---------------------------------------------------
+
+
+def test_spine_tree_from_the_real_bigram_transition_source() -> None:
+    bigram = pytest.importorskip("goose.sources.bigram_transition")
+    from goose import DecodeContext, Harvest
+
+    vocab, config = 64, GooseConfig()
+    source = bigram.BigramTransitionSource(config)
+    generator = torch.Generator().manual_seed(1)
+    previous = torch.randint(0, vocab, (400,), generator=generator)
+    tokens = torch.randint(0, vocab, (400,), generator=generator)
+    top_tokens = torch.stack([torch.randperm(vocab, generator=generator)[:10] for _ in range(400)])
+    top_scores = torch.softmax(torch.linspace(3.0, 0.0, 10), dim=0).expand(401, 10)
+    context = DecodeContext(tokens=np.array([PREVIOUS, ANCHOR]), prompt_length=2, vocab_size=vocab,
+                            eos_token_ids=frozenset(), config=config)
+    harvest = Harvest(previous=torch.cat([previous, torch.tensor([PREVIOUS])]),
+                      tokens=torch.cat([tokens, torch.tensor([ANCHOR])]),
+                      top_tokens=torch.cat([top_tokens, top_tokens[:1]]), top_scores=top_scores)
+    source.goose_prefill(context=context, harvest=harvest)
+
+    draft = Draft.chain(torch.arange(40, 60), 0.8)
+    transition = SourceCandidates("bigram_transition", 1, source.goose_acceptance(), None, source.goose_successors)
+    pool = CandidatePool(ANCHOR, PREVIOUS, ("context_match", "bigram_transition"),
+                         (SourceCandidates("context_match", 0, 0.5, draft, None), transition))
+    for name in PLANNERS:
+        for budget in (16, 60):
+            tree = plan(name, pool, budget, config)
+            check_tree(tree, budget, pool)
+    tree = plan("spine", pool, 16, config)
+    root_branches = tree.tokens[(tree.parents == 0) & ~tree.on_spine].tolist()
+    assert root_branches and set(root_branches) <= set(top_tokens[0].tolist())  # the (previous, anchor) row

@@ -1,0 +1,53 @@
+"""A single linear chain: Prompt Lookup Decoding's shape, the paper's "PLD" baseline.
+
+The most trusted drafting source's best root path, as long as the draft and the budget allow
+(no B*r cap: a chain spends nothing on width, so every budgeted node goes to depth). Without a
+draft this cycle, the greedy top-1 successor chain of the most trusted branching source, up to
+``config.max_depth`` tokens while its path score stays >= ``config.min_score``; without either,
+the bare anchor (a plain autoregressive step).
+"""
+
+from __future__ import annotations
+
+import goose
+from goose.candidates import CandidatePool
+from goose.config import GooseConfig
+from goose.hookspecs import Register
+from goose.topologies._shape import as_tensor, best_root_path, grow_branches
+from goose.tree import ROOT, DraftTree
+
+
+class ChainTopology:
+    """PLD's linear chain, falling back to a greedy successor chain."""
+
+    def __init__(self, config: GooseConfig) -> None:
+        self.config = config
+
+    @goose.hookimpl
+    def goose_plan_tree(self, pool: CandidatePool, budget: int, config: GooseConfig) -> DraftTree:
+        builder = pool.builder(budget)
+        if budget <= 0:
+            return builder.build()
+        if pool.drafting:
+            source = pool.drafting[0]
+            tokens, _ = best_root_path(source.draft)
+            builder.add_chain(ROOT, as_tensor(tokens[:budget]), source.source_id, spine=True)
+        elif pool.branching:
+            # one successor per level (top_k=1) makes the best-first subtree a greedy chain
+            grow_branches(
+                pool,
+                builder,
+                pool.branching[0],
+                starts=[ROOT],
+                budgets=[min(budget, config.max_depth)],
+                start_scores=[1.0],
+                max_depth=config.max_depth,
+                min_score=config.min_score,
+                top_k=1,
+            )
+        return builder.build()
+
+
+@goose.hookimpl
+def goose_register_topologies(register: Register) -> None:
+    register("chain", ChainTopology, description="PLD: the best draft as one linear chain (no tree)")
