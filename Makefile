@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(VENV)/bin/goose generate "Write a Python function that merges two sorted lists." --compare-ar
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check goose sources topologies tests examples
+	$(VENV)/bin/ruff check goose sources topologies tests examples plugins
 	$(PY) -m pytest -q tests
 
 clean:

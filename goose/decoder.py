@@ -372,9 +372,9 @@ def _checked_tree(tree: object, pool: CandidatePool, budget: int, vocab: int) ->
 
 
 def _harvest(previous: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor, k: int) -> Harvest:
-    top = logits.float().topk(k, dim=-1)
+    top = logits.topk(k, dim=-1)  # in the model's dtype: no full-vocabulary upcast on the hot path
     return Harvest(previous=previous, tokens=tokens, top_tokens=top.indices.cpu(),
-                   top_scores=torch.softmax(top.values, dim=-1).cpu())
+                   top_scores=torch.softmax(top.values.float(), dim=-1).cpu())
 
 
 def _prefill_harvest(prompt_ids: list[int], logits: torch.Tensor, k: int) -> Harvest:

@@ -23,7 +23,8 @@ from goose.decoder import AutoregressiveDecoder, GooseDecoder
         (["generate", "hi", "--topology", "nope"], "unknown topology 'nope'"),
         (["generate", "hi", "--budget", "0"], "budget must be >= 1"),
         (["generate", "hi", "--budget", "many"], "--budget must be an integer or 'auto'"),
-        (["generate", "hi", "--disable", "context_match", "--disable", "bigram_transition"], "every source is disabled"),
+        (["generate", "hi", "--disable", "context_match", "--disable", "bigram_transition"],
+         "every source is disabled"),
         (["generate", "hi", "--dtype", "int3"], "dtype"),
     ],
 )

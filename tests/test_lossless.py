@@ -19,17 +19,19 @@ SMOLLM2_PROMPTS = dataset_prompts("humaneval", 7) + dataset_prompts("gsm8k", 7) 
 GEMMA3_PROMPTS = dataset_prompts("humaneval", 2) + dataset_prompts("gsm8k", 2) + dataset_prompts("mt_bench", 1)
 
 
+def first_difference(result, reference) -> str:
+    pairs = zip(result.new_token_ids, reference.new_token_ids, strict=False)
+    index = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
+    return f"first differing token at {index}" if index is not None else "lengths differ"
+
+
 def assert_all_topologies_lossless(model, tokenizer, prompt: str, chat: bool) -> None:
     reference = AutoregressiveDecoder(model, tokenizer, chat=chat).generate(prompt, NEW_TOKENS)
     assert reference.stats.new_tokens > 0
     for topology in TOPOLOGIES:
         decoder = GooseDecoder(model, tokenizer, GooseConfig(topology=topology), chat=chat)
         result = decoder.generate(prompt, NEW_TOKENS)
-        assert result.new_token_ids == reference.new_token_ids, (
-            f"{topology}: first difference at token "
-            f"{next(i for i, (a, b) in enumerate(zip(result.new_token_ids, reference.new_token_ids)) if a != b)}"
-            if len(result.new_token_ids) == len(reference.new_token_ids) else f"{topology}: length differs"
-        )
+        assert result.new_token_ids == reference.new_token_ids, f"{topology}: {first_difference(result, reference)}"
 
 
 @pytest.mark.slow

@@ -9,6 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from goose import DecodeContext, GooseConfig, Harvest, PathKind, TreeBuilder, VerifyOutcome
+from goose.plugins import BUILTIN_ORIGIN, SourceSet, registry
 from goose.sources.bigram_transition import (
     EMPTY,
     BigramTransitionSource,
@@ -16,12 +22,6 @@ from goose.sources.bigram_transition import (
     bigram_bucket,
 )
 from goose.sources.context_match import ContextMatchSource
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from pydantic import ValidationError
-
-from goose import DecodeContext, GooseConfig, Harvest, PathKind, TreeBuilder, VerifyOutcome
-from goose.plugins import BUILTIN_ORIGIN, SourceSet, registry
 
 EOS = 999  # outside the small ids the tests draw with
 
