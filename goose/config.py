@@ -67,6 +67,11 @@ class GooseConfig(BaseModel):
     # ablations (paper, Table "Ablations")
     spine_branches: bool = Field(default=True, description="False: no branches on spine nodes (root only)")
     consensus_bypass: bool = Field(default=True, description="False: never take the linear bypass")
+    spine_tokens: Literal["draft", "transition"] = Field(
+        default="draft",
+        description="'transition': keep the spine's length but fill it with the branching source's greedy "
+        "successor chain (the paper's 'w/o PLD tokens, shape kept' ablation)",
+    )
 
     @field_validator("budget")
     @classmethod

@@ -442,3 +442,20 @@ def test_spine_tree_from_the_real_bigram_transition_source() -> None:
     tree = plan("spine", pool, 16, config)
     root_branches = tree.tokens[(tree.parents == 0) & ~tree.on_spine].tolist()
     assert root_branches and set(root_branches) <= set(top_tokens[0].tolist())  # the (previous, anchor) row
+
+
+def test_transition_tokens_on_the_spine_keep_its_shape() -> None:
+    """The paper's 'w/o PLD tokens' ablation: the spine's length stays, its tokens are the greedy successor chain."""
+    table = TransitionTable(first=0.9, decay=0.5)
+    pool = make_pool(spine_draft(), 0.5, table)
+    reference = plan("spine", pool, 16)
+    ablated = plan("spine", pool, 16, GooseConfig(spine_tokens="transition"))
+    assert len(spine_of(ablated)) == len(spine_of(reference)) == 8  # tier ratio 0.5 of budget 16
+    greedy, previous, token = [], PREVIOUS, ANCHOR
+    for _ in range(8):
+        successors, _ = table(torch.tensor([previous]), torch.tensor([token]), 1)
+        previous, token = token, int(successors[0, 0])
+        greedy.append(token)
+    assert spine_of(ablated) == greedy
+    assert set(ablated.source_ids[ablated.on_spine].tolist()) == {1}  # laid by the branching source
+    assert ablated.draft_size <= 16

@@ -77,9 +77,28 @@ class SpineTopology:
 
         ratio = config.spine_ratio(spine_source.acceptance)
         length = spine_length(budget, ratio, consensus, tokens.shape[0])
-        spine = builder.add_chain(ROOT, as_tensor(tokens[:length]), spine_source.source_id, spine=True).numpy()
+        if config.spine_tokens == "transition":  # ablation: the same spine shape, transition tokens on it
+            spine = self._transition_spine(pool, builder, pool.branching[0], length, config)
+            path_scores = np.ones(spine.shape[0])
+        else:
+            spine = builder.add_chain(ROOT, as_tensor(tokens[:length]), spine_source.source_id, spine=True).numpy()
         self._add_branches(pool, builder, pool.branching[0], spine, path_scores[: spine.shape[0]], config)
         return builder.build()
+
+    @staticmethod
+    def _transition_spine(
+        pool: CandidatePool, builder: TreeBuilder, source: SourceCandidates, length: int, config: GooseConfig
+    ) -> np.ndarray:
+        """The branching source's greedy top-1 successor chain of ``length`` tokens, laid as the spine."""
+        tokens: list[int] = []
+        previous, token = pool.previous, pool.anchor
+        for _ in range(length):  # one successor query per spine level (length <= budget, a few dozen)
+            successors, _ = source.successors(as_tensor([previous]), as_tensor([token]), 1)
+            if successors.shape[1] == 0 or int(successors[0, 0]) < 0:
+                break
+            previous, token = token, int(successors[0, 0])
+            tokens.append(token)
+        return builder.add_chain(ROOT, as_tensor(tokens), source.source_id, spine=True).numpy()
 
     @staticmethod
     def _add_branches(

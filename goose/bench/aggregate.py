@@ -1,0 +1,142 @@
+"""Records -> summary rows, aggregated as the paper does.
+
+Per (method, dataset):
+
+- ``speedup``: the mean of per-sample speedups (each sample's tokens/s over ``ar``'s on the same
+  prompt, in the same run), so a long sample does not outweigh a short one;
+- ``tau``: accepted tokens per verification call pooled over the dataset's steps (Spec-Bench's
+  mean of ``accept_lengths``); None for methods that do not report steps (the HF peers);
+- ``tokens_per_s``: the mean of per-sample tokens/s;
+- ``identical_to_ar``: the fraction of samples whose token ids equal ``ar``'s (1.0 = lossless);
+- ``source_acceptance``: per source, accepted / tested draft nodes pooled over the dataset;
+- ``path_kinds``: the share of verification steps of each accepted-path kind.
+
+The ``all`` row of a method is the mean over its datasets of ``speedup``, ``tau``,
+``tokens_per_s`` and ``speedup_vs_hf_ar`` (each dataset weighs the same, as in the paper's "mean"
+column); ``samples``, ``identical_to_ar``, ``source_acceptance`` and ``path_kinds`` are pooled
+over every sample.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from statistics import fmean
+from typing import Any
+
+from goose.bench.records import Record
+
+ALL = "all"
+Row = dict[str, Any]
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return fmean(present) if present else None
+
+
+def _pooled(records: Sequence[Record]) -> Row:
+    """The fields every aggregate pools over samples, whatever their dataset."""
+    tested: Counter[str] = Counter()
+    accepted: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
+    for record in records:
+        tested.update(record.get("source_tested") or {})
+        accepted.update(record.get("source_accepted") or {})
+        kinds.update(record.get("path_kinds") or {})
+    steps = sum(kinds.values())
+    compared = [r["identical_to_ar"] for r in records if r.get("identical_to_ar") is not None]
+    return {
+        "samples": len(records),
+        "identical_to_ar": (sum(bool(c) for c in compared) / len(compared)) if compared else None,
+        "source_acceptance": {name: accepted[name] / n for name, n in sorted(tested.items()) if n},
+        "path_kinds": {kind: count / steps for kind, count in kinds.items()} if steps else {},
+    }
+
+
+def _dataset_row(method: str, dataset: str, records: Sequence[Record]) -> Row:
+    counted = [r for r in records if r.get("verify_steps")]
+    steps = sum(r["verify_steps"] for r in counted)
+    accepted = sum(sum(r["choices"][0]["accept_lengths"]) for r in counted)
+    return {
+        "method": method,
+        "dataset": dataset,
+        **_pooled(records),
+        "speedup": _mean(r.get("speedup") for r in records),
+        "speedup_vs_hf_ar": _mean(r.get("speedup_vs_hf_ar") for r in records),
+        "tau": accepted / steps if steps else None,
+        "tokens_per_s": _mean(r["tokens_per_s"] for r in records),
+        "new_tokens": _mean(r["new_tokens"] for r in records),
+    }
+
+
+def _all_row(method: str, rows: Sequence[Row], records: Sequence[Record]) -> Row:
+    return {
+        "method": method,
+        "dataset": ALL,
+        **_pooled(records),
+        **{key: _mean(row[key] for row in rows)
+           for key in ("speedup", "speedup_vs_hf_ar", "tau", "tokens_per_s", "new_tokens")},
+    }
+
+
+def summarize(records: Sequence[Record]) -> list[Row]:
+    """Summary rows of one model's records: every (method, dataset) in first-seen order, then ``all``."""
+    methods: dict[str, dict[str, list[Record]]] = {}
+    for record in records:
+        methods.setdefault(record["method"], {}).setdefault(record["dataset"], []).append(record)
+    rows: list[Row] = []
+    for method, by_dataset in methods.items():
+        dataset_rows = [_dataset_row(method, dataset, recs) for dataset, recs in by_dataset.items()]
+        everything = [r for recs in by_dataset.values() for r in recs]
+        rows += [*dataset_rows, _all_row(method, dataset_rows, everything)]
+    return rows
+
+
+def summarize_categories(records: Sequence[Record]) -> list[Row]:
+    """Rows per (method, ``<dataset>/<category>``) for datasets whose samples span several categories
+    (Spec-Bench's subtasks, MT-Bench's eight), aggregated like dataset rows; no ``all`` rows."""
+    categories: dict[str, set[str]] = {}
+    for record in records:
+        categories.setdefault(record["dataset"], set()).add(record["category"])
+    groups: dict[tuple[str, str], list[Record]] = {}
+    for record in records:
+        if len(categories[record["dataset"]]) > 1:
+            key = (record["method"], f"{record['dataset']}/{record['category']}")
+            groups.setdefault(key, []).append(record)
+    return [_dataset_row(method, group, recs) for (method, group), recs in groups.items()]
+
+
+def lookup(rows: Sequence[Row], method: str, dataset: str) -> Row | None:
+    """The row of (method, dataset), or None."""
+    for row in rows:
+        if row["method"] == method and row["dataset"] == dataset:
+            return row
+    return None
+
+
+def build_summary(
+    model: str,
+    device: str,
+    dtype: str,
+    records: Sequence[Record],
+    methods: dict[str, dict[str, Any]] | None = None,
+    unavailable: dict[str, str] | None = None,
+    settings: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``summary.json`` object of one model.
+
+    ``methods``: name -> {kind, group, description, fields} of every requested method (the report
+    groups its tables by it); ``unavailable``: name -> why it did not run; ``settings``: how the run
+    was made (max_new_tokens, threads, versions...).
+    """
+    return {
+        "model": model,
+        "device": device,
+        "dtype": dtype,
+        "settings": settings or {},
+        "methods": methods or {},
+        "unavailable": unavailable or {},
+        "results": summarize(records),
+        "categories": summarize_categories(records),
+    }

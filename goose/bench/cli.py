@@ -1,0 +1,127 @@
+"""``goose bench``: the paper's tables on real models, Goose side by side with the peers.
+
+Registered into ``goose.cli`` on import; importing this module costs only argparse (the runner,
+torch and matplotlib load when the command runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from goose.cli import add_model_arguments, register_command
+
+QUICK_LIMIT = 2
+QUICK_MAX_NEW_TOKENS = 64
+DEFAULT_MAX_NEW_TOKENS = 128
+DEFAULT_OUT = "bench-results"
+
+
+def _names(text: str | None) -> list[str]:
+    return [part.strip() for part in (text or "").split(",") if part.strip()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser, dtype="bfloat16")
+    for action in parser._actions:  # one model or several: say so where the flag is documented
+        if action.dest == "model":
+            action.help = "model(s), comma-separated: smollm2-135m (default), gemma3-270m, a Hugging Face id or a path"
+    parser.add_argument("--datasets", default=None,
+                        help="comma-separated: humaneval, mbpp, classeval, gsm8k, mt_bench, spec_bench, or paths of "
+                             "JSONL files whose lines hold a 'prompt' string or a 'turns' list "
+                             "(default: the paper's five)")
+    parser.add_argument("--methods", default=None,
+                        help="comma-separated methods (default: the main table; see --list-methods); "
+                             "ar is always run, as the baseline")
+    parser.add_argument("--suite", choices=("ablation", "sweep"), default=None,
+                        help="add the paper's ablations or the B/D/r/rho sweeps (with goose as reference)")
+    parser.add_argument("--limit", type=int, default=None, help="the first N prompts of each dataset")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help=f"per turn (default {DEFAULT_MAX_NEW_TOKENS}; --quick: {QUICK_MAX_NEW_TOKENS})")
+    parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default ./{DEFAULT_OUT})")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data-dir", default=None,
+                        help="folder of the benchmark JSONL files (default $GOOSE_DATA, else ../shared/data "
+                             "next to the repository)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"smoke run: the paper's five datasets, {QUICK_LIMIT} prompts each, "
+                             f"{QUICK_MAX_NEW_TOKENS} tokens, methods ar,pld,goose,hf_pld (explicit flags win)")
+    parser.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--list-methods", action="store_true", help="print every method and whether it can run")
+    parser.set_defaults(run=run_command)
+
+
+def _method_names(args: argparse.Namespace) -> list[str]:
+    from goose.bench.methods import MAIN_METHODS, QUICK_METHODS, SUITES
+
+    explicit = _names(args.methods)
+    if args.suite:
+        return [*explicit, *SUITES[args.suite]]
+    if explicit:
+        return explicit
+    return list(QUICK_METHODS if args.quick else MAIN_METHODS)
+
+
+def _list_methods() -> int:
+    from goose.bench.methods import ALL_METHODS, unavailable_reason
+
+    width = max(len(name) for name in ALL_METHODS)
+    for name, method in ALL_METHODS.items():
+        reason = unavailable_reason(method)
+        state = "ok" if reason is None else f"unavailable: {reason}"
+        print(f"{name:<{width}}  {method.group:<16}  {method.description}  [{state}]")
+    return 0
+
+
+def run_command(args: argparse.Namespace) -> int:
+    if args.list_methods:
+        return _list_methods()
+    from goose.bench.methods import resolve_methods
+    from goose.bench.prompts import PAPER_DATASETS, default_data_dir
+
+    max_new_tokens = args.max_new_tokens or (QUICK_MAX_NEW_TOKENS if args.quick else DEFAULT_MAX_NEW_TOKENS)
+    limit = args.limit if args.limit is not None else (QUICK_LIMIT if args.quick else None)
+    if max_new_tokens <= 0:
+        raise ValueError(f"--max-new-tokens must be positive, got {max_new_tokens}")
+    if limit is not None and limit <= 0:
+        raise ValueError(f"--limit must be positive, got {limit}")
+    if args.threads is not None and args.threads <= 0:
+        raise ValueError(f"--threads must be positive, got {args.threads}")
+    model_names = _names(args.model)
+    if not model_names:
+        raise ValueError("--model names no model")
+    methods = _method_names(args)
+    resolve_methods(methods)  # unknown names fail here, before any model is loaded
+    datasets = _names(args.datasets) or list(PAPER_DATASETS)
+    data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir()
+
+    from goose.bench.outputs import write_outputs
+    from goose.bench.report import main_table
+    from goose.bench.runner import RESULTS_FILE, Bench, BenchSettings
+
+    out = Path(args.out).expanduser()
+    settings = BenchSettings(
+        models=model_names, datasets=datasets, methods=methods, out=out, data_dir=data_dir, limit=limit,
+        max_new_tokens=max_new_tokens, dtype=args.dtype, device=args.device, seed=args.seed, threads=args.threads,
+        chat=not args.no_chat, progress=not args.no_progress,
+        extra={"quick": args.quick, "suite": args.suite},
+    )
+    bench = Bench(settings)  # reads the datasets: a missing file fails before any model is loaded
+    try:
+        bench.run()
+    finally:  # an interrupted run still leaves the summary and report of what it measured
+        summaries = [s for s in bench.summaries() if s["results"]]
+        if summaries:
+            written = write_outputs(summaries, out)
+            for summary in summaries:
+                print(f"\n{summary['model']} ({summary['dtype']}, {summary['device']})\n")
+                print(main_table(summary))
+                for name, reason in summary["unavailable"].items():
+                    print(f"- {name}: unavailable: {reason}")
+            print("\nwrote " + ", ".join(str(p) for p in [out / RESULTS_FILE, *written]))
+    return 0
+
+
+register_command("bench", "reproduce the paper's tables: speedup, tau, acceptance per method and dataset",
+                 add_arguments)

@@ -1,0 +1,126 @@
+"""One method's generation of one turn, behind one interface, timed the same way for every kind.
+
+The clock covers exactly the call that turns prompt ids into new token ids (prefill included):
+``GooseDecoder.generate`` / ``AutoregressiveDecoder.generate`` for our methods and
+``model.generate`` for the Hugging Face peers. Prompt encoding happens before the clock starts,
+for every kind alike. Every call runs under ``torch.inference_mode`` (as Spec-Bench does), so no
+method pays autograd bookkeeping that another does not.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from goose.bench.methods import Method
+from goose.decoder import AutoregressiveDecoder, GooseDecoder
+
+# GenerationStats.to_dict() keys kept per turn (the per-step lists are kept separately)
+_STATS_KEYS = ("source_tested", "source_accepted", "path_kinds", "prefill_s", "mean_tree_size")
+
+
+@dataclass
+class TurnOutput:
+    """What one method produced for one turn, and what it cost."""
+
+    prompt_tokens: int
+    new_token_ids: list[int]
+    text: str
+    wall_s: float
+    stop_reason: str
+    # None where the method does not count verification steps (the Hugging Face peers)
+    accepted_lengths: list[int] | None = None
+    stats: dict[str, Any] | None = None
+
+    @property
+    def verify_steps(self) -> int | None:
+        return len(self.accepted_lengths) if self.accepted_lengths is not None else None
+
+
+def _synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so the clock stops when the tokens exist (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Generator(Protocol):
+    method: Method
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> TurnOutput: ...
+
+
+class DecoderGenerator:
+    """Our decoders: plain AR (the baseline) and every Goose configuration."""
+
+    def __init__(self, method: Method, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.method = method
+        if method.kind == "ar":
+            self.decoder: AutoregressiveDecoder | GooseDecoder = AutoregressiveDecoder(model, tokenizer)
+        else:
+            self.decoder = GooseDecoder(model, tokenizer, method.config())
+        self.device = next(model.parameters()).device
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> TurnOutput:
+        with torch.inference_mode():
+            _synchronize(self.device)
+            started = time.perf_counter()
+            result = self.decoder.generate(prompt_ids, max_new_tokens)
+            _synchronize(self.device)
+            wall_s = time.perf_counter() - started
+            # the finished request's KV cache is dead weight; with a dozen decoders it adds up
+            self.decoder.verifier.reset()
+        full = result.stats.to_dict()
+        return TurnOutput(
+            prompt_tokens=len(prompt_ids), new_token_ids=result.new_token_ids, text=result.text, wall_s=wall_s,
+            stop_reason=result.stop_reason, accepted_lengths=list(result.stats.accepted_lengths),
+            stats={key: full[key] for key in _STATS_KEYS},
+        )
+
+
+class HuggingFaceGenerator:
+    """The peers: ``model.generate`` greedy, optionally with its own speculative options."""
+
+    def __init__(self, method: Method, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 eos_ids: frozenset[int]) -> None:
+        self.method = method
+        self.model = model
+        self.tokenizer = tokenizer
+        # the same stopping rule as our decoders, so that outputs are comparable token for token
+        self.eos_ids = sorted(eos_ids)
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
+        self.device = next(model.parameters()).device
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> TurnOutput:
+        input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+        attention_mask = torch.ones_like(input_ids)
+        # a model's generation_config may carry sampling defaults that greedy decoding ignores;
+        # transformers warns about each of them on every call
+        with warnings.catch_warnings(), torch.inference_mode():
+            warnings.simplefilter("ignore")
+            _synchronize(self.device)
+            started = time.perf_counter()
+            output = self.model.generate(
+                input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=max_new_tokens,
+                eos_token_id=self.eos_ids or None, pad_token_id=self.pad_id, **dict(self.method.fields),
+            )
+            _synchronize(self.device)
+            wall_s = time.perf_counter() - started
+        new_ids = [int(t) for t in output[0, len(prompt_ids):].tolist()]
+        stop = "eos" if new_ids and new_ids[-1] in self.eos_ids else "max_new_tokens"
+        text = self.tokenizer.decode(new_ids, skip_special_tokens=True)
+        return TurnOutput(prompt_tokens=len(prompt_ids), new_token_ids=new_ids, text=text, wall_s=wall_s,
+                          stop_reason=stop)
+
+
+def make_generator(method: Method, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                   eos_ids: frozenset[int]) -> Generator:
+    """A generator for ``method`` (may raise: unknown plugin, bad source options, ...)."""
+    if method.kind == "hf":
+        return HuggingFaceGenerator(method, model, tokenizer, eos_ids)
+    return DecoderGenerator(method, model, tokenizer)

@@ -1,0 +1,175 @@
+"""The benchmarked methods, as data: a name, a kind, and GooseConfig fields (or generate() arguments).
+
+Every Goose-family method is a :class:`goose.config.GooseConfig` built from its ``fields``, run by
+the same :class:`goose.decoder.GooseDecoder` through the same verifier, so the methods differ only
+in what the config says: the paper's baselines (PLD, TR, Lookahead, REST, Iso(k)) are the same
+sources in other topologies. Suites (the main table, the ablations, the parameter sweeps) are
+just more entries in the same table.
+
+A method whose plugin is not registered (sources and topologies still being written) or whose
+fields the config does not know is reported as unavailable with the reason, never a crash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from goose.config import GooseConfig
+from goose.plugins import PluginError, registry
+
+Kind = Literal["ar", "goose", "hf"]
+
+# the paper's four "best single source" baselines (synergy table), and its topology baselines
+STANDALONE_SOURCES: tuple[str, ...] = ("pld", "tr", "rest", "lookahead")
+TOPOLOGY_BASELINES: tuple[str, ...] = ("iso3", "iso5")
+BASELINE = "ar"  # speedups are against this method on the same prompt
+PEER_BASELINE = "hf_ar"  # ... and, where it ran, also against Hugging Face's own greedy loop
+
+
+@dataclass(frozen=True)
+class Method:
+    """One benchmarked method.
+
+    ``fields``: GooseConfig fields for ``kind="goose"``; extra ``model.generate`` keyword arguments
+    for ``kind="hf"``; nothing for ``kind="ar"``. ``needs`` says what a method is waiting for when
+    it can only run once the project gains it (shown when it is unavailable).
+    """
+
+    name: str
+    kind: Kind
+    description: str
+    group: str
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    needs: str = ""
+
+    def config(self) -> GooseConfig:
+        """The method's GooseConfig (raises pydantic's ValidationError for unknown or bad fields)."""
+        return GooseConfig.model_validate(dict(self.fields))
+
+
+def _table(*methods: Method) -> dict[str, Method]:
+    return {method.name: method for method in methods}
+
+
+_BOTH = ["context_match", "bigram_transition"]
+_ALL_SOURCES = ["context_match", "bigram_transition", "rest", "lookahead"]
+_UNIGRAM = {"bigram_transition": {"unigram_only": True}}
+# Lookahead's and REST's drafts are tries (several candidate continuations). `chain` and `spine`
+# keep only a trie's best root path; the isotropic planner lays the whole trie breadth first
+# (fan-out up to isotropic_k per node, max_depth levels), which is how both methods verify.
+_TRIE = {"topology": "isotropic", "isotropic_k": 10}
+
+METHODS: dict[str, Method] = _table(
+    Method("ar", "ar", "greedy, one token per forward pass, through Goose's verifier (the baseline)", "baseline"),
+    Method("hf_ar", "hf", "Hugging Face model.generate, greedy (peer)", "peer"),
+    Method("hf_pld", "hf", "Hugging Face prompt lookup decoding, 10 tokens (peer)", "peer",
+           {"prompt_lookup_num_tokens": 10}),
+    Method("pld", "goose", "PLD: context match as one chain", "source",
+           {"sources": ["context_match"], "topology": "chain"}),
+    Method("tr", "goose", "Token Recycling: unigram adjacency in TR's static tree", "source",
+           {"sources": ["bigram_transition"], "topology": "transition_tree", "source_options": _UNIGRAM}),
+    Method("lookahead", "goose", "Lookahead: Jacobi n-gram pool, its trie laid isotropically", "source",
+           {"sources": ["lookahead"], **_TRIE}),
+    Method("rest", "goose", "REST: retrieval from a datastore, its trie laid isotropically", "source",
+           {"sources": ["rest"], **_TRIE}),
+    Method("iso3", "goose", "Iso(3): context match + bigram transition in a balanced 3-ary tree", "topology",
+           {"sources": _BOTH, "topology": "isotropic", "isotropic_k": 3}),
+    Method("iso5", "goose", "Iso(5): context match + bigram transition in a balanced 5-ary tree", "topology",
+           {"sources": _BOTH, "topology": "isotropic", "isotropic_k": 5}),
+    Method("goose", "goose", "Goose: the default GooseConfig (context-match spine, bigram branches)", "goose"),
+    Method("goose3", "goose", "Goose with all four sources in a multi-level spine tree", "goose",
+           {"sources": _ALL_SOURCES, "topology": "multi_spine"}),
+)
+
+# The paper's ablations (Qwen3-8B table): each changes one thing of the default Goose config.
+ABLATIONS: dict[str, Method] = _table(
+    Method("no_spine_branches", "goose", "w/o spine branches (root branches only)", "ablation",
+           {"spine_branches": False}),
+    Method("unigram_adjacency", "goose", "w/o bigram adjacency (unigram keys)", "ablation",
+           {"source_options": _UNIGRAM}),
+    Method("no_consensus_bypass", "goose", "w/o consensus bypass", "ablation", {"consensus_bypass": False}),
+    # with no drafting source the spine planner gives the whole budget to the transition tree
+    Method("no_cm_spine", "goose", "w/o context-match spine (transition tree only)", "ablation",
+           {"sources": ["bigram_transition"]}),
+    Method("tr_spine_tokens", "goose", "w/o PLD tokens: shape kept, transition tokens on the spine", "ablation",
+           {"spine_tokens": "transition"},
+           needs="a GooseConfig field spine_tokens ('draft' | 'transition') honoured by the spine topology: "
+                 "keep the spine length the context match gives, fill it with the branching source's "
+                 "greedy successor chain"),
+)
+
+
+def _sweep() -> dict[str, Method]:
+    """One-parameter sweeps around the defaults (the paper's sensitivity study)."""
+    methods: list[Method] = []
+    for budget in (8, 16, 32, 60, 100):
+        methods.append(Method(f"B={budget}", "goose", f"budget B = {budget}", "sweep:budget", {"budget": budget}))
+    for depth in (2, 4, 6, 8):
+        methods.append(Method(f"D={depth}", "goose", f"max depth D = {depth}", "sweep:max_depth",
+                              {"max_depth": depth}))
+    for ratio in (0.15, 0.3, 0.5, 0.7):
+        # one tier for every acceptance level: the confidence-adaptive choice is switched off
+        methods.append(Method(f"r={ratio:g}", "goose", f"fixed spine ratio r = {ratio:g}", "sweep:spine_ratio",
+                              {"spine_tiers": [{"below": 1.01, "ratio": ratio}]}))
+    for rho in (0.0, 0.25, 0.5, 0.75, 1.0):
+        methods.append(Method(f"rho={rho:g}", "goose", f"spine-branch ratio rho = {rho:g}", "sweep:rho",
+                              {"spine_branch_ratio": rho}))
+    return _table(*methods)
+
+
+SWEEP: dict[str, Method] = _sweep()
+ALL_METHODS: dict[str, Method] = {**METHODS, **ABLATIONS, **SWEEP}
+
+MAIN_METHODS: tuple[str, ...] = tuple(METHODS)
+QUICK_METHODS: tuple[str, ...] = ("ar", "pld", "goose", "hf_pld")
+SUITES: dict[str, tuple[str, ...]] = {
+    "ablation": ("goose", *ABLATIONS),
+    "sweep": ("goose", *SWEEP),
+}
+
+
+def resolve_methods(names: Iterable[str]) -> list[Method]:
+    """The named methods in order, without repeats, with the ``ar`` baseline first (always run)."""
+    ordered: list[str] = [BASELINE]
+    for name in names:
+        if name not in ALL_METHODS:
+            raise ValueError(f"unknown method {name!r}; known: {', '.join(ALL_METHODS)}")
+        if name not in ordered:
+            ordered.append(name)
+    return [ALL_METHODS[name] for name in ordered]
+
+
+def unavailable_reason(method: Method) -> str | None:
+    """Why ``method`` cannot run in this installation (None when it can, as far as a static check tells)."""
+    if method.kind != "goose":
+        return None
+    hint = f"; needs {method.needs}" if method.needs else ""
+    try:
+        config = method.config()
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "config"
+        return f"config field {where}: {first['msg']}{hint}"
+    known = registry()
+    for name in config.sources:
+        if name not in known.sources:
+            return f"source {name!r} is not registered (its plugin is not written or failed to load){hint}"
+    if config.topology not in known.topologies:
+        return f"topology {config.topology!r} is not registered (its plugin is not written or failed to load){hint}"
+    return None
+
+
+def construction_problem(error: Exception, method: Method) -> str:
+    """One line for an error raised while a method's decoder was built (bad source options, etc.)."""
+    hint = f"; needs {method.needs}" if method.needs else ""
+    if isinstance(error, ValidationError):
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "options"
+        return f"options {where}: {first['msg']}{hint}"
+    if isinstance(error, PluginError):
+        return f"{error}{hint}"
+    return f"{type(error).__name__}: {error}{hint}"

@@ -1,0 +1,152 @@
+"""Summary -> PNG plots (matplotlib, Agg backend: no display needed).
+
+- ``speedup*.png``: speedup over ``ar`` per dataset, one bar per method;
+- ``tau_topology*.png``: tau of the spine tree against Iso(3)/Iso(5) per dataset;
+- ``acceptance*.png``: per-source acceptance of ``goose`` per dataset, with p_s/p_t annotated;
+- ``sweep*.png``: mean tau and speedup against each swept parameter.
+
+A plot whose methods did not run is skipped. matplotlib is the ``bench`` extra; without it the
+run still writes every other output and says why there are no plots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from goose.bench.aggregate import ALL, Row, lookup
+from goose.bench.methods import BASELINE, TOPOLOGY_BASELINES
+from goose.bench.prompts import DATASET_TITLES
+from goose.bench.report import BRANCH_SOURCE, SPINE_SOURCE
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, whatever the environment's default backend
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _datasets(rows: Sequence[Row]) -> list[str]:
+    return list(dict.fromkeys(row["dataset"] for row in rows if row["dataset"] != ALL))
+
+
+def _value(rows: Sequence[Row], method: str, dataset: str, key: str) -> float:
+    row = lookup(rows, method, dataset)
+    value = row.get(key) if row is not None else None
+    return float(value) if isinstance(value, int | float) else float("nan")
+
+
+def _grouped_bars(plt: Any, groups: list[str], series: dict[str, list[float]], ylabel: str, title: str,
+                  path: Path, reference: float | None = None) -> None:
+    figure, axes = plt.subplots(figsize=(max(6.0, 1.2 * len(groups) * max(1, len(series)) / 3 + 3), 4))
+    width = 0.8 / max(1, len(series))
+    for i, (name, values) in enumerate(series.items()):
+        offsets = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        axes.bar(offsets, values, width, label=name)
+    if reference is not None:
+        axes.axhline(reference, color="grey", linewidth=0.8, linestyle="--")
+    axes.set_xticks(range(len(groups)), groups)
+    axes.set_ylabel(ylabel)
+    axes.set_title(title)
+    axes.legend(fontsize="small", ncols=min(4, len(series)))
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def _titles(datasets: list[str], last: str = "mean") -> list[str]:
+    return [DATASET_TITLES.get(d, d) for d in datasets] + [last]
+
+
+def _speedup(plt: Any, summary: dict[str, Any], path: Path) -> bool:
+    rows = summary["results"]
+    methods = [m for m in dict.fromkeys(r["method"] for r in rows) if m != BASELINE]
+    if not methods:
+        return False
+    datasets = _datasets(rows)
+    series = {m: [_value(rows, m, d, "speedup") for d in [*datasets, ALL]] for m in methods}
+    _grouped_bars(plt, _titles(datasets), series, "speedup over ar", f"{summary['model']}: speedup", path, 1.0)
+    return True
+
+
+def _topology(plt: Any, summary: dict[str, Any], path: Path) -> bool:
+    rows = summary["results"]
+    present = {r["method"] for r in rows}
+    methods = [m for m in ("goose", *TOPOLOGY_BASELINES) if m in present]
+    if "goose" not in methods or len(methods) < 2:
+        return False
+    datasets = _datasets(rows)
+    series = {("spine (goose)" if m == "goose" else m): [_value(rows, m, d, "tau") for d in [*datasets, ALL]]
+              for m in methods}
+    _grouped_bars(plt, _titles(datasets), series, "tau (tokens per verification)",
+                  f"{summary['model']}: tau by topology", path, 1.0)
+    return True
+
+
+def _acceptance(plt: Any, summary: dict[str, Any], path: Path) -> bool:
+    rows = summary["results"]
+    method = "goose"
+    datasets = _datasets(rows)
+    p_s = [(lookup(rows, method, d) or {}).get("source_acceptance", {}).get(SPINE_SOURCE) for d in [*datasets, ALL]]
+    p_t = [(lookup(rows, method, d) or {}).get("source_acceptance", {}).get(BRANCH_SOURCE) for d in [*datasets, ALL]]
+    if all(v is None for v in p_s) and all(v is None for v in p_t):
+        return False
+    series = {f"p_s ({SPINE_SOURCE})": [v if v is not None else float("nan") for v in p_s],
+              f"p_t ({BRANCH_SOURCE})": [v if v is not None else float("nan") for v in p_t]}
+    figure, axes = plt.subplots(figsize=(max(7.0, 1.1 * (len(datasets) + 1) + 2), 4))
+    width = 0.4
+    for i, (name, values) in enumerate(series.items()):
+        axes.bar([g + (i - 0.5) * width for g in range(len(datasets) + 1)], values, width, label=name)
+    for g, (s, t) in enumerate(zip(p_s, p_t, strict=True)):
+        if s is not None and t:
+            axes.annotate(f"{s / t:.1f}x", (g, max(s, t)), ha="center", va="bottom", fontsize="small")
+    axes.set_xticks(range(len(datasets) + 1), _titles(datasets, "all (pooled)"))
+    axes.set_ylabel("accepted / tested draft nodes")
+    axes.set_title(f"{summary['model']}: goose acceptance per source, p_s/p_t on top")
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True
+
+
+def _sweep(plt: Any, summary: dict[str, Any], path: Path) -> bool:
+    rows = summary["results"]
+    meta = summary.get("methods", {})
+    groups: dict[str, list[str]] = {}
+    for method in dict.fromkeys(r["method"] for r in rows):
+        group = str(meta.get(method, {}).get("group", ""))
+        if group.startswith("sweep:"):
+            groups.setdefault(group.removeprefix("sweep:"), []).append(method)
+    if not groups:
+        return False
+    figure, all_axes = plt.subplots(1, len(groups), figsize=(4 * len(groups), 3.5), squeeze=False)
+    for axes, (parameter, methods) in zip(all_axes[0], groups.items(), strict=True):
+        labels = [m.split("=", 1)[-1] for m in methods]
+        axes.plot(labels, [_value(rows, m, ALL, "tau") for m in methods], marker="o", label="tau")
+        axes.plot(labels, [_value(rows, m, ALL, "speedup") for m in methods], marker="s", label="speedup")
+        axes.set_title(parameter)
+        axes.legend(fontsize="small")
+    figure.suptitle(f"{summary['model']}: sensitivity (mean over datasets)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True
+
+
+PLOTS = (("speedup", _speedup), ("tau_topology", _topology), ("acceptance", _acceptance), ("sweep", _sweep))
+
+
+def write_plots(summary: dict[str, Any], out: Path, suffix: str = "") -> list[str]:
+    """Write every plot that has data; returns the file names (relative to ``out``)."""
+    plt = _pyplot()
+    written = []
+    for name, plot in PLOTS:
+        file_name = f"{name}{suffix}.png"
+        if plot(plt, summary, out / file_name):
+            written.append(file_name)
+    return written

@@ -1,0 +1,266 @@
+"""The benchmark loop: warm-up, then every method on every prompt, interleaved, with one progress bar.
+
+Fair timing on a noisy machine:
+
+- every method is warmed up once (a short generation) before anything is timed, so one-off costs
+  (lazy kernels, allocator growth, plugin tables) land on no sample;
+- methods are interleaved per prompt: for each prompt every method runs, in an order rotated from
+  prompt to prompt, so slow drift (thermal state, other processes) hits all methods alike and no
+  method always runs right after the same neighbour;
+- speedups are per prompt, against ``ar`` on that same prompt in the same pass.
+
+A method that cannot be built (plugin not registered, unknown config field) or that raises
+mid-run is reported as unavailable with the reason; the others go on. Records are appended to
+``results.jsonl`` after each prompt, so an interrupted run keeps what it measured, and the
+summary, report and plots are written from whatever was measured.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import platform
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import torch
+import transformers
+from tqdm import tqdm
+from transformers.utils import logging as hf_logging
+
+from goose import models
+from goose.bench.aggregate import build_summary
+from goose.bench.conversation import turn_prompt_ids
+from goose.bench.generators import DecoderGenerator, Generator, TurnOutput, make_generator
+from goose.bench.methods import BASELINE, Method, construction_problem, resolve_methods, unavailable_reason
+from goose.bench.prompts import Sample, load_samples
+from goose.bench.records import Record, build_record, compare
+from goose.verifier import ContextOverflowError
+
+logger = logging.getLogger("goose.bench")
+
+RESULTS_FILE = "results.jsonl"
+
+
+@dataclass
+class BenchSettings:
+    """Everything one ``goose bench`` run needs (the CLI fills it from its flags)."""
+
+    models: list[str]
+    datasets: list[str]
+    methods: list[str]
+    out: Path
+    data_dir: Path
+    limit: int | None = None
+    max_new_tokens: int = 128
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    seed: int = 0
+    threads: int | None = None
+    chat: bool = True
+    warmup_tokens: int = 8
+    progress: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)  # recorded in the summary's settings as is
+
+
+@dataclass
+class ModelRun:
+    """One model's part of a run: what ran, what did not, and the records."""
+
+    model: str
+    device: str
+    dtype: str
+    methods: list[Method]
+    unavailable: dict[str, str] = field(default_factory=dict)
+    records: list[Record] = field(default_factory=list)
+
+
+def _set_seed(seed: int) -> None:
+    # decoding is greedy; seeds only pin whatever a plugin might randomise
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _device(device: str) -> str:
+    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def run_sample(generator: Generator, tokenizer: Any, sample: Sample, max_new_tokens: int,
+               chat: bool) -> list[TurnOutput]:
+    """Every turn of ``sample``; turn k's prompt carries this method's own answers to turns < k."""
+    outputs: list[TurnOutput] = []
+    for _ in sample.turns:
+        prompt_ids = turn_prompt_ids(tokenizer, sample.turns, [o.text for o in outputs], chat=chat)
+        outputs.append(generator.generate(prompt_ids, max_new_tokens))
+    return outputs
+
+
+def _described(method: Method) -> dict[str, Any]:
+    """A method's entry in the summary: its definition and, for Goose methods, the full effective config
+    (so a changed default, such as the budget, shows in the results it produced)."""
+    entry: dict[str, Any] = {"kind": method.kind, "group": method.group, "description": method.description,
+                             "fields": dict(method.fields)}
+    if method.needs:
+        entry["needs"] = method.needs
+    if method.kind == "goose" and unavailable_reason(method) is None:
+        entry["config"] = method.config().model_dump(mode="json")
+    return entry
+
+
+def _rotated(names: Sequence[str], shift: int) -> list[str]:
+    shift %= max(1, len(names))
+    return [*names[shift:], *names[:shift]]
+
+
+class Bench:
+    """Runs the settings' methods on the settings' samples, model after model."""
+
+    def __init__(self, settings: BenchSettings) -> None:
+        self.settings = settings
+        self.methods = resolve_methods(settings.methods)
+        self.samples = [s for spec in settings.datasets
+                        for s in load_samples(spec, settings.data_dir, settings.limit)]
+        self.runs: list[ModelRun] = []
+        self.started = time.strftime("%Y-%m-%d %H:%M:%S")
+
+    def run(self) -> list[ModelRun]:
+        settings = self.settings
+        if settings.threads:
+            torch.set_num_threads(settings.threads)
+        settings.out.mkdir(parents=True, exist_ok=True)
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # generate()'s per-call notices would drown the progress bar
+        total = len(settings.models) * len(self.samples) * len(self.methods)
+        try:
+            with (settings.out / RESULTS_FILE).open("w", encoding="utf-8") as results, \
+                    tqdm(total=total, unit="gen", dynamic_ncols=True, disable=not settings.progress) as bar:
+                for name in settings.models:
+                    self._run_model(name, results, bar)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        return self.runs
+
+    def _run_model(self, name: str, results: TextIO, bar: tqdm) -> None:
+        settings = self.settings
+        _set_seed(settings.seed)
+        device = _device(settings.device)
+        bar.set_postfix_str(f"loading {name}")
+        model, tokenizer = models.load(name, dtype=settings.dtype, device=device, progress=False)
+        run = ModelRun(name, device, settings.dtype, self.methods)
+        self.runs.append(run)
+        generators = self._generators(run, model, tokenizer, bar)
+        self._warm_up(run, generators, tokenizer, bar)
+        order = [m.name for m in self.methods if m.name in generators]
+        for index, sample in enumerate(self.samples):
+            active = [m for m in order if m in generators]
+            measured: dict[str, Record] = {}
+            skipped = False
+            for method in _rotated(active, index):
+                bar.set_postfix_str(f"{name} {sample.dataset}:{sample.question_id} {method}", refresh=False)
+                try:
+                    outputs = run_sample(generators[method], tokenizer, sample, settings.max_new_tokens,
+                                         settings.chat)
+                except Exception as error:
+                    if method != BASELINE:
+                        problem = f"failed on {sample.dataset}:{sample.question_id} (after {index} samples): "
+                        self._drop(run, generators, method, problem + f"{type(error).__name__}: {error}",
+                                   index, bar)
+                        continue
+                    if not isinstance(error, ContextOverflowError):
+                        raise
+                    # the prompt does not fit the model: no method can be compared on it
+                    logger.warning("skipping %s:%s: %s", sample.dataset, sample.question_id, error)
+                    skipped = True
+                    break
+                measured[method] = build_record(name, method, sample, outputs)
+                bar.update(1)
+            if skipped:
+                bar.update(sum(1 for m in active if m in generators) - len(measured))  # its slots are spent
+                continue
+            compare(measured)
+            for method in order:  # file order: the requested method order, whatever the timing order
+                if method in measured:
+                    results.write(json.dumps(measured[method]) + "\n")
+                    run.records.append(measured[method])
+            results.flush()
+        del generators, model, tokenizer
+        gc.collect()
+
+    def _generators(self, run: ModelRun, model: Any, tokenizer: Any, bar: tqdm) -> dict[str, Generator]:
+        baseline = DecoderGenerator(self.methods[0], model, tokenizer)  # resolve_methods puts ar first
+        generators: dict[str, Generator] = {BASELINE: baseline}
+        for method in self.methods[1:]:
+            reason = unavailable_reason(method)
+            if reason is None:
+                try:
+                    generators[method.name] = make_generator(method, model, tokenizer, baseline.decoder.eos_ids)
+                except Exception as error:
+                    reason = construction_problem(error, method)
+            if reason is not None:
+                self._unavailable(run, method.name, reason, len(self.samples), bar)
+        return generators
+
+    def _warm_up(self, run: ModelRun, generators: dict[str, Generator], tokenizer: Any, bar: tqdm) -> None:
+        prompt_ids = turn_prompt_ids(tokenizer, self.samples[0].turns, [], chat=self.settings.chat)
+        for name, generator in list(generators.items()):
+            bar.set_postfix_str(f"{run.model} warm-up {name}")
+            try:
+                generator.generate(prompt_ids, self.settings.warmup_tokens)
+            except Exception as error:
+                if name == BASELINE:
+                    raise
+                self._drop(run, generators, name, f"failed in warm-up: {type(error).__name__}: {error}", 0, bar)
+
+    def _drop(self, run: ModelRun, generators: dict[str, Generator], name: str, reason: str, index: int,
+              bar: tqdm) -> None:
+        """Take a failing method out for the rest of this model's run (the samples it finished stay)."""
+        del generators[name]
+        self._unavailable(run, name, reason, len(self.samples) - index, bar)
+
+    @staticmethod
+    def _unavailable(run: ModelRun, name: str, reason: str, remaining: int, bar: tqdm) -> None:
+        run.unavailable[name] = reason
+        bar.total -= remaining
+        bar.refresh()
+        tqdm.write(f"goose bench: {run.model}: method {name!r} unavailable: {reason}", file=sys.stderr)
+
+    def summaries(self) -> list[dict[str, Any]]:
+        """One ``summary.json`` object per model run so far."""
+        settings = self.settings
+        common = {
+            "max_new_tokens": settings.max_new_tokens,
+            "limit": settings.limit,
+            "datasets": list(dict.fromkeys(s.dataset for s in self.samples)),
+            "samples": len(self.samples),
+            "seed": settings.seed,
+            "threads": torch.get_num_threads(),
+            "chat_template": settings.chat,
+            "warmup_tokens": settings.warmup_tokens,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "cpu": _cpu_name(),
+            "started": self.started,
+            "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+            **settings.extra,
+        }
+        described = {m.name: _described(m) for m in self.methods}
+        return [build_summary(run.model, run.device, run.dtype, run.records, described, run.unavailable, common)
+                for run in self.runs]

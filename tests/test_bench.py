@@ -1,0 +1,333 @@
+"""Tests for ``goose bench``: prompt formats, method table, aggregation, report, and one real run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import goose.bench.cli  # registers the `bench` command
+from goose import cli, models
+from goose.bench.aggregate import ALL, build_summary, lookup, summarize
+from goose.bench.conversation import turn_prompt_ids
+from goose.bench.generators import TurnOutput
+from goose.bench.methods import (
+    ABLATIONS,
+    ALL_METHODS,
+    MAIN_METHODS,
+    METHODS,
+    QUICK_METHODS,
+    SUITES,
+    SWEEP,
+    Method,
+    resolve_methods,
+    unavailable_reason,
+)
+from goose.bench.outputs import write_outputs
+from goose.bench.prompts import KNOWN_DATASETS, DatasetError, Sample, load_samples
+from goose.bench.records import build_record, compare
+from goose.bench.report import build_report
+from goose.config import GooseConfig
+
+from .conftest import DATA_DIR
+
+assert goose.bench.cli  # imported for its side effect
+
+
+def _raw(name: str, limit: int) -> list[dict]:
+    with (DATA_DIR / f"{name}.jsonl").open() as lines:
+        return [json.loads(line) for _, line in zip(range(limit), lines, strict=False)]
+
+
+# --- prompts -------------------------------------------------------------------------------------
+
+
+def test_prompt_formats_follow_the_paper_per_dataset() -> None:
+    he, mb, ce, gs = (_raw(n, 2) for n in ("humaneval", "mbpp", "classeval", "gsm8k"))
+    expected = {
+        "humaneval": [("Complete this Python function:\n" + r["prompt"],) for r in he],
+        "mbpp": [(r["text"] + "\n" + r["test_list"][0],) for r in mb],
+        "classeval": [("Complete this Python class:\n" + r["skeleton"],) for r in ce],
+        "gsm8k": [(r["question"] + "\nLet's think step by step.",) for r in gs],
+    }
+    for name, turns in expected.items():
+        samples = load_samples(name, DATA_DIR, limit=2)
+        assert [s.turns for s in samples] == turns
+        assert all(s.dataset == name for s in samples)
+    assert [s.question_id for s in load_samples("humaneval", DATA_DIR, 2)] == ["HumanEval/0", "HumanEval/1"]
+    assert load_samples("mbpp", DATA_DIR, 1)[0].question_id == 11
+
+
+def test_multi_turn_datasets_keep_both_turns_and_categories() -> None:
+    mt = load_samples("mt_bench", DATA_DIR, limit=3)
+    assert [len(s.turns) for s in mt] == [2, 2, 2]
+    assert mt[0].turns == tuple(_raw("mt_bench", 1)[0]["turns"])
+    assert (mt[0].question_id, mt[0].category) == (81, "writing")
+    spec = load_samples("spec_bench", DATA_DIR, limit=None)
+    assert len(spec) == 480
+    assert {len(s.turns) for s in spec if s.category == "qa"} == {1}
+    assert all(len(load_samples(name, DATA_DIR, limit=1)) == 1 for name in KNOWN_DATASETS)
+
+
+def test_custom_jsonl_prompt_or_turns(tmp_path: Path) -> None:
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"prompt": "Say hi."}\n\n{"turns": ["One?", "Two?"], "id": "q7", "category": "chat"}\n'
+                    '{"prompt": "Third", "question_id": 3}\n')
+    samples = load_samples(str(path), limit=None)
+    assert samples == [
+        Sample("mine", 0, ("Say hi.",)),
+        Sample("mine", "q7", ("One?", "Two?"), "chat"),
+        Sample("mine", 3, ("Third",)),
+    ]
+    assert len(load_samples(str(path), limit=2)) == 2
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ('{"text": "no prompt"}\n', "mine.jsonl:1: cannot format"),
+    ('{"prompt": "ok"}\nnot json\n', "mine.jsonl:2: not JSON"),
+    ('["a list"]\n', "expected a JSON object"),
+    ('{"turns": []}\n', "cannot format"),
+    ('{"prompt": "   "}\n', "empty prompt"),
+    ("\n\n", "no samples"),
+])
+def test_custom_jsonl_errors_say_where(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "mine.jsonl"
+    path.write_text(content)
+    with pytest.raises(DatasetError, match=message):
+        load_samples(str(path))
+
+
+def test_unknown_dataset_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(DatasetError, match="unknown dataset 'humaneavl'"):
+        load_samples("humaneavl", DATA_DIR)
+    with pytest.raises(DatasetError, match="not found"):
+        load_samples("gsm8k", tmp_path)
+
+
+def test_turn_prompts_carry_the_earlier_answer(smollm2) -> None:
+    _, tokenizer = smollm2
+    turns = ("Name a fruit.", "Now name a vegetable.")
+    first = turn_prompt_ids(tokenizer, turns, [])
+    assert first == models.encode_prompt(tokenizer, turns[0])
+    second = tokenizer.decode(turn_prompt_ids(tokenizer, turns, ["An apple."]))
+    assert second.index("Name a fruit.") < second.index("An apple.") < second.index("Now name a vegetable.")
+    assert second.rstrip().endswith("assistant")  # ends with the assistant's generation prompt
+    plain = turn_prompt_ids(tokenizer, turns, ["An apple."], chat=False)
+    assert plain == tokenizer.encode("Name a fruit.\n\nAn apple.\n\nNow name a vegetable.")
+    with pytest.raises(ValueError, match="no user turn"):
+        turn_prompt_ids(tokenizer, turns, ["a", "b"])
+
+
+# --- methods -------------------------------------------------------------------------------------
+
+
+def test_method_table_defines_the_papers_methods_as_config() -> None:
+    assert set(MAIN_METHODS) == {"ar", "hf_ar", "hf_pld", "pld", "tr", "lookahead", "rest", "iso3", "iso5",
+                                 "goose", "goose3"}
+    assert METHODS["pld"].fields == {"sources": ["context_match"], "topology": "chain"}
+    tr = METHODS["tr"].config()
+    assert (tr.sources, tr.topology, tr.options_for("bigram_transition")) == (
+        ["bigram_transition"], "transition_tree", {"unigram_only": True})
+    assert (METHODS["iso3"].config().isotropic_k, METHODS["iso5"].config().isotropic_k) == (3, 5)
+    assert METHODS["iso5"].config().sources == GooseConfig().sources  # equal sources: a topology comparison
+    assert METHODS["goose"].config() == GooseConfig()
+    goose3 = METHODS["goose3"].fields
+    assert goose3["topology"] == "multi_spine"
+    assert set(goose3["sources"]) == {"context_match", "bigram_transition", "rest", "lookahead"}
+    assert METHODS["hf_pld"].fields == {"prompt_lookup_num_tokens": 10}
+    assert [m.kind for m in (METHODS["ar"], METHODS["hf_ar"], METHODS["goose"])] == ["ar", "hf", "goose"]
+
+
+def test_suites_ablations_and_sweeps_are_method_lists() -> None:
+    assert QUICK_METHODS == ("ar", "pld", "goose", "hf_pld")
+    assert all(name in ALL_METHODS for suite in SUITES.values() for name in suite)
+    assert ABLATIONS["no_spine_branches"].config().spine_branches is False
+    assert ABLATIONS["no_consensus_bypass"].config().consensus_bypass is False
+    assert ABLATIONS["unigram_adjacency"].config().options_for("bigram_transition") == {"unigram_only": True}
+    assert ABLATIONS["no_cm_spine"].config().sources == ["bigram_transition"]
+    assert ABLATIONS["no_cm_spine"].config().topology == "spine"
+    assert SWEEP["B=16"].config().budget == 16
+    assert SWEEP["D=4"].config().max_depth == 4
+    assert SWEEP["rho=0.25"].config().spine_branch_ratio == 0.25
+    fixed = SWEEP["r=0.3"].config()
+    assert {fixed.spine_ratio(p) for p in (0.0, 0.3, 0.9)} == {0.3}
+    for method in ALL_METHODS.values():  # every Goose method validates, or says what it waits for
+        if method.kind == "goose" and not method.needs:
+            method.config()
+
+
+def test_resolve_methods_puts_ar_first_and_rejects_unknown_names() -> None:
+    assert [m.name for m in resolve_methods(["goose", "pld", "goose", "ar"])] == ["ar", "goose", "pld"]
+    with pytest.raises(ValueError, match="unknown method 'gose'"):
+        resolve_methods(["gose"])
+
+
+def test_unavailable_methods_say_why() -> None:
+    assert unavailable_reason(METHODS["goose"]) is None
+    assert unavailable_reason(METHODS["hf_pld"]) is None
+    ghost = Method("ghost", "goose", "a source nobody wrote", "source", {"sources": ["ghost_source"]})
+    assert "source 'ghost_source' is not registered" in unavailable_reason(ghost)
+    missing = ABLATIONS["tr_spine_tokens"]
+    if "spine_tokens" not in GooseConfig.model_fields:
+        reason = unavailable_reason(missing)
+        assert "spine_tokens" in reason and "needs a GooseConfig field" in reason
+
+
+# --- records, aggregation, report ----------------------------------------------------------------
+
+
+def _turn(ids: list[int], wall: float, steps: list[int] | None = None, *, tested: dict | None = None,
+          accepted: dict | None = None, kinds: dict | None = None) -> TurnOutput:
+    stats = None if steps is None else {"source_tested": tested or {}, "source_accepted": accepted or {},
+                                        "path_kinds": kinds or {}, "prefill_s": 0.0, "mean_tree_size": 1.0}
+    return TurnOutput(prompt_tokens=5, new_token_ids=ids, text=" ".join(map(str, ids)), wall_s=wall,
+                      stop_reason="max_new_tokens", accepted_lengths=steps, stats=stats)
+
+
+def _sample_records(dataset: str, qid: int, ar_wall: float, goose_wall: float, goose_ids: list[int],
+                    iso_steps: list[int]) -> list[dict]:
+    sample = Sample(dataset, qid, ("prompt",))
+    ids = [1, 2, 3, 4, 5, 6]
+    per_method = {
+        "ar": [_turn(ids, ar_wall, [1] * 5)],
+        "hf_ar": [_turn(ids, ar_wall / 2)],
+        "goose": [_turn(goose_ids, goose_wall, [2, 3], tested={"context_match": 4, "bigram_transition": 20},
+                        accepted={"context_match": 2, "bigram_transition": 1},
+                        kinds={"pure_spine": 1, "spine_continuation": 1})],
+        "pld": [_turn(ids, goose_wall * 2, [1, 2, 1, 1])],
+        "iso3": [_turn(ids, goose_wall * 1.5, iso_steps)],
+    }
+    records = {name: build_record("tiny", name, sample, outputs) for name, outputs in per_method.items()}
+    compare(records)
+    return list(records.values())
+
+
+@pytest.fixture
+def recorded() -> list[dict]:
+    return [*_sample_records("humaneval", 0, 2.0, 1.0, [1, 2, 3, 4, 5, 6], [1, 2, 2]),
+            *_sample_records("humaneval", 1, 4.0, 1.0, [1, 2, 3, 4, 5, 6], [1, 1, 3]),
+            *_sample_records("gsm8k", 2, 3.0, 3.0, [1, 2, 3, 4, 5, 9], [2, 2, 1])]
+
+
+def test_records_are_spec_bench_compatible(recorded: list[dict]) -> None:
+    goose_record = next(r for r in recorded if r["method"] == "goose")
+    choice = goose_record["choices"][0]
+    assert goose_record["model_id"] == "tiny-goose" and goose_record["question_id"] == 0
+    assert choice["new_tokens"] == [6] and choice["wall_time"] == [1.0] and choice["accept_lengths"] == [2, 3]
+    assert choice["decoding_steps"] == [2]
+    assert goose_record["tau"] == 2.5 and goose_record["speedup"] == pytest.approx(2.0)
+    assert goose_record["speedup_vs_hf_ar"] == pytest.approx(1.0)
+    assert goose_record["source_acceptance"] == {"bigram_transition": 0.05, "context_match": 0.5}
+    hf = next(r for r in recorded if r["method"] == "hf_ar")
+    assert hf["tau"] is None and hf["verify_steps"] is None and hf["choices"][0]["decoding_steps"] is None
+    json.dumps(recorded)  # every record is JSON
+
+
+def test_aggregation_follows_the_paper(recorded: list[dict]) -> None:
+    rows = summarize(recorded)
+    he = lookup(rows, "goose", "humaneval")
+    # mean of per-sample speedups (2.0 and 4.0), not the ratio of mean speeds
+    assert he["speedup"] == pytest.approx(3.0) and he["samples"] == 2
+    assert he["tau"] == pytest.approx(2.5) and he["identical_to_ar"] == 1.0
+    gs = lookup(rows, "goose", "gsm8k")
+    assert gs["speedup"] == pytest.approx(1.0) and gs["identical_to_ar"] == 0.0
+    overall = lookup(rows, "goose", ALL)
+    assert overall["speedup"] == pytest.approx(2.0)  # mean over datasets, each weighing the same
+    assert overall["identical_to_ar"] == pytest.approx(2 / 3)  # pooled over samples
+    assert overall["samples"] == 3
+    assert overall["source_acceptance"] == {"bigram_transition": 0.05, "context_match": 0.5}
+    assert overall["path_kinds"] == {"pure_spine": 0.5, "spine_continuation": 0.5}
+    iso = lookup(rows, "iso3", "humaneval")
+    assert iso["tau"] == pytest.approx(10 / 6)  # pooled over steps: (1+2+2+1+1+3) / 6
+    assert lookup(rows, "hf_ar", ALL)["tau"] is None
+    assert lookup(rows, "ar", ALL)["speedup"] == 1.0 and lookup(rows, "ar", ALL)["tau"] == 1.0
+    assert [r["dataset"] for r in rows if r["method"] == "ar"] == ["humaneval", "gsm8k", ALL]
+
+
+def test_report_has_the_papers_tables(recorded: list[dict], tmp_path: Path) -> None:
+    described = {name: {"kind": m.kind, "group": m.group, "description": m.description, "fields": dict(m.fields)}
+                 for name, m in ALL_METHODS.items() if name in {"ar", "hf_ar", "goose", "pld", "iso3"}}
+    summary = build_summary("tiny", "cpu", "float32", recorded, described,
+                            {"rest": "source 'rest' is not registered"}, {"max_new_tokens": 6})
+    report = build_report([summary])
+    assert "| `goose` | 3.00x / 2.50 | 1.00x / 2.50 | 2.00x | 2.50 |" in report
+    assert "### Topology at equal sources and budget" in report
+    spine_vs_iso = 2.5 / (10 / 6) - 1
+    assert f"{spine_vs_iso:+.1%}" in report
+    assert "### Synergy" in report and "`pld` 1.25" in report
+    assert "p_s/p_t" in report and "10.0x" in report  # 0.5 / 0.05
+    assert "- `rest`: source 'rest' is not registered" in report
+    assert "Speedup over Hugging Face greedy" in report
+    assert "67%" in report  # goose identical on 2 of 3 samples
+
+    written = write_outputs([summary], tmp_path)
+    names = {p.name for p in written}
+    assert {"summary.json", "report.md", "speedup.png", "tau_topology.png", "acceptance.png"} <= names
+    assert all(p.stat().st_size > 0 for p in written)
+    loaded = json.loads((tmp_path / "summary.json").read_text())
+    assert set(loaded) >= {"model", "device", "dtype", "results"}
+    assert {"method", "dataset", "samples", "speedup", "tau", "tokens_per_s", "identical_to_ar"} <= set(
+        loaded["results"][0])
+
+
+def test_several_models_give_a_summary_list(recorded: list[dict], tmp_path: Path) -> None:
+    summaries = [build_summary(name, "cpu", "bfloat16", recorded) for name in ("a/one", "two")]
+    written = {p.name for p in write_outputs(summaries, tmp_path)}
+    assert {"speedup-a_one.png", "speedup-two.png"} <= written
+    assert [s["model"] for s in json.loads((tmp_path / "summary.json").read_text())] == ["a/one", "two"]
+    report = (tmp_path / "report.md").read_text()
+    assert "## a/one" in report and "## two" in report
+
+
+def test_ablation_and_sweep_tables() -> None:
+    records = []
+    for name, steps in (("ar", [1, 1]), ("goose", [3, 3]), ("no_consensus_bypass", [2, 4, 3, 3]),
+                        ("B=16", [2, 2])):
+        records.append(build_record("tiny", name, Sample("gsm8k", 0, ("p",)), [_turn([1, 2], 1.0, steps)]))
+    compare({r["method"]: r for r in records})
+    described = {n: {"group": ALL_METHODS[n].group} for n in ("ar", "goose", "no_consensus_bypass", "B=16")}
+    report = build_report([build_summary("tiny", "cpu", "float32", records, described)])
+    assert "### Ablations" in report and "| `no_consensus_bypass` | 3.00 | 3.00 | +0.0% |" in report
+    assert "### Sensitivity sweeps" in report and "| budget | `B=16` | 2.00 |" in report
+
+
+def test_categories_of_multi_category_datasets() -> None:
+    records = []
+    for qid, category, wall in ((81, "writing", 1.0), (161, "translation", 2.0), (162, "translation", 4.0)):
+        sample = Sample("spec_bench", qid, ("p",), category)
+        measured = {"ar": build_record("tiny", "ar", sample, [_turn([1, 2], 4.0, [1])]),
+                    "goose": build_record("tiny", "goose", sample, [_turn([1, 2], wall, [2])])}
+        compare(measured)
+        records += measured.values()
+    records.append(build_record("tiny", "ar", Sample("gsm8k", 1, ("p",)), [_turn([1], 1.0, [1])]))
+    summary = build_summary("tiny", "cpu", "float32", records)
+    rows = summary["categories"]
+    assert {r["dataset"] for r in rows} == {"spec_bench/writing", "spec_bench/translation"}  # gsm8k: one category
+    assert lookup(rows, "goose", "spec_bench/translation")["speedup"] == pytest.approx(1.5)  # mean of 2x and 1x
+    report = build_report([summary])
+    assert "### Per category" in report and "translation (2)" in report and "| `goose` | 4.00x / 2.00 |" in report
+
+
+# --- one real run ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_bench_end_to_end_on_smollm2(tmp_path: Path) -> None:
+    status = cli.main(["bench", "--model", "smollm2-135m", "--datasets", "humaneval", "--limit", "1",
+                       "--max-new-tokens", "16", "--methods", "ar,pld,goose,hf_pld", "--dtype", "float32",
+                       "--out", str(tmp_path), "--no-progress"])
+    assert status == 0
+    for name in ("results.jsonl", "summary.json", "report.md", "speedup.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [r["method"] for r in records] == ["ar", "pld", "goose", "hf_pld"]
+    assert all(r["new_tokens"] == 16 or r["stop_reasons"] == ["eos"] for r in records)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["model"], summary["dtype"], summary["unavailable"]) == ("smollm2-135m", "float32", {})
+    for method in ("pld", "goose", "ar"):
+        row = lookup(summary["results"], method, ALL)
+        assert row["identical_to_ar"] == 1.0, method
+        assert row["tau"] >= 1.0 and row["speedup"] > 0
+    assert lookup(summary["results"], "hf_pld", "humaneval")["samples"] == 1
+    assert "| `goose` |" in (tmp_path / "report.md").read_text()
