@@ -1,0 +1,286 @@
+"""REST: retrieval-based drafts: what followed the context's last tokens in a corpus.
+
+Context match copies from the prompt and the output; REST (He et al., "REST: Retrieval-Based
+Speculative Decoding", 2023) copies from a *datastore*: a corpus tokenized in the target's
+tokenizer with a suffix array (:mod:`goose.datastore`). Each cycle:
+
+1. **Longest suffix.** The longest suffix of the context, ``max_span`` down to ``min_span``
+   tokens, that occurs in the datastore (one vectorised binary search for all spans at once).
+   A longer shared history makes the continuations more specific, so the longest span wins even
+   when a shorter one has more occurrences.
+2. **Occurrences.** Up to ``max_occurrences`` of them, sampled at an even stride over the suffix
+   array range (its order is the continuations' order, so a prefix of it would be biased).
+3. **Frequency trie.** Their next ``continuation_length`` tokens (cut at a document end, at EOS,
+   and at ids outside the model's vocabulary) are merged into a trie, one ``np.unique`` over
+   (parent node, token) keys per depth, never a Python loop over continuations. The
+   ``max_nodes`` most frequent nodes are kept (ties: shallower first, which keeps every kept
+   node's ancestors), and each node's score is count(node) / count(parent): the datastore's
+   conditional frequency of that token after its path, which is what planners expect a score to
+   estimate. The draft is that trie; a chain planner takes its most valuable root path.
+
+The datastore is opened (memory-mapped) once per decoder, at the first ``goose_prefill``, and
+checked against the model's tokenizer (``DecodeContext.tokenizer``): a datastore built for
+another tokenizer is refused with a message that says how to rebuild it. Without a
+``datastore`` option the default one, the Python standard library, is built on first use and
+cached (see :func:`goose.datastore.default_datastore`); no benchmark answers are in it.
+
+``learn_outputs`` adds a small in-memory side store: when a request ends, its output (led in by
+the prompt's last ``max_span`` tokens, so the first cycles of a similar request can match) joins
+a suffix index that is searched like the datastore, across the requests of this decoder, up to
+``learn_capacity`` tokens (oldest outputs dropped first). The side store's suffix array is
+rebuilt once per request, never per cycle.
+
+The acceptance estimate is an EMA (``GooseConfig.ema``) of accepted / tested nodes of this
+source, kept across requests, as in context match.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+import goose
+from goose.candidates import DecodeContext, Draft
+from goose.config import GooseConfig
+from goose.datastore import Datastore, DatastoreError, Match, SuffixIndex, default_datastore
+from goose.hookspecs import Register
+from goose.outcome import VerifyOutcome
+
+NAME = "rest"
+
+
+class RestOptions(BaseModel):
+    """Options of the REST source (``GooseConfig.source_options["rest"]``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    datastore: Path | None = Field(
+        default=None, description="datastore folder (goose datastore build); None: the Python standard library, "
+        "built for the model's tokenizer on first use and cached")
+    max_span: int = Field(default=16, ge=1, le=256, description="longest context suffix searched")
+    min_span: int = Field(default=2, ge=1, description="shortest context suffix that may draft")
+    max_occurrences: int = Field(default=2000, ge=1, description="occurrences (evenly sampled) merged into the trie")
+    continuation_length: int = Field(default=10, ge=1, le=256, description="tokens taken after each occurrence")
+    max_nodes: int = Field(default=64, ge=1, description="trie nodes kept (the most frequent)")
+    learn_outputs: bool = Field(default=False, description="also retrieve from this decoder's earlier outputs")
+    learn_capacity: int = Field(default=200_000, ge=1, description="tokens of earlier outputs kept for learn_outputs")
+    initial_acceptance: float = Field(
+        default=0.3, ge=0.0, le=1.0, description="acceptance estimate before any cycle has been observed")
+    cache_dir: Path | None = Field(
+        default=None, description="where the default datastore is cached (None: the goose cache directory)")
+
+    @model_validator(mode="after")
+    def _spans_ordered(self) -> RestOptions:
+        if self.min_span > self.max_span:
+            raise ValueError(f"min_span ({self.min_span}) must not exceed max_span ({self.max_span})")
+        return self
+
+
+@dataclass(frozen=True)
+class FrequencyTrie:
+    """A trie of continuations: nodes in depth order (parents first), -1 = child of the anchor."""
+
+    tokens: np.ndarray  # int64 [m]
+    parents: np.ndarray  # int64 [m]
+    counts: np.ndarray  # int64 [m]: continuations through the node
+    scores: np.ndarray  # float32 [m]: counts / parent's count (the root's count is ``total``)
+    total: int  # continuations with at least one token
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+def frequency_trie(continuations: np.ndarray, max_nodes: int) -> FrequencyTrie:
+    """Merge continuations (int64 [k, L]; a row ends at its first negative entry) into a trie; keep the top nodes.
+
+    Per depth, one ``np.unique`` over keys (parent node + 1) * base + token gives the depth's
+    nodes, their parents and counts; rows are moved to their node ids. Then the ``max_nodes``
+    nodes with the highest counts are kept. A child never counts more than its parent and ties
+    go to the shallower node, so the kept set holds every kept node's ancestors.
+    """
+    rows, length = continuations.shape
+    alive = np.cumprod(continuations >= 0, axis=1).astype(bool)  # a row is dead after its first -1
+    total = int(alive[:, 0].sum()) if length else 0
+    if total == 0 or max_nodes <= 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return FrequencyTrie(empty, empty, empty, np.zeros(0, dtype=np.float32), total)
+    base = int(continuations.max()) + 1
+    node = np.full(rows, -1, dtype=np.int64)  # each row's node at the previous depth (-1: the anchor)
+    parents, tokens, counts, depths = [], [], [], []
+    next_id = 0
+    for depth in range(length):
+        live = alive[:, depth]
+        if not live.any():
+            break
+        keys = (node[live] + 1) * base + continuations[live, depth]
+        unique, inverse, count = np.unique(keys, return_inverse=True, return_counts=True)
+        parents.append(unique // base - 1)
+        tokens.append(unique % base)
+        counts.append(count)
+        depths.append(np.full(unique.shape[0], depth))
+        node[live] = next_id + inverse.reshape(-1)
+        next_id += unique.shape[0]
+    all_parents, all_tokens = np.concatenate(parents), np.concatenate(tokens)
+    all_counts, all_depths = np.concatenate(counts), np.concatenate(depths)
+    # ids grow with depth, so sorting the kept ids puts parents before children
+    kept = np.sort(np.lexsort((all_depths, -all_counts))[:max_nodes])
+    position = np.full(next_id, -1, dtype=np.int64)
+    position[kept] = np.arange(kept.shape[0])
+    old_parents = all_parents[kept]
+    parent_counts = np.where(old_parents >= 0, all_counts[np.maximum(old_parents, 0)], total)
+    return FrequencyTrie(
+        tokens=all_tokens[kept].astype(np.int64),
+        parents=np.where(old_parents >= 0, position[np.maximum(old_parents, 0)], -1).astype(np.int64),
+        counts=all_counts[kept].astype(np.int64),
+        scores=(all_counts[kept] / parent_counts).astype(np.float32),
+        total=total,
+    )
+
+
+class RestSource:
+    """Drafts a frequency trie of the datastore's continuations of the context's longest matching suffix."""
+
+    name = NAME
+
+    def __init__(self, config: GooseConfig) -> None:
+        self.config = config
+        self.options = RestOptions.model_validate(config.options_for(NAME))
+        # an explicit datastore is opened here so that a wrong path fails when the decoder is made,
+        # not silently in a hook; the tokenizer check waits for the first context
+        self.store: Datastore | None = Datastore.open(self.options.datastore) if self.options.datastore else None
+        self._bound = False  # the store has been checked against the model's tokenizer
+        self._failure: str | None = None  # why the datastore cannot be used (logged once by the decoder)
+        self.acceptance = self.options.initial_acceptance
+        # learn_outputs: earlier requests' outputs and their suffix index
+        self.learned: deque[np.ndarray] = deque()
+        self.learned_tokens = 0
+        self.side: SuffixIndex | None = None
+        self._output: list[int] = []  # this request's lead-in and output so far
+        # statistics of the latest proposal, for benchmarks and debugging
+        self.last_span = 0  # length of the matched suffix; 0 = no match
+        self.last_occurrences = 0
+        self.proposals = 0
+        self.matched = 0
+
+    # --- hooks --------------------------------------------------------------------------------
+
+    @goose.hookimpl
+    def goose_reset(self) -> None:
+        self._learn_output()
+        self.last_span = self.last_occurrences = 0
+
+    @goose.hookimpl
+    def goose_prefill(self, context: DecodeContext) -> None:
+        self._learn_output()  # a new prompt ends the previous request even without goose_reset
+        if self.options.learn_outputs:
+            lead_in = context.tokens[max(0, context.prompt_length - self.options.max_span) :]
+            self._output = lead_in.tolist()
+        self._bind(context)
+
+    @goose.hookimpl
+    def goose_propose(self, context: DecodeContext) -> Draft | None:
+        if self._bind(context) is None:
+            return None
+        self.proposals += 1
+        options = self.options
+        tail = context.tokens[-options.max_span :]
+        indexes = [index for index in (self.store, self.side) if index is not None]
+        matches = [(index, index.longest_match(tail, options.min_span, options.max_span)) for index in indexes]
+        found = [(index, match) for index, match in matches if match is not None]
+        if not found:
+            self.last_span = self.last_occurrences = 0
+            return None
+        span = max(match.span for _, match in found)
+        continuations = np.concatenate([
+            index.continuations(match, options.max_occurrences, options.continuation_length)
+            for index, match in found if match.span == span
+        ])
+        trie = frequency_trie(self._cut(continuations, context), options.max_nodes)
+        self.last_span, self.last_occurrences = span, sum(m.count for _, m in found if m.span == span)
+        if not len(trie):
+            return None
+        self.matched += 1
+        return Draft(tokens=torch.from_numpy(trie.tokens), parents=torch.from_numpy(trie.parents),
+                     scores=torch.from_numpy(trie.scores))
+
+    @goose.hookimpl
+    def goose_acceptance(self) -> float:
+        return self.acceptance
+
+    @goose.hookimpl
+    def goose_observe(self, outcome: VerifyOutcome) -> None:
+        if self.options.learn_outputs and self._output:
+            self._output.extend(outcome.new_tokens)
+        names = outcome.tree.source_names
+        if NAME not in names:
+            return
+        reached, accepted = outcome.source_counts(names.index(NAME))
+        if reached:  # a cycle that tested none of our nodes says nothing about them
+            rate = self.config.ema
+            self.acceptance = (1.0 - rate) * self.acceptance + rate * accepted / reached
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _bind(self, context: DecodeContext) -> SuffixIndex | None:
+        """The datastore, opened or built and checked against the model's tokenizer once; None if unusable.
+
+        Raises the first time it fails (the decoder logs it once and goes on without this source's
+        drafts); afterwards answers None so that the failure costs nothing per cycle.
+        """
+        if self._bound:
+            return self.store
+        if self._failure is not None:
+            return None
+        tokenizer = context.tokenizer
+        try:
+            if self.store is None:
+                if tokenizer is None:
+                    raise DatastoreError("rest: no datastore given and no tokenizer to build the default one; set "
+                                         "source_options.rest.datastore to a folder from `goose datastore build`")
+                self.store = default_datastore(tokenizer, self.options.cache_dir)
+            elif tokenizer is not None:
+                self.store.check_tokenizer(tokenizer)
+            else:
+                self.store.check_vocab(context.vocab_size)
+        except DatastoreError as error:
+            self._failure = str(error)
+            raise
+        self._bound = True
+        return self.store
+
+    def _cut(self, continuations: np.ndarray, context: DecodeContext) -> np.ndarray:
+        """End each continuation at a document end, at EOS, or at an id the model does not have.
+
+        Drafting EOS never raises the yield (when every token before it is accepted, the bonus
+        token is that EOS for free), and text after it is not a continuation of this one.
+        """
+        stop = (continuations < 0) | (continuations >= context.vocab_size)
+        if context.eos_token_ids:
+            stop |= np.isin(continuations, np.fromiter(context.eos_token_ids, dtype=np.int64))
+        return np.where(np.cumsum(stop, axis=1) > 0, -1, continuations)
+
+    def _learn_output(self) -> None:
+        """Add the finished request's output to the side store (learn_outputs) and rebuild its index."""
+        output, self._output = self._output, []
+        if not self.options.learn_outputs or len(output) <= self.options.min_span:
+            return
+        capacity = self.options.learn_capacity
+        sequence = np.asarray(output[-capacity:], dtype=np.int64)
+        self.learned.append(sequence)
+        self.learned_tokens += sequence.shape[0]
+        while self.learned_tokens > capacity and len(self.learned) > 1:
+            self.learned_tokens -= self.learned.popleft().shape[0]
+        self.side = SuffixIndex.from_documents(self.learned)
+
+
+@goose.hookimpl
+def goose_register_sources(register: Register) -> None:
+    register(NAME, RestSource, description="REST: continuations of the context's longest suffix in a datastore")
+
+
+__all__ = ["NAME", "FrequencyTrie", "Match", "RestOptions", "RestSource", "frequency_trie"]
