@@ -240,6 +240,9 @@ class GooseDecoder(_Decoding):
             # 1. candidates: every source drafts and reports how far it is trusted
             context = self._context(request)
             pool, auxiliary = self._candidate_pool(context)
+            # auxiliary rows that would sit past the model's last position cannot ride this pass
+            auxiliary = [(name, rows) for name, rows in auxiliary
+                         if rows.tokens.numel() == 0 or int(rows.position_offsets.max()) <= room]
             clock.lap("draft")
             # 2. topology: the candidate pool becomes a draft tree within the budget
             tree = self._plan(pool, min(self._budget(pool), room))

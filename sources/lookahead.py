@@ -264,6 +264,8 @@ class LookaheadSource:
                 self.acceptance = (1.0 - rate) * self.acceptance + rate * accepted / reached
         if self.window is None:
             return
+        # the anchor moved by what the cycle appended (accepted drafts + bonus); an outcome cut to
+        # nothing ends the request anyway
         advance = max(1, len(outcome.new_tokens))
         logits = outcome.auxiliary.get(NAME)
         if logits is None or logits.shape[0] != self.window.size:  # our rows did not ride: keep positions only

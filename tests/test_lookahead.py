@@ -21,7 +21,7 @@ from goose.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.hookspecs import Register
 from goose.plugins import BUILTIN_ORIGIN, SourceSet, register, registry
 from goose.sources.lookahead import LookaheadOptions, LookaheadSource, NgramPool, merge_trie, window_layout
-from goose.verifier import ContextOverflowError, Verifier
+from goose.verifier import Verifier
 from tests.conftest import dataset_prompts
 
 EOS = 999
@@ -75,7 +75,7 @@ def test_registered_as_a_built_in_source() -> None:
     assert registration.description
 
 
-def test_hooks_run_through_the_plugin_manager() -> None:
+def test_hooks_run_through_the_plugin_manager(caplog: pytest.LogCaptureFixture) -> None:
     sources = SourceSet(["lookahead"], GooseConfig())
     prompt = make_context([1, 2, 3, 4, 5, 6, 1])
     empty = torch.empty(0, dtype=torch.long)
@@ -84,7 +84,7 @@ def test_hooks_run_through_the_plugin_manager() -> None:
     assert sources.call("goose_propose", context=prompt)["lookahead"].tokens.tolist() == [2, 3, 4, 5]
     assert sources.call("goose_auxiliary_rows", context=prompt)["lookahead"].tokens.shape == (28,)
     assert sources.call("goose_acceptance")["lookahead"] == pytest.approx(0.3)
-    assert not sources._warned  # no hook raised
+    assert "skipped" not in caplog.text  # no hook raised or was refused
 
 
 def test_defaults_are_the_papers_and_bad_options_are_refused() -> None:
@@ -405,8 +405,6 @@ def test_lossless_on_gemma3(gemma3) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(raises=ContextOverflowError, strict=True,
-                   reason="goose/decoder.py must drop auxiliary rows that would sit past the model's last position")
 def test_the_window_never_overflows_the_context(smollm2) -> None:
     model, tokenizer = smollm2
     goose_decoder = GooseDecoder(model, tokenizer, GooseConfig(sources=["lookahead"], topology="chain"))
