@@ -85,6 +85,16 @@ class VerifyOutcome:
     harvest: Harvest
     auxiliary: dict[str, torch.Tensor] = field(default_factory=dict)
 
+    def updated_acceptance(self, source: str, current: float, rate: float) -> float:
+        """``current`` moved by EMA ``rate`` towards this cycle's accepted / tested ratio of ``source``'s nodes.
+
+        Unchanged when none of the source's nodes was tested (such a cycle says nothing about it).
+        """
+        if source not in self.tree.source_names:
+            return current
+        reached, accepted = self.source_counts(self.tree.source_names.index(source))
+        return current + rate * (accepted / reached - current) if reached else current
+
     def source_counts(self, source_id: int) -> tuple[int, int]:
         """(reached, accepted) draft nodes of one source in this cycle."""
         mine = self.tree.source_ids == source_id

@@ -256,12 +256,7 @@ class LookaheadSource:
 
     @goose.hookimpl
     def goose_observe(self, outcome: VerifyOutcome) -> None:
-        names = outcome.tree.source_names
-        if NAME in names:
-            reached, accepted = outcome.source_counts(names.index(NAME))
-            if reached:  # a cycle that tested none of our nodes says nothing about them
-                rate = self.config.ema
-                self.acceptance = (1.0 - rate) * self.acceptance + rate * accepted / reached
+        self.acceptance = outcome.updated_acceptance(NAME, self.acceptance, self.config.ema)
         if self.window is None:
             return
         # the anchor moved by what the cycle appended (accepted drafts + bonus); an outcome cut to

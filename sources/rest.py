@@ -216,13 +216,7 @@ class RestSource:
     def goose_observe(self, outcome: VerifyOutcome) -> None:
         if self.options.learn_outputs and self._output:
             self._output.extend(outcome.new_tokens)
-        names = outcome.tree.source_names
-        if NAME not in names:
-            return
-        reached, accepted = outcome.source_counts(names.index(NAME))
-        if reached:  # a cycle that tested none of our nodes says nothing about them
-            rate = self.config.ema
-            self.acceptance = (1.0 - rate) * self.acceptance + rate * accepted / reached
+        self.acceptance = outcome.updated_acceptance(NAME, self.acceptance, self.config.ema)
 
     # --- helpers ------------------------------------------------------------------------------
 
