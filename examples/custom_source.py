@@ -40,8 +40,7 @@ class RepeatLastLine:
 
     @goose.hookimpl
     def goose_observe(self, outcome: goose.VerifyOutcome) -> None:
-        reached, accepted = outcome.source_counts(outcome.tree.source_names.index("repeat_line"))
-        self.acceptance += self.ema * (accepted / reached - self.acceptance) if reached else 0.0
+        self.acceptance = outcome.updated_acceptance("repeat_line", self.acceptance, self.ema)
 
 
 @goose.hookimpl
