@@ -26,6 +26,18 @@ class CandidateError(ValueError):
     """A source returned a malformed draft or successor table."""
 
 
+def before_eos(tokens: list[int] | tuple[int, ...], eos: frozenset[int]) -> list[int] | tuple[int, ...]:
+    """``tokens`` up to (not including) the first EOS: a draft past an EOS can never be accepted
+    beyond it, and drafting the EOS itself gains nothing (if all before it is accepted, the bonus
+    token is that EOS for free)."""
+    if eos.isdisjoint(tokens):  # the common case, decided in C
+        return tokens
+    for position, token in enumerate(tokens):
+        if token in eos:
+            return tokens[:position]
+    return tokens
+
+
 @dataclass(frozen=True)
 class DecodeContext:
     """What a source sees when asked to draft: the token context, anchor last.

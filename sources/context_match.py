@@ -22,7 +22,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 import goose
-from goose.candidates import DecodeContext, Draft
+from goose.candidates import DecodeContext, Draft, before_eos
 from goose.config import GooseConfig
 from goose.hookspecs import Register
 from goose.outcome import VerifyOutcome
@@ -248,13 +248,7 @@ class ContextMatchSource:
 
     def _continuation(self, tokens: np.ndarray, start: int, eos: frozenset[int]) -> list[int]:
         """Up to max_continuation tokens from ``start``, ending before the first EOS or at the context end."""
-        copy = tokens[start : start + self.options.max_continuation].tolist()
-        if eos.isdisjoint(copy):  # the common case, decided in C
-            return copy
-        for position, token in enumerate(copy):
-            if token in eos:
-                return copy[:position]
-        return copy
+        return list(before_eos(tokens[start : start + self.options.max_continuation].tolist(), eos))
 
 
 @goose.hookimpl

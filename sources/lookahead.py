@@ -29,7 +29,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 import goose
-from goose.candidates import DecodeContext, Draft
+from goose.candidates import DecodeContext, Draft, before_eos
 from goose.config import GooseConfig
 from goose.hookspecs import Register
 from goose.outcome import AuxiliaryRows, VerifyOutcome
@@ -237,7 +237,7 @@ class LookaheadSource:
         found = self.pool.best(context.anchor, self.options.max_candidates)
         eos = context.eos_token_ids
         if eos and any(not eos.isdisjoint(continuation) for continuation, _ in found):
-            found = [(_before_eos(continuation, eos), weight) for continuation, weight in found]
+            found = [(before_eos(continuation, eos), weight) for continuation, weight in found]
         draft = merge_trie(found, self.acceptance)
         self.matched += draft is not None
         return draft
@@ -305,13 +305,6 @@ class LookaheadSource:
         self._seeds = np.array(tokens, dtype=np.int64)
         self.window = self._rng.choice(self._seeds, size=(self.levels, self.options.window))
         self.age = np.zeros(self.options.window, dtype=np.int64)
-
-
-def _before_eos(continuation: tuple[int, ...], eos: frozenset[int]) -> tuple[int, ...]:
-    for position, token in enumerate(continuation):
-        if token in eos:
-            return continuation[:position]
-    return continuation
 
 
 @goose.hookimpl
