@@ -271,4 +271,7 @@ def register_command(name: str, help_text: str, add: Callable[[argparse.Argument
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # `python -m goose.cli`: hand over to the imported module, where bench and datastore register
+    from goose.cli import main as imported_main
+
+    raise SystemExit(imported_main())

