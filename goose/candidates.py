@@ -8,7 +8,7 @@ pair (previous, token)?"); a topology turns the ``CandidatePool`` of all sources
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +86,38 @@ class Draft:
         if scores.ndim == 0:
             scores = scores.expand(m).clone()
         return cls(tokens=tokens, parents=torch.arange(-1, m - 1), scores=scores, consensus=consensus)
+
+    @classmethod
+    def trie(cls, paths: Sequence[Sequence[int]], weights: Sequence[float], acceptance: float) -> Draft | None:
+        """Merge weighted token paths (best first) into one trie; shared prefixes become one node.
+
+        A node's score is ``acceptance`` times the share of its parent's weight that passes
+        through it (the anchor's weight is that of all its children): the source's per-token
+        estimate, split among siblings by how much evidence each has. Paths are short and few
+        (a source's handful of matches), so a dict keyed by (parent, token) dedupes them.
+        """
+        nodes: dict[tuple[int, int], int] = {}
+        tokens: list[int] = []
+        parents: list[int] = []
+        node_weights: list[float] = []
+        for path, weight in zip(paths, weights, strict=True):
+            parent = -1
+            for token in path:
+                node = nodes.get((parent, token))
+                if node is None:
+                    node = nodes[(parent, token)] = len(tokens)
+                    tokens.append(token)
+                    parents.append(parent)
+                    node_weights.append(0.0)
+                node_weights[node] += weight
+                parent = node
+        if not tokens:
+            return None
+        weight = np.asarray(node_weights)
+        parent = np.asarray(parents, dtype=np.int64)
+        parent_weight = np.where(parent >= 0, weight[np.maximum(parent, 0)], weight[parent < 0].sum())
+        return cls(tokens=torch.tensor(tokens, dtype=torch.long), parents=torch.from_numpy(parent),
+                   scores=torch.from_numpy((acceptance * weight / parent_weight).astype(np.float32)))
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])

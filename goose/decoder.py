@@ -264,6 +264,7 @@ class GooseDecoder(_Decoding):
                 reached=walked.reached, accepted=walked.accepted, path_kind=walked.kind,
                 harvest=_tree_harvest(tree, pool.previous, logits[: tree.size], config.harvest_top_k),
                 auxiliary=_split_auxiliary(auxiliary, logits[tree.size :]),
+                auxiliary_predictions=_split_auxiliary(auxiliary, predictions[tree.size :]),
             )
             sources.call("goose_observe", outcome=outcome)
             stats.record_step(len(kept), tree.size, walked.kind,
@@ -398,11 +399,12 @@ def _tree_harvest(tree: DraftTree, anchor_previous: int, logits: torch.Tensor, k
     return _harvest(previous, tree.tokens, logits, k)
 
 
-def _split_auxiliary(auxiliary: list[tuple[str, AuxiliaryRows]], logits: torch.Tensor) -> dict[str, torch.Tensor]:
+def _split_auxiliary(auxiliary: list[tuple[str, AuxiliaryRows]], rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per source, its slice of ``rows`` (logits or predictions of the auxiliary rows, in pass order)."""
     split, start = {}, 0
-    for name, rows in auxiliary:
-        count = int(rows.tokens.shape[0])
-        split[name] = logits[start : start + count]
+    for name, added in auxiliary:
+        count = int(added.tokens.shape[0])
+        split[name] = rows[start : start + count]
         start += count
     return split
 

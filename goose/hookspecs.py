@@ -138,7 +138,8 @@ def goose_auxiliary_rows(context: DecodeContext) -> AuxiliaryRows | None:
     """Extra rows to ride in this cycle's verification pass without being drafted.
 
     Lookahead decoding uses this for its Jacobi window. Their logits come back in
-    ``outcome.auxiliary[<source name>]``.
+    ``outcome.auxiliary[<source name>]`` and their argmax (on the host) in
+    ``outcome.auxiliary_predictions[<source name>]``.
     """
 
 

@@ -72,7 +72,8 @@ class VerifyOutcome:
     then the bonus token), already cut at EOS and at the generation limit. ``reached`` /
     ``accepted``: bool [n] per tree node: whether the node was tested (its parent accepted) and
     whether it was accepted. ``auxiliary``: per source, the target's logits [a, V] at the rows it
-    added through ``goose_auxiliary_rows``.
+    added through ``goose_auxiliary_rows``; ``auxiliary_predictions``: their argmax [a] on the host,
+    from the one argmax (and device sync) the decoder already does for the walk.
     """
 
     tree: DraftTree
@@ -84,6 +85,7 @@ class VerifyOutcome:
     path_kind: PathKind
     harvest: Harvest
     auxiliary: dict[str, torch.Tensor] = field(default_factory=dict)
+    auxiliary_predictions: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def updated_acceptance(self, source: str, current: float, rate: float) -> float:
         """``current`` moved by EMA ``rate`` towards this cycle's accepted / tested ratio of ``source``'s nodes.

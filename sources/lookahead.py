@@ -132,38 +132,6 @@ class NgramPool:
         return sorted(recent_first, key=lambda item: -item[1])[:count]  # stable: ties stay most recent first
 
 
-def merge_trie(continuations: list[tuple[tuple[int, ...], int]], acceptance: float) -> Draft | None:
-    """Merge weighted continuations (best first) into one trie draft; shared prefixes become one node.
-
-    A node's score is ``acceptance`` times the share of its parent's weight that passes through it:
-    the source's per-token acceptance, split among siblings by how often their n-grams were seen.
-    At most G*(N-1) tokens, so a small dict keyed by (parent, token) is the cheapest dedupe.
-    """
-    nodes: dict[tuple[int, int], int] = {}
-    tokens: list[int] = []
-    parents: list[int] = []
-    weights: list[float] = []
-    for continuation, weight in continuations:
-        parent = -1
-        for token in continuation:
-            node = nodes.get((parent, token))
-            if node is None:
-                node = nodes[(parent, token)] = len(tokens)
-                tokens.append(token)
-                parents.append(parent)
-                weights.append(0.0)
-            weights[node] += weight
-            parent = node
-    if not tokens:
-        return None
-    weight = np.asarray(weights)
-    parent = np.asarray(parents)
-    parent_weight = np.where(parent >= 0, weight[np.maximum(parent, 0)], weight[parent < 0].sum())
-    scores = acceptance * weight / parent_weight
-    return Draft(tokens=torch.tensor(tokens, dtype=torch.long), parents=torch.from_numpy(parent.astype(np.int64)),
-                 scores=torch.from_numpy(scores.astype(np.float32)))
-
-
 class LookaheadSource:
     """Lookahead decoding's n-gram pool and Jacobi window; one instance per decoder.
 
@@ -238,7 +206,7 @@ class LookaheadSource:
         eos = context.eos_token_ids
         if eos and any(not eos.isdisjoint(continuation) for continuation, _ in found):
             found = [(before_eos(continuation, eos), weight) for continuation, weight in found]
-        draft = merge_trie(found, self.acceptance)
+        draft = Draft.trie([path for path, _ in found], [seen for _, seen in found], self.acceptance)
         self.matched += draft is not None
         return draft
 
@@ -262,13 +230,12 @@ class LookaheadSource:
         # the anchor moved by what the cycle appended (accepted drafts + bonus); an outcome cut to
         # nothing ends the request anyway
         advance = max(1, len(outcome.new_tokens))
-        logits = outcome.auxiliary.get(NAME)
-        if logits is None or logits.shape[0] != self.window.size:  # our rows did not ride: keep positions only
+        predictions = outcome.auxiliary_predictions.get(NAME)
+        if predictions is None or predictions.shape[0] != self.window.size:  # our rows did not ride
             self._slide(self.window, advance)
             return
         newest = self.window.shape[1] * (self.levels - 1)
-        predictions = logits[newest:].argmax(dim=-1).cpu().numpy().astype(np.int64)
-        self.jacobi_step(predictions, advance)
+        self.jacobi_step(predictions[newest:].numpy().astype(np.int64), advance)
 
     # --- window mechanics ---------------------------------------------------------------------
 

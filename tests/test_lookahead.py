@@ -20,7 +20,7 @@ from goose import DecodeContext, Draft, DraftTree, GooseConfig, Harvest, PathKin
 from goose.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.hookspecs import Register
 from goose.plugins import BUILTIN_ORIGIN, SourceSet, register, registry
-from goose.sources.lookahead import LookaheadOptions, LookaheadSource, NgramPool, merge_trie, window_layout
+from goose.sources.lookahead import LookaheadOptions, LookaheadSource, NgramPool, window_layout
 from goose.verifier import Verifier
 from tests.conftest import dataset_prompts
 
@@ -48,13 +48,14 @@ def fake_outcome(source: LookaheadSource, predictions: list[int] | None, advance
     """An outcome whose auxiliary logits put the argmax of the newest level's cells on ``predictions``."""
     assert source.window is not None
     tree = tree or DraftTree.single(7, ("lookahead",))
-    auxiliary = {}
+    auxiliary, auxiliary_predictions = {}, {}
     if predictions is not None:
         logits = torch.zeros(source.window.size, VOCAB)
         logits[:, 0] = 1.0  # older levels' predictions: unused
         newest = source.window.shape[1] * (source.levels - 1)
         logits[torch.arange(newest, source.window.size), torch.tensor(predictions)] = 5.0
         auxiliary["lookahead"] = logits
+        auxiliary_predictions = {"lookahead": logits.argmax(dim=-1)}  # what the decoder hands over
     empty = torch.empty(0, dtype=torch.long)
     harvest = Harvest(empty, empty, empty[:, None], empty[:, None].float())
     reached_mask = torch.zeros(tree.size, dtype=torch.bool)
@@ -63,7 +64,8 @@ def fake_outcome(source: LookaheadSource, predictions: list[int] | None, advance
     accepted_mask[list(accepted)] = True
     return VerifyOutcome(tree=tree, accepted_nodes=torch.tensor(list(accepted), dtype=torch.long),
                          new_tokens=[1] * advance, bonus_token=1, reached=reached_mask, accepted=accepted_mask,
-                         path_kind=PathKind.BONUS, harvest=harvest, auxiliary=auxiliary)
+                         path_kind=PathKind.BONUS, harvest=harvest, auxiliary=auxiliary,
+                         auxiliary_predictions=auxiliary_predictions)
 
 
 # --- registration and options -------------------------------------------------------------------
@@ -167,13 +169,13 @@ def test_pool_keeps_the_most_recent_continuations_and_ranks_by_count() -> None:
 
 
 def test_trie_merges_prefixes_and_splits_the_estimate_by_count() -> None:
-    draft = merge_trie([((5, 6, 7), 3), ((5, 6, 8), 1), ((9, 1, 2), 4)], acceptance=0.5)
+    draft = Draft.trie([(5, 6, 7), (5, 6, 8), (9, 1, 2)], [3, 1, 4], acceptance=0.5)
     assert draft is not None
     assert draft.tokens.tolist() == [5, 6, 7, 8, 9, 1, 2]
     assert draft.parents.tolist() == [-1, 0, 1, 1, -1, 4, 5]
     expected = [0.5 * 4 / 8, 0.5, 0.5 * 3 / 4, 0.5 * 1 / 4, 0.5 * 4 / 8, 0.5, 0.5]
     torch.testing.assert_close(draft.scores, torch.tensor(expected))
-    assert merge_trie([], 0.5) is None
+    assert Draft.trie([], [], 0.5) is None
 
 
 def test_drafts_stop_before_eos_and_keep_at_most_g_candidates() -> None:

@@ -27,7 +27,6 @@ from typing import Any
 
 import goose
 import numpy as np
-import torch
 from goose.candidates import DecodeContext, Draft
 from goose.config import GooseConfig
 from goose.hookspecs import Register
@@ -128,7 +127,8 @@ class PhraseListSource:
         if not rests:
             return None
         self.matched += 1
-        return merge(rests, self.acceptance)
+        # a trie where the matched phrases part; each phrase is one piece of evidence
+        return Draft.trie(rests, [1.0] * len(rests), self.acceptance)
 
     @goose.hookimpl
     def goose_acceptance(self) -> float:
@@ -168,35 +168,6 @@ def tokenize(tokenizer: Any, texts: list[str], leading_space: bool) -> list[list
     """Token ids of every text (and of ' ' + text), without special tokens such as BOS."""
     variants = texts + ([" " + text for text in texts if not text.startswith(" ")] if leading_space else [])
     return [list(tokenizer.encode(text, add_special_tokens=False)) for text in variants]
-
-
-def merge(rests: list[tuple[int, ...]], acceptance: float) -> Draft:
-    """One draft for all matched rests: a chain, or a trie where they part.
-
-    A node's score is the acceptance estimate times the share of the matched phrases that pass
-    through it among those through its parent (phrases agreeing on a token make it likelier).
-    """
-    nodes: dict[tuple[int, int], int] = {}
-    tokens: list[int] = []
-    parents: list[int] = []
-    counts: list[int] = []
-    for rest in rests:
-        parent = -1
-        for token in rest:
-            node = nodes.get((parent, token))
-            if node is None:
-                node = nodes[(parent, token)] = len(tokens)
-                tokens.append(token)
-                parents.append(parent)
-                counts.append(0)
-            counts[node] += 1
-            parent = node
-    count = np.asarray(counts, dtype=np.float64)
-    parent = np.asarray(parents, dtype=np.int64)
-    parent_count = np.where(parent >= 0, count[np.maximum(parent, 0)], len(rests))
-    scores = acceptance * count / parent_count
-    return Draft(tokens=torch.tensor(tokens, dtype=torch.long), parents=torch.from_numpy(parent),
-                 scores=torch.from_numpy(scores.astype(np.float32)))
 
 
 @goose.hookimpl
