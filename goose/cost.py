@@ -27,6 +27,7 @@ logger = logging.getLogger("goose.cost")
 
 DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 CALIBRATION_CONTEXT = 256  # tokens of context while measuring: a typical prompt length
+CURVE_FORMAT = 2  # part of the cache key: bump when measure() changes, so stale curves are re-measured
 
 
 @dataclass(frozen=True)
@@ -47,36 +48,48 @@ class CostCurve:
         return {"sizes": list(self.sizes), "seconds": list(self.seconds)}
 
 
-def measure(model: torch.nn.Module, sizes: tuple[int, ...] = DEFAULT_SIZES, repeats: int = 3,
+def measure(model: torch.nn.Module, sizes: tuple[int, ...] = DEFAULT_SIZES, rounds: int = 5,
             context_length: int = CALIBRATION_CONTEXT) -> CostCurve:
-    """Time one verify pass of chain-shaped trees of each size after a ``context_length`` prefill."""
+    """Time one verify pass of chain-shaped trees of each size after a ``context_length`` prefill.
+
+    The sizes are timed round-robin, one warm-up round and then ``rounds`` rounds, and each size
+    keeps its median: a slow spell of the machine (another process, a frequency change) then hits
+    every size alike instead of inflating whichever size was being timed at the moment.
+    """
     verifier = Verifier(model)
     vocab = verifier.vocab_size
     generator = torch.Generator().manual_seed(0)
     context = torch.randint(100, min(vocab, 30_000), (context_length,), generator=generator).tolist()
     verifier.prefill(context)
-    medians = []
+    trees = []
     for size in sizes:
         builder = TreeBuilder(context[-1], ("calibration",), capacity=size - 1)
         builder.add_chain(0, torch.randint(100, min(vocab, 30_000), (size - 1,), generator=generator), 0)
-        tree = builder.build()
-        timings = []
-        for _ in range(repeats + 1):  # the first run warms kernels for this shape
+        trees.append(builder.build())
+    timings: list[list[float]] = [[] for _ in sizes]
+    for round_index in range(rounds + 1):  # round 0 warms the kernels of every shape
+        for tree, samples in zip(trees, timings, strict=True):
             started = time.perf_counter()
             logits = verifier.verify(tree)
             logits.argmax(-1).cpu()  # include the argmax and the device sync the decoder pays
-            timings.append(time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
             verifier.discard()  # the context stays put for every measurement
-        medians.append(statistics.median(timings[1:]))
-    # a curve must not decrease: noise on tiny sizes would otherwise make bigger trees look free
-    seconds = np.maximum.accumulate(np.array(medians))
-    return CostCurve(tuple(sizes), tuple(float(s) for s in seconds))
+            if round_index:
+                samples.append(elapsed)
+    return CostCurve(tuple(sizes), tuple(float(s) for s in monotone([statistics.median(t) for t in timings])))
+
+
+def monotone(seconds: list[float]) -> np.ndarray:
+    """The curve made non-decreasing by lowering, never raising, a size that measured slower than a
+    bigger one (a minimum taken from the right). Raising small sizes instead (a running maximum)
+    lets one slow sample of t(1) make every tree up to that cost look free."""
+    return np.minimum.accumulate(np.asarray(seconds, dtype=float)[::-1])[::-1]
 
 
 def cache_key(model: torch.nn.Module) -> str:
     parameter = next(model.parameters())
     config = model.config
-    parts = [getattr(config, "_name_or_path", "") or config.model_type, str(config.num_hidden_layers),
+    parts = [f"v{CURVE_FORMAT}", getattr(config, "_name_or_path", "") or config.model_type, str(config.num_hidden_layers),
              str(getattr(config, "hidden_size", "")), str(parameter.dtype).removeprefix("torch."),
              parameter.device.type, f"threads{torch.get_num_threads()}", platform.machine(),
              _processor_name(parameter.device)]

@@ -1,0 +1,77 @@
+"""The cost curve t(n) measured on the real model, its cache, and the budget it leads the planner to."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from goose import cost
+from goose.budget import BudgetPlanner
+from goose.cost import CostCurve
+
+
+def test_monotone_lowers_a_slow_small_size_instead_of_raising_the_rest() -> None:
+    # one slow t(1) sample (a scheduler hiccup) must not make trees up to that cost look free
+    measured = [0.096, 0.050, 0.052, 0.060, 0.058, 0.090]
+    assert cost.monotone(measured).tolist() == [0.050, 0.050, 0.052, 0.058, 0.058, 0.090]
+    assert np.all(np.diff(cost.monotone(list(np.random.default_rng(0).random(50)))) >= 0)
+
+
+def test_measure_times_real_verify_passes(smollm2) -> None:
+    model, _ = smollm2
+    curve = cost.measure(model, sizes=(1, 8, 64), rounds=2, context_length=64)
+    assert curve.sizes == (1, 8, 64)
+    assert all(s > 0 for s in curve.seconds)
+    assert list(curve.seconds) == sorted(curve.seconds)
+    # interpolation between measured sizes, and relative cost per size
+    assert curve.seconds[0] <= float(curve(4)) <= curve.seconds[1]
+    assert curve.relative()[1] == 1.0
+
+
+def test_the_curve_is_cached_per_model_and_processor(smollm2, tmp_path) -> None:
+    model, _ = smollm2
+    key = cost.cache_key(model)
+    assert key.startswith(f"v{cost.CURVE_FORMAT}-") and "float32" in key and "threads" in key
+    first = cost.load_or_measure(model, cache_dir=tmp_path)
+    stored = tmp_path / "calibration" / f"{key}.json"
+    assert json.loads(stored.read_text()) == first.to_dict()
+    stored.write_text(json.dumps({"sizes": [1, 2], "seconds": [1.0, 2.0]}))  # the cache is what is read back
+    assert cost.load_or_measure(model, cache_dir=tmp_path) == CostCurve((1, 2), (1.0, 2.0))
+    refreshed = cost.load_or_measure(model, cache_dir=tmp_path, refresh=True)
+    assert refreshed.sizes == cost.DEFAULT_SIZES
+
+
+def _curve(relative: dict[int, float], one_token: float = 0.05) -> CostCurve:
+    return CostCurve(tuple(relative), tuple(one_token * r for r in relative.values()))
+
+
+FLAT = _curve({1: 1.0, 16: 1.02, 64: 1.06, 128: 1.1})  # a GPU: a wide tree costs one token
+STEEP = _curve({1: 1.0, 16: 4.0, 64: 16.0, 128: 32.0})  # every node costs a full token
+
+
+def test_budget_follows_the_cost_curve() -> None:
+    flat, steep = BudgetPlanner(FLAT), BudgetPlanner(STEEP)
+    trusted_long_match = (0.9, 20, 0.2)
+    assert flat.choose(*trusted_long_match) >= 32
+    assert steep.choose(*trusted_long_match) <= 16
+    assert flat.choose(*trusted_long_match) > steep.choose(*trusted_long_match)
+    # nothing drafted and weak successors: on a steep curve a bigger tree can only lose
+    assert steep.choose(0.0, 0, 0.05) <= 2
+
+
+def test_budget_grows_with_trust_in_the_spine() -> None:
+    middle = BudgetPlanner(_curve({1: 1.0, 8: 1.1, 16: 1.4, 32: 1.9, 64: 2.5, 128: 3.6}))
+    budgets = [middle.choose(p_s, 20, 0.15) for p_s in (0.2, 0.5, 0.8, 0.95)]
+    assert budgets == sorted(budgets) and budgets[-1] > budgets[0]
+
+
+def test_expected_rate_is_yield_over_time() -> None:
+    planner = BudgetPlanner(STEEP)
+    planner.overhead_s = 0.0
+    # a budget of 0 extra nodes verifies the anchor alone: one token per t(1)
+    assert planner.expected_rate(0, 0.5, 10, 0.1) == pytest.approx(1 / STEEP.seconds[0])
+    best = planner.choose(0.9, 20, 0.2)
+    assert planner.expected_rate(best, 0.9, 20, 0.2) >= max(
+        planner.expected_rate(n, 0.9, 20, 0.2) for n in planner.candidates) - 1e-12
