@@ -89,7 +89,8 @@ def monotone(seconds: list[float]) -> np.ndarray:
 def cache_key(model: torch.nn.Module) -> str:
     parameter = next(model.parameters())
     config = model.config
-    parts = [f"v{CURVE_FORMAT}", getattr(config, "_name_or_path", "") or config.model_type, str(config.num_hidden_layers),
+    parts = [f"v{CURVE_FORMAT}", getattr(config, "_name_or_path", "") or config.model_type,
+             str(config.num_hidden_layers),
              str(getattr(config, "hidden_size", "")), str(parameter.dtype).removeprefix("torch."),
              parameter.device.type, f"threads{torch.get_num_threads()}", platform.machine(),
              _processor_name(parameter.device)]
