@@ -34,24 +34,33 @@ class BudgetPlanner:
         """Fold one cycle's non-verify time into the running mean."""
         self.overhead_s += 0.1 * (seconds - self.overhead_s)
 
-    def choose(self, spine_acceptance: float, spine_length: int, branch_acceptance: float) -> int:
-        """Budget for a cycle whose best draft has ``spine_length`` tokens (0: no draft)."""
+    def choose(self, spine_acceptance: float, spine_length: int, branch_acceptance: float,
+               spine_caps: tuple[int, ...] | None = None) -> int:
+        """Budget for a cycle whose best draft has ``spine_length`` tokens (0: no draft).
+
+        ``spine_caps``: per candidate budget, the spine length the topology will really lay
+        (:meth:`spine_lengths_for` asks it); without them the best split of each budget is assumed.
+        """
         overhead_bucket = round(self.overhead_s / self.curve.seconds[0], 1)  # in units of one token's verify
+        caps = tuple(min(cap, spine_length) for cap in spine_caps) if spine_caps is not None else None
         return self._choose(_bucket(spine_acceptance), min(spine_length, self.candidates[-1]),
-                            _bucket(branch_acceptance), overhead_bucket)
+                            _bucket(branch_acceptance), overhead_bucket, caps)
 
     def expected_rate(self, budget: int, spine_acceptance: float, spine_length: int,
                       branch_acceptance: float) -> float:
-        """Expected tokens per second of a cycle with ``budget`` draft nodes."""
+        """Expected tokens per second of a cycle with ``budget`` draft nodes and a spine of at most
+        ``spine_length`` of them."""
         tau = best_spine_tree(spine_acceptance, branch_acceptance, budget, self.max_depth,
                               max_spine=spine_length).expected_tau
         return tau / (float(self.curve(budget + 1)) + self.overhead_s)
 
     def _best(self, spine_acceptance: float, spine_length: int, branch_acceptance: float,
-              overhead_bucket: float) -> int:
+              overhead_bucket: float, spine_caps: tuple[int, ...] | None) -> int:
         del overhead_bucket  # part of the cache key only: a new overhead level re-evaluates the choice
-        return max(self.candidates,
-                   key=lambda n: self.expected_rate(n, spine_acceptance, spine_length, branch_acceptance))
+        caps = spine_caps or (spine_length,) * len(self.candidates)
+        rates = [self.expected_rate(n, spine_acceptance, cap, branch_acceptance)
+                 for n, cap in zip(self.candidates, caps, strict=True)]
+        return self.candidates[max(range(len(rates)), key=rates.__getitem__)]
 
 
 def _bucket(value: float) -> float:

@@ -353,7 +353,23 @@ class GooseDecoder(_Decoding):
             spine.acceptance if spine else 0.0,
             len(spine.draft) if spine and spine.draft is not None else 0,
             branch.acceptance if branch else 0.0,
+            self._spine_caps(pool) if spine else None,
         )
+
+    def _spine_caps(self, pool: CandidatePool) -> tuple[int, ...] | None:
+        """The topology's spine length for every candidate budget (``goose_spine_lengths``), if it says."""
+        candidates = self.budget_planner.candidates
+        try:
+            caps = self.planner.goose_spine_lengths(pool=pool, budgets=candidates, config=self.config)
+            if caps is None:
+                return None
+            caps = tuple(int(cap) for cap in caps)
+            if len(caps) != len(candidates) or min(caps, default=0) < 0:
+                raise CandidateError(f"{len(caps)} spine lengths for {len(candidates)} budgets, or a negative one")
+            return caps
+        except Exception as error:  # a faulty hint costs the planner's accuracy, never correctness
+            self.sources.warn_once(self.config.topology, "goose_spine_lengths", f"{type(error).__name__}: {error}")
+            return None
 
 
 def _checked_tree(tree: object, pool: CandidatePool, budget: int, vocab: int) -> DraftTree:

@@ -159,3 +159,16 @@ def goose_plan_tree(pool: CandidatePool, budget: int, config: GooseConfig) -> Dr
     ``pool.builder(budget)`` (deduplicated on (parent, token); the first source to lay a node
     keeps it, which is how the walker prefers trusted sources) and return ``builder.build()``.
     """
+
+
+@hookspec(firstresult=True)
+def goose_spine_lengths(pool: CandidatePool, budgets: tuple[int, ...], config: GooseConfig) -> tuple[int, ...] | None:
+    """For each candidate budget, how many nodes ``goose_plan_tree`` would lay on the main spine.
+
+    Optional. With ``budget="auto"`` the decoder picks, each cycle, the budget whose tree it
+    expects to yield the most tokens per second; it models that tree as a spine of the best
+    draft plus transition branches. A planner whose spine is not the best split of the budget
+    (the paper's spine gets ``B * r`` nodes, so a small budget halves a trusted 20-token match)
+    says so here, and the decoder then values each budget by the tree that will really be laid.
+    Return ``None`` (or leave the hook out) to let the decoder assume the best split.
+    """

@@ -11,6 +11,7 @@ import goose
 from goose import cli, plugins
 from goose.config import GooseConfig
 from goose.decoder import AutoregressiveDecoder, GooseDecoder
+from goose.topologies.spine import SpineTopology
 
 
 @pytest.mark.parametrize(
@@ -125,3 +126,36 @@ def test_faulty_plugins_are_skipped_and_output_is_unchanged(smollm2, caplog) -> 
         assert sum(f"source {name!r} skipped in goose_propose" in w for w in warnings) == 1, warnings
     assert any("'garbage' skipped in goose_successors" in w for w in warnings)
     assert result.stats.source_reached["context_match"] > 0  # the healthy sources still drafted
+
+
+class WrongHintSpine(SpineTopology):
+    """The paper's spine tree with a broken budget hint: too few spine lengths, then an exception."""
+
+    calls = 0
+
+    @goose.hookimpl
+    def goose_spine_lengths(self, pool, budgets, config):
+        WrongHintSpine.calls += 1
+        if WrongHintSpine.calls % 2:
+            return (1, 2)
+        raise ValueError("no hint today")
+
+
+class WrongHintPlugin:
+    @goose.hookimpl
+    def goose_register_topologies(self, register) -> None:
+        register("wrong_hint_spine", WrongHintSpine)
+
+
+def test_a_faulty_budget_hint_is_skipped_and_output_is_unchanged(smollm2, caplog) -> None:
+    model, tokenizer = smollm2
+    plugins.register(WrongHintPlugin(), origin="tests")
+    prompt = "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox"
+    reference = AutoregressiveDecoder(model, tokenizer).generate(prompt, 40)
+    with caplog.at_level(logging.WARNING, logger="goose.plugins"):
+        result = GooseDecoder(model, tokenizer, GooseConfig(topology="wrong_hint_spine", budget="auto")).generate(
+            prompt, 40)
+    assert result.new_token_ids == reference.new_token_ids
+    assert WrongHintSpine.calls > 1  # asked on every cycle with a draft, and survived each answer
+    warnings = [r.getMessage() for r in caplog.records]
+    assert sum("skipped in goose_spine_lengths" in w for w in warnings) == 1, warnings

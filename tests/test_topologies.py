@@ -240,6 +240,31 @@ def test_bypass_ablation_builds_the_tree_instead() -> None:
     assert tree.draft_size == 16 and int((~tree.on_spine[1:]).sum()) == 7
 
 
+@pytest.mark.parametrize("case", [
+    dict(length=20, acceptance=0.5, consensus=0, table=True),   # tier r=0.5
+    dict(length=20, acceptance=0.1, consensus=5, table=True),   # r=0.15 stretched to the consensus
+    dict(length=6, acceptance=0.9, consensus=0, table=True),    # a draft shorter than B*r
+    dict(length=30, acceptance=0.3, consensus=9, table=True),   # consensus bypass: spine alone
+    dict(length=30, acceptance=0.3, consensus=0, table=False),  # no branching source: spine alone
+    dict(length=0, acceptance=0.5, consensus=0, table=True),    # no draft: no spine
+])
+def test_spine_length_hint_is_the_spine_the_planner_lays(case: dict) -> None:
+    # --budget auto values each budget by the tree the topology will lay; the hint must be that tree's spine
+    draft = spine_draft(length=case["length"], consensus=case["consensus"]) if case["length"] else None
+    pool = make_pool(draft, case["acceptance"], TransitionTable() if case["table"] else None)
+    config = GooseConfig()
+    budgets = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+    hints = SpineTopology(config).goose_spine_lengths(pool=pool, budgets=budgets, config=config)
+    assert hints == tuple(int(plan("spine", pool, budget).on_spine.sum()) for budget in budgets)
+
+
+def test_planners_without_a_spine_rule_give_no_hint() -> None:
+    config = GooseConfig()
+    caller = make_topology("chain", config)
+    assert caller.goose_spine_lengths(pool=make_pool(spine_draft(), 0.5, TransitionTable()), budgets=(4, 8),
+                                      config=config) is None
+
+
 def test_no_context_match_gives_the_transition_tree() -> None:
     table = TransitionTable()
     pool = make_pool(None, 0.5, table)

@@ -85,6 +85,20 @@ class SpineTopology:
         self._add_branches(pool, builder, pool.branching[0], spine, path_scores[: spine.shape[0]], config)
         return builder.build()
 
+    @goose.hookimpl
+    def goose_spine_lengths(
+        self, pool: CandidatePool, budgets: tuple[int, ...], config: GooseConfig
+    ) -> tuple[int, ...]:
+        """Rule 2 and 3 for every budget: the spine length the budget planner should expect."""
+        if not pool.drafting:
+            return tuple(0 for _ in budgets)
+        draft = pool.drafting[0].draft
+        available = best_root_path(draft)[0].shape[0]
+        if not pool.branching or (config.consensus_bypass and draft.consensus >= config.bypass_threshold):
+            return tuple(min(available, budget) for budget in budgets)
+        ratio = config.spine_ratio(pool.drafting[0].acceptance)
+        return tuple(spine_length(budget, ratio, draft.consensus, available) for budget in budgets)
+
     @staticmethod
     def _transition_spine(
         pool: CandidatePool, builder: TreeBuilder, source: SourceCandidates, length: int, config: GooseConfig
