@@ -19,7 +19,8 @@ object). Built-in sources and topologies are registered exactly like third-party
 *Source and topology instances* are made by the registered factories, one per decoder, and
 hold all the per-request state (an adjacency table belongs to its source instance, not to a
 module). A source instance implements any subset of the source hooks below; a topology
-instance implements ``goose_plan_tree``. Factories are called as ``factory(config)`` with the
+instance implements ``goose_plan_tree`` (and, optionally, ``goose_spine_lengths`` to tell the
+automatic budget what tree a budget will buy). Factories are called as ``factory(config)`` with the
 decoder's :class:`goose.config.GooseConfig`; read your options from
 ``config.options_for(name)``.
 
@@ -35,6 +36,7 @@ Order of calls for one request::
         goose_acceptance()              -> the planner ranks sources by it
         goose_propose(context)          -> Draft or None
         goose_auxiliary_rows(context)   -> AuxiliaryRows or None
+        goose_spine_lengths(...)        topology, with budget="auto": spine per candidate budget
         goose_successors(...)           zero or more times, while the planner builds the tree
         goose_observe(outcome)          after verification
 """
