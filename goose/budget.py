@@ -38,13 +38,13 @@ class BudgetPlanner:
                spine_caps: tuple[int, ...] | None = None) -> int:
         """Budget for a cycle whose best draft has ``spine_length`` tokens (0: no draft).
 
-        ``spine_caps``: per candidate budget, the spine length the topology will really lay
-        (:meth:`spine_lengths_for` asks it); without them the best split of each budget is assumed.
+        ``spine_caps``: per candidate budget, the spine length the topology will really lay (its
+        ``goose_spine_lengths`` hook); without them each budget's best split is assumed.
         """
         overhead_bucket = round(self.overhead_s / self.curve.seconds[0], 1)  # in units of one token's verify
-        caps = tuple(min(cap, spine_length) for cap in spine_caps) if spine_caps is not None else None
-        return self._choose(_bucket(spine_acceptance), min(spine_length, self.candidates[-1]),
-                            _bucket(branch_acceptance), overhead_bucket, caps)
+        caps = spine_caps if spine_caps is not None else (spine_length,) * len(self.candidates)
+        return self._choose(_bucket(spine_acceptance), tuple(min(cap, spine_length) for cap in caps),
+                            _bucket(branch_acceptance), overhead_bucket)
 
     def expected_rate(self, budget: int, spine_acceptance: float, spine_length: int,
                       branch_acceptance: float) -> float:
@@ -54,12 +54,11 @@ class BudgetPlanner:
                               max_spine=spine_length).expected_tau
         return tau / (float(self.curve(budget + 1)) + self.overhead_s)
 
-    def _best(self, spine_acceptance: float, spine_length: int, branch_acceptance: float,
-              overhead_bucket: float, spine_caps: tuple[int, ...] | None) -> int:
+    def _best(self, spine_acceptance: float, spine_caps: tuple[int, ...], branch_acceptance: float,
+              overhead_bucket: float) -> int:
         del overhead_bucket  # part of the cache key only: a new overhead level re-evaluates the choice
-        caps = spine_caps or (spine_length,) * len(self.candidates)
         rates = [self.expected_rate(n, spine_acceptance, cap, branch_acceptance)
-                 for n, cap in zip(self.candidates, caps, strict=True)]
+                 for n, cap in zip(self.candidates, spine_caps, strict=True)]
         return self.candidates[max(range(len(rates)), key=rates.__getitem__)]
 
 

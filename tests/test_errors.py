@@ -110,18 +110,26 @@ class FaultyPlugins:
         register("wrong_type", WrongTypeSource)
 
 
-def test_faulty_plugins_are_skipped_and_output_is_unchanged(smollm2, caplog) -> None:
-    model, tokenizer = smollm2
-    plugins.register(FaultyPlugins(), origin="tests")
-    prompt = "List the numbers from 1 to 20, separated by commas."
-    reference = AutoregressiveDecoder(model, tokenizer).generate(prompt, 48)
-    config = GooseConfig(sources=["raising", "context_match", "garbage", "bigram_transition", "wrong_type"])
+def decode_beside_ar(model_and_tokenizer, config: GooseConfig, prompt: str, max_new_tokens: int, caplog):
+    """Goose under ``config`` and plain greedy on ``prompt``; asserts they agree token for token.
+
+    Returns the decoder, its result and the plugin warnings logged while decoding.
+    """
+    model, tokenizer = model_and_tokenizer
+    reference = AutoregressiveDecoder(model, tokenizer).generate(prompt, max_new_tokens)
     with caplog.at_level(logging.WARNING, logger="goose.plugins"):
         decoder = GooseDecoder(model, tokenizer, config)
-        result = decoder.generate(prompt, 48)
+        result = decoder.generate(prompt, max_new_tokens)
     assert result.new_token_ids == reference.new_token_ids
+    return decoder, result, [r.getMessage() for r in caplog.records]
+
+
+def test_faulty_plugins_are_skipped_and_output_is_unchanged(smollm2, caplog) -> None:
+    plugins.register(FaultyPlugins(), origin="tests")
+    config = GooseConfig(sources=["raising", "context_match", "garbage", "bigram_transition", "wrong_type"])
+    decoder, result, warnings = decode_beside_ar(
+        smollm2, config, "List the numbers from 1 to 20, separated by commas.", 48, caplog)
     assert decoder.sources.instances["raising"].calls == result.stats.verify_steps  # asked every cycle
-    warnings = [r.getMessage() for r in caplog.records]
     for name in ("raising", "garbage", "wrong_type"):
         assert sum(f"source {name!r} skipped in goose_propose" in w for w in warnings) == 1, warnings
     assert any("'garbage' skipped in goose_successors" in w for w in warnings)
@@ -148,14 +156,9 @@ class WrongHintPlugin:
 
 
 def test_a_faulty_budget_hint_is_skipped_and_output_is_unchanged(smollm2, caplog) -> None:
-    model, tokenizer = smollm2
     plugins.register(WrongHintPlugin(), origin="tests")
     prompt = "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox"
-    reference = AutoregressiveDecoder(model, tokenizer).generate(prompt, 40)
-    with caplog.at_level(logging.WARNING, logger="goose.plugins"):
-        result = GooseDecoder(model, tokenizer, GooseConfig(topology="wrong_hint_spine", budget="auto")).generate(
-            prompt, 40)
-    assert result.new_token_ids == reference.new_token_ids
+    _, _, warnings = decode_beside_ar(smollm2, GooseConfig(topology="wrong_hint_spine", budget="auto"), prompt, 40,
+                                      caplog)
     assert WrongHintSpine.calls > 1  # asked on every cycle with a draft, and survived each answer
-    warnings = [r.getMessage() for r in caplog.records]
     assert sum("skipped in goose_spine_lengths" in w for w in warnings) == 1, warnings

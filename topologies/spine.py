@@ -69,14 +69,11 @@ class SpineTopology:
 
         spine_source = pool.drafting[0]
         tokens, path_scores = best_root_path(spine_source.draft)
-        consensus = spine_source.draft.consensus
-        bypass = config.consensus_bypass and consensus >= config.bypass_threshold
-        if bypass or not pool.branching:
-            builder.add_chain(ROOT, as_tensor(tokens[:budget]), spine_source.source_id, spine=True)
+        length, alone = self._spine_rule(pool, budget, tokens.shape[0], config)
+        if alone:
+            builder.add_chain(ROOT, as_tensor(tokens[:length]), spine_source.source_id, spine=True)
             return builder.build()
 
-        ratio = config.spine_ratio(spine_source.acceptance)
-        length = spine_length(budget, ratio, consensus, tokens.shape[0])
         if config.spine_tokens == "transition":  # ablation: the same spine shape, transition tokens on it
             spine = self._transition_spine(pool, builder, pool.branching[0], length, config)
             path_scores = np.ones(spine.shape[0])
@@ -89,15 +86,24 @@ class SpineTopology:
     def goose_spine_lengths(
         self, pool: CandidatePool, budgets: tuple[int, ...], config: GooseConfig
     ) -> tuple[int, ...]:
-        """Rule 2 and 3 for every budget: the spine length the budget planner should expect."""
+        """The spine ``goose_plan_tree`` lays for every budget (the same rule), for the budget planner."""
         if not pool.drafting:
             return tuple(0 for _ in budgets)
-        draft = pool.drafting[0].draft
-        available = best_root_path(draft)[0].shape[0]
-        if not pool.branching or (config.consensus_bypass and draft.consensus >= config.bypass_threshold):
-            return tuple(min(available, budget) for budget in budgets)
-        ratio = config.spine_ratio(pool.drafting[0].acceptance)
-        return tuple(spine_length(budget, ratio, draft.consensus, available) for budget in budgets)
+        available = best_root_path(pool.drafting[0].draft)[0].shape[0]
+        return tuple(self._spine_rule(pool, budget, available, config)[0] for budget in budgets)
+
+    @staticmethod
+    def _spine_rule(pool: CandidatePool, budget: int, available: int, config: GooseConfig) -> tuple[int, bool]:
+        """Rules 2 and 3: (spine length, whether the spine goes alone) for a draft of ``available`` tokens.
+
+        Alone, as long as draft and budget allow, on a consensus bypass or with no branching
+        source; otherwise the tier's share of the budget stretched to the consensus.
+        """
+        spine_source = pool.drafting[0]
+        consensus = spine_source.draft.consensus
+        if not pool.branching or (config.consensus_bypass and consensus >= config.bypass_threshold):
+            return min(available, budget), True
+        return spine_length(budget, config.spine_ratio(spine_source.acceptance), consensus, available), False
 
     @staticmethod
     def _transition_spine(
