@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from goose.readout import greedy_and_top_k
 from goose.tree import TreeBuilder
 from goose.verifier import Verifier
 
@@ -27,7 +28,7 @@ logger = logging.getLogger("goose.cost")
 
 DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 CALIBRATION_CONTEXT = 256  # tokens of context while measuring: a typical prompt length
-CURVE_FORMAT = 2  # part of the cache key: bump when measure() changes, so stale curves are re-measured
+CURVE_FORMAT = 3  # part of the cache key: bump when measure() changes, so stale curves are re-measured
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def measure(model: torch.nn.Module, sizes: tuple[int, ...] = DEFAULT_SIZES, roun
         for tree, samples in zip(trees, timings, strict=True):
             started = time.perf_counter()
             logits = verifier.verify(tree)
-            logits.argmax(-1).cpu()  # include the argmax and the device sync the decoder pays
+            greedy_and_top_k(logits, 10)[0].cpu()  # include the readout and the device sync the decoder pays
             elapsed = time.perf_counter() - started
             verifier.discard()  # the context stays put for every measurement
             if round_index:

@@ -24,6 +24,7 @@ from goose.config import GooseConfig
 from goose.cost import load_or_measure
 from goose.outcome import AuxiliaryRows, Harvest, VerifyOutcome
 from goose.plugins import PluginError, SourceSet, make_topology
+from goose.readout import greedy, greedy_and_top_k
 from goose.stats import GenerationStats
 from goose.tree import DraftTree
 from goose.verifier import ContextOverflowError, Verifier
@@ -168,7 +169,7 @@ class _Decoding:
     def _prefill(self, request: _Request, stats: GenerationStats, harvest_rows: int) -> torch.Tensor:
         started = time.perf_counter()
         logits = self.verifier.prefill(request.prompt_ids, logits_to_keep=harvest_rows + 1)
-        request.accept([int(logits[-1].argmax())])
+        request.accept([int(greedy(logits[-1:])[0])])
         stats.prefill_s = time.perf_counter() - started
         return logits
 
@@ -186,7 +187,7 @@ class AutoregressiveDecoder(_Decoding):
             tree = DraftTree.single(int(request.tokens[-1]))
             logits = self.verifier.verify(tree)
             self.verifier.commit(tree.tokens[:0])
-            kept = request.accept([int(logits[0].argmax())])
+            kept = request.accept([int(greedy(logits[:1])[0])])
             stats.verify_steps += 1
             stats.accepted_lengths.append(len(kept))
             yield kept
@@ -250,7 +251,9 @@ class GooseDecoder(_Decoding):
             # 3. one verification pass over the whole tree (and any auxiliary rows)
             verify_started = time.perf_counter()
             logits = self.verifier.verify(tree, [rows for _, rows in auxiliary])
-            predictions = logits.argmax(dim=-1).cpu()
+            # the walk's argmax and the harvest's top-k of the tree rows come from one read of the logits
+            tree_predictions, top_tokens, top_logits = greedy_and_top_k(logits[: tree.size], config.harvest_top_k)
+            predictions = torch.cat([tree_predictions, greedy(logits[tree.size :])]).cpu()
             verify_s = time.perf_counter() - verify_started
             clock.lap("verify")
             # 4. walk: longest path the target agrees with, then the bonus token
@@ -262,7 +265,7 @@ class GooseDecoder(_Decoding):
             outcome = VerifyOutcome(
                 tree=tree, accepted_nodes=walked.path, new_tokens=kept, bonus_token=walked.bonus_token,
                 reached=walked.reached, accepted=walked.accepted, path_kind=walked.kind,
-                harvest=_tree_harvest(tree, pool.previous, logits[: tree.size], config.harvest_top_k),
+                harvest=_tree_harvest(tree, pool.previous, top_tokens, top_logits),
                 auxiliary=_split_auxiliary(auxiliary, logits[tree.size :]),
                 auxiliary_predictions=_split_auxiliary(auxiliary, predictions[tree.size :]),
             )
@@ -391,10 +394,10 @@ def _checked_tree(tree: object, pool: CandidatePool, budget: int, vocab: int) ->
     return tree
 
 
-def _harvest(previous: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor, k: int) -> Harvest:
-    top = logits.topk(k, dim=-1)  # in the model's dtype: no full-vocabulary upcast on the hot path
-    return Harvest(previous=previous, tokens=tokens, top_tokens=top.indices.cpu(),
-                   top_scores=torch.softmax(top.values.float(), dim=-1).cpu())
+def _harvest(previous: torch.Tensor, tokens: torch.Tensor, top_tokens: torch.Tensor,
+             top_logits: torch.Tensor) -> Harvest:
+    return Harvest(previous=previous, tokens=tokens, top_tokens=top_tokens.cpu(),
+                   top_scores=torch.softmax(top_logits.float(), dim=-1).cpu())
 
 
 def _prefill_harvest(prompt_ids: list[int], logits: torch.Tensor, k: int) -> Harvest:
@@ -406,13 +409,15 @@ def _prefill_harvest(prompt_ids: list[int], logits: torch.Tensor, k: int) -> Har
     previous = ids[max(0, end - rows - 1) : end - 1]
     if previous.shape[0] < rows:
         previous = torch.cat([torch.full((rows - previous.shape[0],), -1, dtype=torch.long), previous])
-    return _harvest(previous, tokens, logits, k)
+    _, top_tokens, top_logits = greedy_and_top_k(logits, k)
+    return _harvest(previous, tokens, top_tokens, top_logits)
 
 
-def _tree_harvest(tree: DraftTree, anchor_previous: int, logits: torch.Tensor, k: int) -> Harvest:
+def _tree_harvest(tree: DraftTree, anchor_previous: int, top_tokens: torch.Tensor,
+                  top_logits: torch.Tensor) -> Harvest:
     parent_tokens = tree.tokens[tree.parents.clamp(min=0)]
     previous = torch.where(tree.parents >= 0, parent_tokens, torch.full_like(parent_tokens, anchor_previous))
-    return _harvest(previous, tree.tokens, logits, k)
+    return _harvest(previous, tree.tokens, top_tokens, top_logits)
 
 
 def _split_auxiliary(auxiliary: list[tuple[str, AuxiliaryRows]], rows: torch.Tensor) -> dict[str, torch.Tensor]:
