@@ -1,0 +1,102 @@
+"""Where Goose's cycles go: cycles with a context-match draft against cycles without one.
+
+Decodes benchmark prompts in float32 (the texts are the autoregressive ones, so runs compare the
+same work) with the budget planned from a bfloat16 cost curve, and splits the cycles by whether
+the spine source had a draft. ``--no-draft-budget N`` forces the budget of the cycles without a
+draft (the pure transition trees), to see what the planner leaves on the table there.
+
+    python scripts/cycle_kinds.py --curve ~/.cache/goose/calibration/v3-...smollm2...bfloat16...json \
+        --limit 2 --no-draft-budget 24
+
+Prints, per kind of cycle: count, tau, mean tree size, share of bonus-only cycles; then the time
+the curve predicts for all verify passes and the tokens per second that gives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from goose.bench.methods import METHODS
+from goose.bench.prompts import load_samples
+from goose.budget import BudgetPlanner
+from goose.candidates import CandidatePool, DecodeContext
+from goose.cost import CostCurve
+from goose.decoder import GooseDecoder
+from goose.models import encode_prompt, load
+
+
+class RecordingDecoder(GooseDecoder):
+    """The Goose decoder, noting each cycle's spine draft and optionally forcing the no-draft budget."""
+
+    def __init__(self, *args, no_draft_budget: int = 0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.no_draft_budget = no_draft_budget
+        self.draft_lengths: list[int] = []
+
+    def _candidate_pool(self, context: DecodeContext):
+        pool, auxiliary = super()._candidate_pool(context)
+        spine = pool.drafting[0] if pool.drafting else None
+        self.draft_lengths.append(len(spine.draft) if spine is not None else 0)
+        return pool, auxiliary
+
+    def _budget(self, pool: CandidatePool) -> int:
+        if self.no_draft_budget and not pool.drafting:
+            return self.no_draft_budget
+        return super()._budget(pool)
+
+
+def summary(label: str, cycles: list[tuple[int, int, int]]) -> None:
+    if not cycles:
+        return
+    accepted = [a for _, a, _ in cycles]
+    sizes = [s for _, _, s in cycles]
+    print(f"{label:<10} cycles {len(cycles):5d}  tau {statistics.mean(accepted):.2f}  "
+          f"tree {statistics.mean(sizes):5.1f}  bonus-only {sum(a == 1 for a in accepted) / len(cycles):4.0%}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--curve", type=Path, required=True, help="a bfloat16 cost-curve JSON from goose calibrate")
+    parser.add_argument("--limit", type=int, default=2, help="prompts per dataset")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--no-draft-budget", type=int, default=0, help="force this budget when nothing drafts")
+    parser.add_argument("--datasets", default="humaneval,mbpp,classeval,gsm8k,mt_bench")
+    args = parser.parse_args()
+
+    torch.set_num_threads(2)
+    model, tokenizer = load(args.model, dtype="float32", progress=False)
+    chat = "gemma" not in args.model
+    data = json.loads(args.curve.expanduser().read_text())
+    curve = CostCurve(tuple(data["sizes"]), tuple(data["seconds"]))
+    config = METHODS["goose"].config()
+    decoder = RecordingDecoder(model, tokenizer, config, chat=chat, no_draft_budget=args.no_draft_budget)
+    if decoder.budget_planner is not None:  # plan for the device the curve describes
+        decoder.budget_planner = BudgetPlanner(curve, max_depth=config.max_depth)
+
+    cycles: list[tuple[int, int, int]] = []  # (draft length, tokens gained, tree size)
+    for dataset in args.datasets.split(","):
+        for sample in load_samples(dataset, limit=args.limit):
+            decoder.draft_lengths.clear()
+            with torch.inference_mode():
+                result = decoder.generate(encode_prompt(tokenizer, sample.turns[0], chat=chat), args.max_new_tokens)
+            decoder.verifier.reset()
+            stats = result.stats
+            cycles += zip(decoder.draft_lengths, stats.accepted_lengths, stats.tree_sizes, strict=True)
+
+    summary("all", cycles)
+    summary("no draft", [c for c in cycles if c[0] == 0])
+    summary("draft", [c for c in cycles if c[0] > 0])
+    seconds = float(np.sum(curve(np.array([size for _, _, size in cycles]))))
+    tokens = sum(accepted for _, accepted, _ in cycles)
+    print(f"verify time by the curve {seconds:.1f} s for {tokens} tokens: {tokens / seconds:.1f} tok/s")
+
+
+if __name__ == "__main__":
+    main()
