@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from goose.config import GooseConfig
 from goose.readout import greedy_and_top_k
 from goose.tree import TreeBuilder
 from goose.verifier import Verifier
@@ -28,6 +29,7 @@ logger = logging.getLogger("goose.cost")
 
 DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 CALIBRATION_CONTEXT = 256  # tokens of context while measuring: a typical prompt length
+HARVEST_TOP_K = GooseConfig.model_fields["harvest_top_k"].default  # what a default decoder reads per row
 CURVE_FORMAT = 3  # part of the cache key: bump when measure() changes, so stale curves are re-measured
 
 
@@ -47,6 +49,12 @@ class CostCurve:
 
     def to_dict(self) -> dict[str, list[float] | list[int]]:
         return {"sizes": list(self.sizes), "seconds": list(self.seconds)}
+
+    @classmethod
+    def load(cls, path: Path) -> CostCurve:
+        """A curve saved by :func:`load_or_measure` (a JSON file of ``to_dict``)."""
+        data = json.loads(Path(path).expanduser().read_text())
+        return cls(tuple(data["sizes"]), tuple(data["seconds"]))
 
 
 def measure(model: torch.nn.Module, sizes: tuple[int, ...] = DEFAULT_SIZES, rounds: int = 5,
@@ -72,7 +80,7 @@ def measure(model: torch.nn.Module, sizes: tuple[int, ...] = DEFAULT_SIZES, roun
         for tree, samples in zip(trees, timings, strict=True):
             started = time.perf_counter()
             logits = verifier.verify(tree)
-            greedy_and_top_k(logits, 10)[0].cpu()  # include the readout and the device sync the decoder pays
+            greedy_and_top_k(logits, HARVEST_TOP_K)[0].cpu()  # the readout and device sync the decoder pays
             elapsed = time.perf_counter() - started
             verifier.discard()  # the context stays put for every measurement
             if round_index:
@@ -118,8 +126,7 @@ def load_or_measure(model: torch.nn.Module, cache_dir: Path | None = None, refre
     folder = (cache_dir or default_cache_dir()) / "calibration"
     path = folder / f"{cache_key(model)}.json"
     if path.exists() and not refresh:
-        data = json.loads(path.read_text())
-        return CostCurve(tuple(data["sizes"]), tuple(data["seconds"]))
+        return CostCurve.load(path)
     logger.info("measuring the verify cost curve once for %s (cached at %s)", cache_key(model), path)
     curve = measure(model)
     folder.mkdir(parents=True, exist_ok=True)

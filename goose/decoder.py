@@ -21,7 +21,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from goose.budget import BudgetPlanner
 from goose.candidates import CandidateError, CandidatePool, DecodeContext, Draft, SourceCandidates, SuccessorFn
 from goose.config import GooseConfig
-from goose.cost import load_or_measure
+from goose.cost import CostCurve, load_or_measure
 from goose.outcome import AuxiliaryRows, Harvest, VerifyOutcome
 from goose.plugins import PluginError, SourceSet, make_topology
 from goose.readout import greedy, greedy_and_top_k
@@ -197,7 +197,9 @@ class GooseDecoder(_Decoding):
     """Goose speculative decoding: multi-source candidates, a planned draft tree, one verify pass per cycle.
 
     Sources and the topology are instantiated once per decoder (their state, such as a
-    persistent adjacency table, lives as long as the decoder).
+    persistent adjacency table, lives as long as the decoder). With ``budget="auto"`` the budget
+    follows this device's measured cost curve, or ``cost_curve`` when given (to plan, say, a
+    float32 run as if it ran on a bfloat16 curve).
     """
 
     def __init__(
@@ -208,6 +210,7 @@ class GooseDecoder(_Decoding):
         *,
         chat: bool = True,
         profile: bool = False,
+        cost_curve: CostCurve | None = None,
         **overrides: Any,
     ) -> None:
         super().__init__(model, tokenizer, chat)
@@ -218,8 +221,11 @@ class GooseDecoder(_Decoding):
         self.sources = SourceSet(self.config.sources, self.config)
         self.planner = make_topology(self.config.topology, self.config)
         self.profile = profile
-        self.budget_planner = (BudgetPlanner(load_or_measure(model), max_depth=self.config.max_depth)
-                               if self.config.budget == "auto" else None)
+        if self.config.budget == "auto":  # ``cost_curve``: plan for another device's curve (e.g. a bf16 one)
+            curve = cost_curve if cost_curve is not None else load_or_measure(model)
+            self.budget_planner: BudgetPlanner | None = BudgetPlanner(curve, max_depth=self.config.max_depth)
+        else:
+            self.budget_planner = None
         self._successors = {name: self._checked_successors(name) for name in self.sources.names
                             if self.sources.implements(name, "goose_successors")}
 
@@ -253,7 +259,9 @@ class GooseDecoder(_Decoding):
             logits = self.verifier.verify(tree, [rows for _, rows in auxiliary])
             # the walk's argmax and the harvest's top-k of the tree rows come from one read of the logits
             tree_predictions, top_tokens, top_logits = greedy_and_top_k(logits[: tree.size], config.harvest_top_k)
-            predictions = torch.cat([tree_predictions, greedy(logits[tree.size :])]).cpu()
+            if auxiliary:
+                tree_predictions = torch.cat([tree_predictions, greedy(logits[tree.size :])])
+            predictions = tree_predictions.cpu()
             verify_s = time.perf_counter() - verify_started
             clock.lap("verify")
             # 4. walk: longest path the target agrees with, then the bonus token

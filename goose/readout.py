@@ -51,8 +51,9 @@ def greedy_and_top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
 
     kept_blocks = block_max.topk(k, dim=-1).indices  # [n, k]
     positions = (kept_blocks[:, :, None] * BLOCK + torch.arange(BLOCK, device=logits.device)).flatten(1)
-    inside = positions < vocab  # the shorter last block reads past the vocabulary
-    candidates = logits.gather(1, positions.clamp(max=vocab - 1))
-    candidates = candidates.masked_fill(~inside, float("-inf"))
+    if whole == vocab:
+        candidates = logits.gather(1, positions)
+    else:  # the shorter last block reads past the vocabulary: those slots can never be chosen
+        candidates = logits.gather(1, positions.clamp(max=vocab - 1)).masked_fill(positions >= vocab, float("-inf"))
     values, chosen = candidates.topk(k, dim=-1)
     return argmax, positions.gather(1, chosen), values

@@ -27,7 +27,6 @@ import torch
 
 from goose.bench.methods import METHODS
 from goose.bench.prompts import load_samples
-from goose.budget import BudgetPlanner
 from goose.config import GooseConfig
 from goose.cost import CostCurve
 from goose.decoder import GooseDecoder
@@ -51,23 +50,17 @@ def main() -> None:
 
     torch.set_num_threads(2)
     model, tokenizer = load(args.model, dtype="float32", progress=False)
-    chat = "gemma" not in args.model
-    data = json.loads(args.curve.expanduser().read_text())
-    curve = CostCurve(tuple(data["sizes"]), tuple(data["seconds"]))
+    curve = CostCurve.load(args.curve)  # the budget planner plans with the device curve too
     configs = {name: METHODS[name].config() for name in args.methods.split(",")}
     configs["hf_like"] = GooseConfig.model_validate(HF_LIKE)
     configs.update({name: GooseConfig.model_validate(fields) for name, fields in json.loads(args.variants).items()})
-    decoders = {}
-    for name, config in configs.items():
-        decoder = GooseDecoder(model, tokenizer, config, chat=chat, profile=True)
-        if decoder.budget_planner is not None:  # plan for the device the curve describes
-            decoder.budget_planner = BudgetPlanner(curve, max_depth=config.max_depth)
-        decoders[name] = decoder
+    decoders = {name: GooseDecoder(model, tokenizer, config, profile=True, cost_curve=curve)
+                for name, config in configs.items()}
 
     samples = [s for dataset in args.datasets.split(",") for s in load_samples(dataset, limit=args.limit)]
     runs: dict[str, list[dict]] = {name: [] for name in configs}
     for index, sample in enumerate(samples):
-        prompt_ids = encode_prompt(tokenizer, sample.turns[0], chat=chat)
+        prompt_ids = encode_prompt(tokenizer, sample.turns[0])  # the chat template where the model has one
         texts = []
         for name, decoder in decoders.items():
             with torch.inference_mode():

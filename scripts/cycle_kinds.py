@@ -15,7 +15,6 @@ the curve predicts for all verify passes and the tokens per second that gives.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
@@ -24,7 +23,6 @@ import torch
 
 from goose.bench.methods import METHODS
 from goose.bench.prompts import load_samples
-from goose.budget import BudgetPlanner
 from goose.candidates import CandidatePool, DecodeContext
 from goose.cost import CostCurve
 from goose.decoder import GooseDecoder
@@ -72,20 +70,16 @@ def main() -> None:
 
     torch.set_num_threads(2)
     model, tokenizer = load(args.model, dtype="float32", progress=False)
-    chat = "gemma" not in args.model
-    data = json.loads(args.curve.expanduser().read_text())
-    curve = CostCurve(tuple(data["sizes"]), tuple(data["seconds"]))
-    config = METHODS["goose"].config()
-    decoder = RecordingDecoder(model, tokenizer, config, chat=chat, no_draft_budget=args.no_draft_budget)
-    if decoder.budget_planner is not None:  # plan for the device the curve describes
-        decoder.budget_planner = BudgetPlanner(curve, max_depth=config.max_depth)
+    curve = CostCurve.load(args.curve)  # the budget planner plans with the device curve too
+    decoder = RecordingDecoder(model, tokenizer, METHODS["goose"].config(), cost_curve=curve,
+                               no_draft_budget=args.no_draft_budget)
 
     cycles: list[tuple[int, int, int]] = []  # (draft length, tokens gained, tree size)
     for dataset in args.datasets.split(","):
         for sample in load_samples(dataset, limit=args.limit):
             decoder.draft_lengths.clear()
             with torch.inference_mode():
-                result = decoder.generate(encode_prompt(tokenizer, sample.turns[0], chat=chat), args.max_new_tokens)
+                result = decoder.generate(encode_prompt(tokenizer, sample.turns[0]), args.max_new_tokens)
             decoder.verifier.reset()
             stats = result.stats
             cycles += zip(decoder.draft_lengths, stats.accepted_lengths, stats.tree_sizes, strict=True)

@@ -10,6 +10,7 @@ import pytest
 from goose import cost
 from goose.budget import BudgetPlanner
 from goose.cost import CostCurve
+from goose.decoder import AutoregressiveDecoder, GooseDecoder
 
 
 def test_monotone_lowers_a_slow_small_size_instead_of_raising_the_rest() -> None:
@@ -75,3 +76,21 @@ def test_expected_rate_is_yield_over_time() -> None:
     best = planner.choose(0.9, 20, 0.2)
     assert planner.expected_rate(best, 0.9, 20, 0.2) >= max(
         planner.expected_rate(n, 0.9, 20, 0.2) for n in planner.candidates) - 1e-12
+
+
+def test_a_decoder_plans_with_a_given_curve(smollm2, tmp_path) -> None:
+    """``cost_curve`` (what scripts/cost_model_ab.py uses) steers the real decoder, and the output stays greedy."""
+    model, tokenizer = smollm2
+    path = tmp_path / "curve.json"
+    path.write_text(json.dumps(FLAT.to_dict()))
+    assert CostCurve.load(path) == FLAT
+    prompt = "Repeat after me: one two three four five six seven. One two three four five six seven."
+    reference = AutoregressiveDecoder(model, tokenizer).generate(prompt, 40).new_token_ids
+    sizes = {}
+    for name, curve in (("flat", CostCurve.load(path)), ("steep", STEEP)):
+        decoder = GooseDecoder(model, tokenizer, cost_curve=curve)
+        assert decoder.budget_planner.curve is curve
+        result = decoder.generate(prompt, 40)
+        assert result.new_token_ids == reference
+        sizes[name] = np.mean(result.stats.tree_sizes)
+    assert sizes["flat"] > sizes["steep"]
