@@ -292,8 +292,8 @@ class GooseDecoder(_Decoding):
 
     def _candidate_pool(self, context: DecodeContext) -> tuple[CandidatePool, list[tuple[str, AuxiliaryRows]]]:
         vocab = self.verifier.vocab_size
-        estimates = self.sources.call("goose_acceptance")
         drafts = self.sources.call("goose_propose", context=context)
+        estimates = self.sources.call("goose_acceptance")  # after proposing: it may describe this cycle's draft
         auxiliary: list[tuple[str, AuxiliaryRows]] = []
         for name, rows in self.sources.call("goose_auxiliary_rows", context=context).items():
             if rows is None:

@@ -33,8 +33,8 @@ Order of calls for one request::
     goose_reset()                       once, before the prompt
     goose_prefill(context, harvest)     once, with the prompt and its positions' top-k
     repeat until done:
-        goose_acceptance()              -> the planner ranks sources by it
         goose_propose(context)          -> Draft or None
+        goose_acceptance()              -> the planner ranks sources by it (may describe this draft)
         goose_auxiliary_rows(context)   -> AuxiliaryRows or None
         goose_spine_lengths(...)        topology, with budget="auto": spine per candidate budget
         goose_successors(...)           zero or more times, while the planner builds the tree
@@ -130,8 +130,11 @@ def goose_successors(previous: torch.Tensor, tokens: torch.Tensor, k: int) -> tu
 def goose_acceptance() -> float | None:
     """The source's current estimate of its per-token acceptance rate, in [0, 1].
 
-    Planners rank sources by it (the most trusted source gets the spine). The built-in sources
-    keep an EMA (``GooseConfig.ema``) of accepted / tested nodes of their own.
+    Planners rank sources by it (the most trusted source gets the spine), and the automatic
+    budget sizes the tree by it. Called each cycle *after* ``goose_propose``, so a source may
+    report how far it trusts this cycle's draft in particular (context match conditions its
+    estimate on the match depth). The built-in sources keep EMAs (``GooseConfig.ema``) of
+    accepted / tested nodes of their own.
     """
 
 

@@ -94,3 +94,26 @@ def test_a_decoder_plans_with_a_given_curve(smollm2, tmp_path) -> None:
         assert result.new_token_ids == reference
         sizes[name] = np.mean(result.stats.tree_sizes)
     assert sizes["flat"] > sizes["steep"]
+
+
+
+def test_a_repeating_run_is_drafted_past_the_context_end_and_trusted_by_depth(smollm2) -> None:
+    """Context match on periodic text: the copy repeats the run instead of stopping at the context's
+    end, the deep-match estimate (reported after proposing) learns that such copies hold, and the
+    output stays the greedy one."""
+    model, tokenizer = smollm2
+    week = "Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday,"
+    prompt = f"{week} {week} Monday,"
+    reference = AutoregressiveDecoder(model, tokenizer, chat=False).generate(prompt, 96).new_token_ids
+    runs = {}
+    for repeat in (True, False):
+        decoder = GooseDecoder(model, tokenizer, cost_curve=FLAT, chat=False,
+                               source_options={"context_match": {"repeat_runs": repeat}})
+        result = decoder.generate(prompt, 96)
+        assert result.new_token_ids == reference
+        runs[repeat] = (decoder.sources.instances["context_match"], result.stats)
+    source, stats = runs[True]
+    assert max(stats.accepted_lengths) > 15  # more than one period (14 tokens) in a pass
+    assert stats.verify_steps < runs[False][1].verify_steps
+    assert source.depth_acceptance[-1] > source.options.initial_acceptance  # the >= 32 bucket learned
+    assert len(runs[False][0].depth_acceptance) == 4

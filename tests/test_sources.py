@@ -21,7 +21,7 @@ from goose.sources.bigram_transition import (
     SuccessorTable,
     bigram_bucket,
 )
-from goose.sources.context_match import ContextMatchSource
+from goose.sources.context_match import ContextMatchSource, match_depth
 
 EOS = 999  # outside the small ids the tests draw with
 
@@ -35,6 +35,11 @@ def make_context(tokens: list[int] | np.ndarray, vocab_size: int = 1000, eos: tu
     array = np.asarray(tokens, dtype=np.int64)
     return DecodeContext(tokens=array, prompt_length=array.shape[0], vocab_size=vocab_size,
                          eos_token_ids=frozenset(eos), config=config or GooseConfig())
+
+
+def looped(run: list[int], count: int = 48) -> list[int]:
+    """What context match drafts when its copy reaches the context's end: the run, repeated (default cap 48)."""
+    return np.resize(np.asarray(run), count).tolist()
 
 
 def propose(source: ContextMatchSource, tokens: list[int], **context_args) -> list[int] | None:
@@ -87,7 +92,7 @@ def test_hooks_run_through_the_plugin_manager(caplog: pytest.LogCaptureFixture) 
     sources.call("goose_prefill", context=context, harvest=harvest_of([2], [3], [list(range(100, 110))]))
     proposals = sources.call("goose_propose", context=context)
     assert list(proposals) == ["context_match"]  # the transition source branches, it does not propose
-    assert proposals["context_match"].tokens.tolist() == [40, 41, 1, 2, 3]
+    assert proposals["context_match"].tokens.tolist() == looped([40, 41, 1, 2, 3])
     assert sources.call("goose_acceptance") == {"context_match": 0.5, "bigram_transition": 0.05}
     found = sources.call("goose_successors", previous=torch.tensor([2]), tokens=torch.tensor([3]), k=4)
     assert list(found) == ["bigram_transition"]
@@ -105,7 +110,7 @@ def test_longest_ngram_wins_over_a_more_recent_shorter_one() -> None:
     # [1..5] occurred first, followed by 10 11 12; only [3 4 5] occurred later, followed by 20 21
     tokens = [1, 3, 4, 5, 10, 11, 12, 9, 3, 4, 5, 20, 21, 9, 1, 3, 4, 5]
     source = ContextMatchSource(GooseConfig())
-    assert propose(source, tokens) == [10, 11, 12, 9, 3, 4, 5, 20, 21, 9, 1, 3, 4, 5]
+    assert propose(source, tokens) == looped([10, 11, 12, 9, 3, 4, 5, 20, 21, 9, 1, 3, 4, 5])
     assert source.last_match_length == 4
 
 
@@ -117,15 +122,21 @@ def test_most_recent_occurrence_by_default_and_first_on_request() -> None:
 
 
 def test_continuation_is_capped() -> None:
-    tokens = [1, 2, 3, *range(100, 140), 1, 2, 3]
-    assert propose(ContextMatchSource(GooseConfig()), tokens) == list(range(100, 120))
+    tokens = [1, 2, 3, *range(100, 160), 1, 2, 3]
+    assert propose(ContextMatchSource(GooseConfig()), tokens) == list(range(100, 148))  # default 48
     short = ContextMatchSource(make_config(context_match={"max_continuation": 5}))
     assert propose(short, tokens) == list(range(100, 105))
 
 
-def test_continuation_never_runs_past_the_context_end() -> None:
-    # the latest earlier occurrence of [7]*5 ends one token before the end: one token to copy
-    assert propose(ContextMatchSource(GooseConfig()), [7] * 10) == [7]
+def test_a_copy_reaching_the_context_end_repeats_the_run() -> None:
+    # the latest earlier occurrence of [7]*5 ends one token before the end: the run is [7]
+    assert propose(ContextMatchSource(GooseConfig()), [7] * 10) == [7] * 48
+    days = [1, 2, 3, 4, 5, 6, 7] * 3
+    assert propose(ContextMatchSource(GooseConfig()), days) == ([1, 2, 3, 4, 5, 6, 7] * 7)[:48]
+    # repeat_runs=False: the copy stops at the context's end
+    plain = ContextMatchSource(make_config(context_match={"repeat_runs": False}))
+    assert propose(plain, [7] * 10) == [7]
+    assert propose(plain, days) == [1, 2, 3, 4, 5, 6, 7]
     # too short for any earlier occurrence
     assert propose(ContextMatchSource(GooseConfig()), [7, 7, 7]) is None
 
@@ -142,7 +153,7 @@ def test_continuation_starting_with_eos_yields_to_a_shorter_match() -> None:
     # the 5-gram's continuation is EOS; [3 4 5] also occurred before 70 71
     tokens = [1, 2, 3, 4, 5, EOS, 8, 3, 4, 5, 70, 71, 9, 1, 2, 3, 4, 5]
     source = ContextMatchSource(GooseConfig())
-    assert propose(source, tokens) == [70, 71, 9, 1, 2, 3, 4, 5]
+    assert propose(source, tokens) == looped([70, 71, 9, 1, 2, 3, 4, 5])
     assert source.last_match_length == 3
     # nothing but EOS to copy: no draft
     assert propose(ContextMatchSource(GooseConfig()), [1, 2, 3, EOS, 1, 2, 3]) is None
@@ -160,7 +171,7 @@ def test_consensus_counts_leading_tokens_that_two_lengths_agree_on() -> None:
     same = [1, 2, 3, 4, 5, 60, 61, 62, 9, 1, 2, 3, 4, 5]
     source = ContextMatchSource(config)
     draft = source.goose_propose(make_context(same))
-    assert draft.consensus == len(draft) == 9
+    assert draft.consensus == len(draft) == 48  # the run of 9, repeated
     # a later [2 3 4 5] continues 60 61 then diverges: the 5-gram and the shorter ones agree on 2 tokens
     split = [1, 2, 3, 4, 5, 60, 61, 62, 9, 2, 3, 4, 5, 60, 61, 99, 8, 1, 2, 3, 4, 5]
     draft = source.goose_propose(make_context(split))
@@ -179,19 +190,20 @@ def test_scores_are_the_acceptance_estimate_boosted_on_consensus() -> None:
     assert draft.scores[:2].tolist() == pytest.approx([0.8, 0.8])
     assert draft.scores[2:].tolist() == pytest.approx([0.3] * (len(draft) - 2))
     # a source already trusted beyond the consensus floor keeps its own estimate
-    source.acceptance = 0.95
+    source.depth_acceptance = [0.95] * len(source.depth_acceptance)
     assert source.goose_propose(make_context(split)).scores.tolist() == pytest.approx([0.95] * len(draft))
 
 
 def test_custom_ngram_sizes_are_sorted_longest_first() -> None:
     source = ContextMatchSource(make_config(context_match={"ngram_sizes": [1, 2]}))
     assert source.options.ngram_sizes == (2, 1)
-    assert propose(source, [5, 6, 8, 9, 6]) == [8, 9, 6]
+    assert propose(source, [5, 6, 8, 9, 6]) == looped([8, 9, 6])
     assert source.last_match_length == 1
 
 
 @pytest.mark.parametrize("options", [{"ngram_sizes": []}, {"ngram_sizes": [0, 3]}, {"max_continuation": 0},
-                                     {"occurrence": "latest"}, {"no_such_option": 1}])
+                                     {"occurrence": "latest"}, {"no_such_option": 1}, {"depth_edges": [16, 8]},
+                                     {"depth_edges": [0, 8]}])
 def test_bad_options_are_refused(options: dict) -> None:
     with pytest.raises(ValidationError):
         ContextMatchSource(make_config(context_match=options))
@@ -200,7 +212,7 @@ def test_bad_options_are_refused(options: dict) -> None:
 def test_reset_forgets_the_previous_request() -> None:
     source = ContextMatchSource(GooseConfig())
     first_request = [1, 2, 3, 40, 41, 1, 2, 3]
-    assert propose(source, first_request) == [40, 41, 1, 2, 3]
+    assert propose(source, first_request) == looped([40, 41, 1, 2, 3])
     source.goose_reset()
     assert source.index.indexed == 0 and all(not starts for starts in source.index.starts.values())
     # a new prompt that ends like the old one has nothing to copy from
@@ -209,13 +221,13 @@ def test_reset_forgets_the_previous_request() -> None:
 
 def test_a_new_context_is_detected_without_reset() -> None:
     source = ContextMatchSource(GooseConfig())
-    assert propose(source, [1, 2, 3, 40, 41, 1, 2, 3]) == [40, 41, 1, 2, 3]
+    assert propose(source, [1, 2, 3, 40, 41, 1, 2, 3]) == looped([40, 41, 1, 2, 3])
     # same length, different text: the stale index must not be used
-    assert propose(source, [1, 2, 3, 50, 51, 1, 2, 3]) == [50, 51, 1, 2, 3]
+    assert propose(source, [1, 2, 3, 50, 51, 1, 2, 3]) == looped([50, 51, 1, 2, 3])
     # shorter
-    assert propose(source, [1, 2, 3, 9, 1, 2, 3]) == [9, 1, 2, 3]
+    assert propose(source, [1, 2, 3, 9, 1, 2, 3]) == looped([9, 1, 2, 3])
     # longer, but not an extension
-    assert propose(source, [8, 8, 1, 2, 3, 60, 1, 2, 3]) == [60, 1, 2, 3]
+    assert propose(source, [8, 8, 1, 2, 3, 60, 1, 2, 3]) == looped([60, 1, 2, 3])
 
 
 def test_prefill_indexes_the_prompt_and_propose_catches_up() -> None:
@@ -223,7 +235,7 @@ def test_prefill_indexes_the_prompt_and_propose_catches_up() -> None:
     prompt = [1, 2, 3, 40, 41, 42, 5]
     source.goose_prefill(make_context(prompt))
     assert source.index.indexed == len(prompt)
-    assert propose(source, [*prompt, 1, 2, 3]) == [40, 41, 42, 5, 1, 2, 3]
+    assert propose(source, [*prompt, 1, 2, 3]) == looped([40, 41, 42, 5, 1, 2, 3])
 
 
 def test_acceptance_ema_follows_this_sources_nodes_only() -> None:
@@ -246,6 +258,67 @@ def test_acceptance_ema_follows_this_sources_nodes_only() -> None:
     assert source.goose_acceptance() == before
 
 
+def test_match_depth_counts_the_history_shared_with_the_copied_occurrence() -> None:
+    #          0  1  2  3  4  5  6  7  8  9 10 11 12 13 14
+    tokens = np.array([7, 1, 2, 3, 4, 5, 60, 61, 8, 2, 3, 4, 5], dtype=np.int64)
+    # the continuation of [2 3 4 5] starts at 6; tokens before 6 and before the end agree for 4 tokens
+    assert match_depth(tokens, 6, cap=64) == 4
+    assert match_depth(tokens, 6, cap=3) == 3
+    # a copy running since the very start: the whole history before the start agrees
+    copy = np.array([1, 2, 3, 4, 9, 1, 2, 3, 4], dtype=np.int64)
+    assert match_depth(copy, 4, cap=64) == 4
+    # periodic text: the shared history overlaps the suffix itself
+    periodic = np.array([5, 6] * 10, dtype=np.int64)
+    assert match_depth(periodic, 2, cap=64) == 2
+    assert match_depth(periodic, 18, cap=64) == 18
+
+
+@given(st.lists(st.integers(0, 3), min_size=2, max_size=40), st.data())
+@settings(max_examples=200, deadline=None)
+def test_match_depth_matches_a_plain_loop(values: list[int], data: st.DataObject) -> None:
+    tokens = np.array(values, dtype=np.int64)
+    start = data.draw(st.integers(1, len(values) - 1))
+    cap = data.draw(st.integers(1, 50))
+    expected = 0
+    while expected < cap and start - 1 - expected >= 0 and tokens[start - 1 - expected] == tokens[-1 - expected]:
+        expected += 1
+    assert match_depth(tokens, start, cap) == expected
+
+
+def test_acceptance_is_estimated_per_match_depth() -> None:
+    options = {"initial_acceptance": 0.5, "depth_edges": [8], "consensus_score": 0.0}  # scores = the estimate
+    source = ContextMatchSource(make_config(context_match=options))
+    names = ("context_match",)
+    shallow = [1, 2, 3, 40, 41, 42, 43, 44, 9, 9, 1, 2, 3]  # a fresh 3-gram match: depth 3
+    deep = [*range(100, 112), 50, 51, *range(100, 112)]  # a 12-token copy (depth counted to 8)
+    assert propose(source, shallow) == looped([40, 41, 42, 43, 44, 9, 9, 1, 2, 3])
+    assert source.last_match_depth == 3 and source.goose_acceptance() == 0.5
+    # the shallow draft fails at its first token: only the shallow bucket learns it
+    source.goose_observe(make_outcome(names, {"context_match": [40, 41]}, {"context_match": 0}))
+    assert source.depth_acceptance == pytest.approx([0.35, 0.5])
+    assert source.goose_acceptance() == pytest.approx(0.35)
+    # a deep match reports (and scores its draft with) the deep bucket's estimate
+    draft = source.goose_propose(make_context(deep))
+    assert source.last_match_depth == 8 and source.goose_acceptance() == pytest.approx(0.5)
+    assert draft.scores.tolist() == pytest.approx([0.5] * len(draft))
+    source.goose_observe(make_outcome(names, {"context_match": [50, 51, 100]}, {"context_match": 3}))
+    assert source.depth_acceptance == pytest.approx([0.35, 0.65])
+    # the overall estimate saw both outcomes; with nothing drafted it is the one reported
+    assert source.acceptance == pytest.approx(0.7 * 0.35 + 0.3 * 1.0)
+    assert propose(source, [1, 2, 3, 4]) is None
+    assert source.goose_acceptance() == pytest.approx(source.acceptance)
+
+
+def test_without_depth_edges_one_estimate_covers_every_match() -> None:
+    source = ContextMatchSource(make_config(context_match={"initial_acceptance": 0.5, "depth_edges": []}))
+    deep = [*range(100, 112), 50, 51, *range(100, 112)]
+    source.goose_propose(make_context(deep))
+    source.goose_observe(make_outcome(("context_match",), {"context_match": [50, 51, 100]}, {"context_match": 3}))
+    assert source.depth_acceptance == [source.acceptance] == [pytest.approx(0.65)]
+    source.goose_propose(make_context([1, 2, 3, 40, 1, 2, 3]))
+    assert source.goose_acceptance() == pytest.approx(0.65)
+
+
 # --- context match: the incremental index against a brute-force search -------------------------
 
 
@@ -261,7 +334,8 @@ def brute_force(tokens: np.ndarray, sizes: tuple[int, ...], cap: int, occurrence
         hits = np.flatnonzero((windows == tokens[length - n :]).all(axis=1))
         if hits.size:
             start = int(hits[-1] if occurrence == "recent" else hits[0]) + n
-            continuation = tokens[start : start + cap].tolist()
+            continuation = np.resize(tokens[start:], cap).tolist() if start + cap > length else \
+                tokens[start : start + cap].tolist()  # a run reaching the end repeats
             stops = [i for i, token in enumerate(continuation) if token in eos]
             found.append((n, continuation[: stops[0]] if stops else continuation))
     chosen = next((i for i, (_, copy) in enumerate(found) if copy), None)
