@@ -96,7 +96,6 @@ def test_a_decoder_plans_with_a_given_curve(smollm2, tmp_path) -> None:
     assert sizes["flat"] > sizes["steep"]
 
 
-
 def test_a_repeating_run_is_drafted_past_the_context_end_and_trusted_by_depth(smollm2) -> None:
     """Context match on periodic text: the copy repeats the run instead of stopping at the context's
     end, the deep-match estimate (reported after proposing) learns that such copies hold, and the
