@@ -11,6 +11,7 @@ context match is trusted.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 
 from goose.cost import CostCurve
@@ -34,27 +35,29 @@ class BudgetPlanner:
         """Fold one cycle's non-verify time into the running mean."""
         self.overhead_s += 0.1 * (seconds - self.overhead_s)
 
-    def choose(self, spine_acceptance: float, spine_length: int, branch_acceptance: float,
+    def choose(self, spine_acceptance: float | Sequence[float], spine_length: int, branch_acceptance: float,
                spine_caps: tuple[int, ...] | None = None) -> int:
         """Budget for a cycle whose best draft has ``spine_length`` tokens (0: no draft).
 
+        ``spine_acceptance``: one rate, or per spine depth (the last value repeats).
         ``spine_caps``: per candidate budget, the spine length the topology will really lay (its
         ``goose_spine_lengths`` hook); without them each budget's best split is assumed.
         """
         overhead_bucket = round(self.overhead_s / self.curve.seconds[0], 1)  # in units of one token's verify
         caps = spine_caps if spine_caps is not None else (spine_length,) * len(self.candidates)
-        return self._choose(_bucket(spine_acceptance), tuple(min(cap, spine_length) for cap in caps),
-                            _bucket(branch_acceptance), overhead_bucket)
+        spine_caps = tuple(min(cap, spine_length) for cap in caps)
+        return self._choose(_per_depth_key(spine_acceptance, spine_length), spine_caps, _bucket(branch_acceptance),
+                            overhead_bucket)
 
-    def expected_rate(self, budget: int, spine_acceptance: float, spine_length: int,
+    def expected_rate(self, budget: int, spine_acceptance: float | Sequence[float], spine_length: int,
                       branch_acceptance: float) -> float:
         """Expected tokens per second of a cycle with ``budget`` draft nodes and a spine of at most
-        ``spine_length`` of them."""
+        ``spine_length`` of them (``spine_acceptance``: one rate or per depth)."""
         tau = best_spine_tree(spine_acceptance, branch_acceptance, budget, self.max_depth,
                               max_spine=spine_length).expected_tau
         return tau / (float(self.curve(budget + 1)) + self.overhead_s)
 
-    def _best(self, spine_acceptance: float, spine_caps: tuple[int, ...], branch_acceptance: float,
+    def _best(self, spine_acceptance: tuple[float, ...], spine_caps: tuple[int, ...], branch_acceptance: float,
               overhead_bucket: float) -> int:
         del overhead_bucket  # part of the cache key only: a new overhead level re-evaluates the choice
         rates = [self.expected_rate(n, spine_acceptance, cap, branch_acceptance)
@@ -64,3 +67,13 @@ class BudgetPlanner:
 
 def _bucket(value: float) -> float:
     return round(round(min(1.0, max(0.0, value)) / ESTIMATE_STEP) * ESTIMATE_STEP, 4)
+
+
+def _per_depth_key(acceptance: float | Sequence[float], length: int) -> tuple[float, ...]:
+    """Per-depth estimates on the cache grid, cut to the spine's length, trailing repeats trimmed."""
+    if isinstance(acceptance, float | int):
+        return (_bucket(acceptance),)
+    values = [_bucket(v) for v in list(acceptance)[: max(1, length)]] or [0.0]
+    while len(values) > 1 and values[-2] == values[-1]:
+        values.pop()
+    return tuple(values)

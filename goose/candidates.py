@@ -159,9 +159,27 @@ class SourceCandidates:
 
     name: str
     source_id: int
-    acceptance: float
+    acceptance: float  # one rate: the chain-equivalent rate of ``depth_acceptance`` over the draft
     draft: Draft | None
     successors: SuccessorFn | None
+    depth_acceptance: tuple[float, ...] = ()  # per draft depth (the last repeats); () = ``acceptance`` at every depth
+
+
+def chain_rate(depth_acceptance: Sequence[float], length: int) -> float:
+    """The one per-token rate of a chain of ``length`` tokens with per-depth acceptance (the last value repeats).
+
+    Expected accepted over expected tested tokens, sum_{i=1..L} R_i / sum_{i=0..L-1} R_i with R_i
+    the chance of reaching depth i: what an EMA of accepted / tested would measure on such chains.
+    """
+    if not depth_acceptance:
+        return 0.0
+    length = max(1, length)
+    values = np.fromiter(depth_acceptance[:length], dtype=np.float64)
+    if values.shape[0] < length:
+        values = np.concatenate([values, np.full(length - values.shape[0], values[-1])])
+    reach = np.cumprod(values)
+    tested = 1.0 + float(reach[:-1].sum())
+    return float(reach.sum()) / tested
 
 
 @dataclass(frozen=True)

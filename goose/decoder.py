@@ -19,7 +19,15 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from goose.budget import BudgetPlanner
-from goose.candidates import CandidateError, CandidatePool, DecodeContext, Draft, SourceCandidates, SuccessorFn
+from goose.candidates import (
+    CandidateError,
+    CandidatePool,
+    DecodeContext,
+    Draft,
+    SourceCandidates,
+    SuccessorFn,
+    chain_rate,
+)
 from goose.config import GooseConfig
 from goose.cost import CostCurve, load_or_measure
 from goose.outcome import AuxiliaryRows, Harvest, VerifyOutcome
@@ -304,9 +312,12 @@ class GooseDecoder(_Decoding):
                 self.sources.warn_once(name, "goose_auxiliary_rows", str(error))
         candidates = []
         for source_id, name in enumerate(self.sources.names):
+            draft = self._checked_draft(name, drafts.get(name), vocab)
+            by_depth = _estimates(estimates.get(name))
             candidates.append(SourceCandidates(
-                name=name, source_id=source_id, acceptance=_clamp_estimate(estimates.get(name)),
-                draft=self._checked_draft(name, drafts.get(name), vocab), successors=self._successors.get(name),
+                name=name, source_id=source_id, draft=draft, successors=self._successors.get(name),
+                acceptance=by_depth[0] if len(by_depth) == 1 else chain_rate(by_depth, len(draft) if draft else 1),
+                depth_acceptance=by_depth if len(by_depth) > 1 else (),
             ))
         candidates.sort(key=lambda c: -c.acceptance)  # stable: ties keep the configured order
         return CandidatePool(anchor=context.anchor, previous=context.previous, source_names=self.sources.names,
@@ -361,7 +372,7 @@ class GooseDecoder(_Decoding):
         spine = pool.drafting[0] if pool.drafting else None
         branch = pool.branching[0] if pool.branching else None
         return self.budget_planner.choose(
-            spine.acceptance if spine else 0.0,
+            (spine.depth_acceptance or spine.acceptance) if spine else 0.0,
             len(spine.draft) if spine and spine.draft is not None else 0,
             branch.acceptance if branch else 0.0,
             self._spine_caps(pool) if spine else None,
@@ -444,6 +455,13 @@ def _clamp_estimate(value: object) -> float:
     except (TypeError, ValueError):
         return 0.0
     return min(1.0, max(0.0, estimate)) if estimate == estimate else 0.0
+
+
+def _estimates(value: object) -> tuple[float, ...]:
+    """A source's acceptance report as per-depth estimates in [0, 1]: a number is one depth, garbage 0."""
+    if isinstance(value, list | tuple | np.ndarray) and np.ndim(value) == 1 and len(value):
+        return tuple(_clamp_estimate(v) for v in value)
+    return (_clamp_estimate(value),)
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:

@@ -43,7 +43,7 @@ Order of calls for one request::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import pluggy
@@ -127,14 +127,18 @@ def goose_successors(previous: torch.Tensor, tokens: torch.Tensor, k: int) -> tu
 
 
 @hookspec
-def goose_acceptance() -> float | None:
+def goose_acceptance() -> float | Sequence[float] | None:
     """The source's current estimate of its per-token acceptance rate, in [0, 1].
 
     Planners rank sources by it (the most trusted source gets the spine), and the automatic
     budget sizes the tree by it. Called each cycle *after* ``goose_propose``, so a source may
-    report how far it trusts this cycle's draft in particular (context match conditions its
-    estimate on the match depth). The built-in sources keep EMAs (``GooseConfig.ema``) of
-    accepted / tested nodes of their own.
+    report how far it trusts this cycle's draft in particular. A number is one rate for every
+    draft token; a sequence gives it per draft depth (entry i: draft token i + 1 accepted given
+    that its parent was; the last entry repeats), which the budget planner sizes the spine by
+    (context match reports its copy-depth estimates this way). Where one number is needed (the
+    ranking, the spine ratio), a sequence counts as its chain-equivalent rate over the draft:
+    expected accepted over expected tested tokens. The built-in sources keep EMAs
+    (``GooseConfig.ema``) of accepted / tested nodes of their own.
     """
 
 

@@ -15,7 +15,6 @@ tokens; a lookup is one dict probe per length.
 
 from __future__ import annotations
 
-import bisect
 from typing import Literal
 
 import numpy as np
@@ -66,9 +65,15 @@ class ContextMatchOptions(BaseModel):
         "instead of stopping there",
     )
     depth_edges: tuple[int, ...] = Field(
-        default=(8, 16, 32),
-        description="match-depth bucket edges: one acceptance estimate per bucket of how many tokens the context "
-        "shares with the copied occurrence (see ContextMatchSource). () = one estimate for every match (the paper)",
+        default=(4, 6, 8, 12, 16, 24, 32, 48, 64),
+        description="copy-depth bin edges: one acceptance estimate per bin of how many tokens the context shares "
+        "with the copied occurrence when a draft token is due (see CopyDepthEstimate). () = one estimate for "
+        "every draft token (the paper)",
+    )
+    depth_memory: float = Field(
+        default=50.0, gt=0.0,
+        description="tokens of evidence each copy-depth bin remembers: older observations fade by 1 - 1/memory "
+        "per new one, so the estimates follow a change of task",
     )
 
     @field_validator("ngram_sizes")
@@ -178,6 +183,64 @@ def match_depth(tokens: np.ndarray, start: int, cap: int) -> int:
     return int(differ[0]) if differ.size else span
 
 
+class CopyDepthEstimate:
+    """How often a copy that has held for D tokens holds for one more, per bin of D.
+
+    A draft token's *copy depth* D is how many tokens the context shares with the copied
+    occurrence when that token is due: the match depth for the draft's first token, one more for
+    each draft token before it (those are accepted whenever this one is tested). Copies behave
+    like a hazard process: a fresh 3-gram hit is often chance, a copy that has held for dozens of
+    tokens (a function quoted back, a list re-typed) usually goes on. Every tested draft token is
+    one observation of its bin, so the deep bins, where one long draft tests dozens of tokens,
+    learn fast and stay steady; one EMA per whole draft could not tell 0.97 from 0.99 a token,
+    which is where the best verified length of a long copy flips on a CPU cost curve.
+
+    Per bin the estimate is (accepted + PRIOR_WEIGHT * prior) / (tested + PRIOR_WEIGHT) over
+    counts that fade by ``1 - 1 / memory`` per new observation of that bin.
+    """
+
+    PRIOR_WEIGHT = 2.0  # pseudo-observations of the prior: a bin's first token cannot swing it to 0 or 1
+
+    def __init__(self, edges: tuple[int, ...], prior: float, memory: float) -> None:
+        self.edges = np.asarray(edges, dtype=np.int64)
+        self.prior = prior
+        self.keep = 1.0 - 1.0 / max(1.0, memory)  # memory 1: keep 0, only the latest cycle counts
+        self.tested = np.zeros(len(edges) + 1)
+        self.accepted = np.zeros(len(edges) + 1)
+        self.rates = np.full(len(edges) + 1, prior)
+
+    def bins(self, depths: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.edges, depths, side="right")
+
+    def profile(self, first_depth: int, length: int) -> np.ndarray:
+        """Per-token acceptance of a ``length``-token draft whose first token is due at ``first_depth``."""
+        return self.rates[self.bins(first_depth + np.arange(length))]
+
+    def observe(self, depths: np.ndarray, accepted: np.ndarray) -> None:
+        """Fold in tested draft tokens: their copy depths and whether each was accepted."""
+        if depths.size == 0:
+            return
+        bins = self.bins(depths)
+        size = self.tested.shape[0]
+        count = np.bincount(bins, minlength=size).astype(np.float64)
+        hits = np.bincount(bins, weights=accepted.astype(np.float64), minlength=size)
+        fade = self.keep**count
+        # the cycle's tokens weigh as if observed one after another: sum_k keep^k each bin
+        weight = (1.0 - fade) / (1.0 - self.keep) if self.keep < 1.0 else count
+        self.tested = self.tested * fade + weight
+        self.accepted = self.accepted * fade + weight * np.divide(hits, count, out=np.zeros(size), where=count > 0)
+        self.rates = (self.accepted + self.PRIOR_WEIGHT * self.prior) / (self.tested + self.PRIOR_WEIGHT)
+
+
+def _trimmed(estimates: np.ndarray) -> tuple[float, ...]:
+    """Per-token estimates as a tuple without trailing repeats (a per-depth sequence's last value repeats)."""
+    values = estimates.tolist()
+    end = len(values)
+    while end > 1 and values[end - 2] == values[end - 1]:
+        end -= 1
+    return tuple(values[:end])
+
+
 def _common_prefix(first: list[int], second: list[int]) -> int:
     """Length of the common leading run of two short token lists."""
     if first == second:
@@ -208,20 +271,21 @@ class ContextMatchSource:
       length matched). With ``occurrence="recent"`` a shorter length often points at the very
       same occurrence; that agreement still carries information: no more recent occurrence of
       the shorter n-gram continues differently.
-    * **Scores.** Every token gets the source's acceptance EMA (conditional per-token acceptance,
-      which is what the EMA measures on a chain); consensus tokens get ``max(ema,
+    * **Scores.** Every token gets its copy-depth estimate (below): the conditional per-token
+      acceptance that tree planners expect. Consensus tokens get ``max(estimate,
       consensus_score)`` because agreeing matches are the paper's signal of a reliable copy.
-    * **Acceptance EMA** (``ema = (1 - a) * ema + a * accepted / reached`` over this source's tree
-      nodes, ``a = GooseConfig.ema``) is kept across requests: it describes how well the model's
-      output repeats its context on this kind of task, not one prompt. The index is per request.
-    * **Conditioned on match depth.** One EMA for every match averages two regimes: a fresh
-      3-gram hit that may be chance, and a copy already dozens of tokens long. Under one estimate
-      (~0.85 per token) a 20-token draft is fully accepted with probability 0.85^20 = 4%; measured,
-      a third of the drafts are, so the budget planner kept spines short and lost tokens in
-      exactly the cycles that yield most. The source therefore keeps one EMA per bucket of match
-      depth (how many tokens the context shares with the copied occurrence, ``depth_edges``) and,
-      since ``goose_acceptance`` is called after ``goose_propose``, reports the bucket of this
-      cycle's draft (the overall EMA when nothing was drafted).
+    * **Estimates by copy depth.** One EMA for every match averages two regimes: a fresh 3-gram
+      hit that may be chance, and a copy already dozens of tokens long. Under one estimate (~0.85
+      per token) a 20-token draft is fully accepted with probability 0.85^20 = 4%; measured, a
+      third of the drafts are, so the budget planner kept spines short and lost tokens in exactly
+      the cycles that yield most. The source therefore estimates acceptance per bin of copy depth
+      (:class:`CopyDepthEstimate`) and, since ``goose_acceptance`` is called after
+      ``goose_propose``, reports this cycle's draft token by token (a per-depth sequence, which the
+      budget planner sizes the spine by). With nothing drafted it reports an overall EMA
+      (``ema = (1 - a) * ema + a * accepted / reached`` over this source's tree nodes, ``a =
+      GooseConfig.ema``), which is also the whole estimate with ``depth_edges=()`` (the paper).
+      Both are kept across requests: they describe how well the model's output repeats its
+      context on this kind of task, not one prompt. The index is per request.
     """
 
     name = NAME
@@ -231,9 +295,10 @@ class ContextMatchSource:
         self.options = ContextMatchOptions.model_validate(config.options_for(NAME))
         self.index = NgramIndex(self.options.ngram_sizes, self.options.occurrence)
         self.acceptance = self.options.initial_acceptance  # over every draft
-        edges = self.options.depth_edges
-        self.depth_acceptance = [self.options.initial_acceptance] * (len(edges) + 1)  # per match-depth bucket
-        self._bucket: int | None = None  # bucket of this cycle's draft; None: nothing drafted
+        self.by_depth = CopyDepthEstimate(self.options.depth_edges, self.options.initial_acceptance,
+                                          self.options.depth_memory) if self.options.depth_edges else None
+        self._first_depth = 0  # copy depth of this cycle's first draft token; 0: nothing drafted
+        self._profile: tuple[float, ...] = ()  # this cycle's per-token estimates, trailing repeats trimmed
         # statistics of the latest proposal, for benchmarks and debugging
         self.last_match_length = 0  # n of the n-gram that drafted; 0 = no match
         self.last_match_depth = 0
@@ -247,7 +312,7 @@ class ContextMatchSource:
     def goose_reset(self) -> None:
         self.index.clear()
         self.last_match_length = self.last_match_depth = self.last_consensus = 0
-        self._bucket = None
+        self._first_depth, self._profile = 0, ()
 
     @goose.hookimpl
     def goose_prefill(self, context: DecodeContext) -> None:
@@ -265,13 +330,16 @@ class ContextMatchSource:
         chosen, copy = next(((i, copy) for i, copy in enumerate(copies) if copy), (-1, []))
         if chosen < 0:
             self.last_match_length = self.last_match_depth = self.last_consensus = 0
-            self._bucket = None
+            self._first_depth, self._profile = 0, ()
             return None
         length, start = matches[chosen]
-        edges = self.options.depth_edges
-        depth = match_depth(tokens, start, edges[-1]) if edges else length
-        self._bucket = bisect.bisect_right(edges, depth)
-        estimate = self.depth_acceptance[self._bucket]
+        if self.by_depth is not None:
+            depth = match_depth(tokens, start, int(self.by_depth.edges[-1]))
+            estimates = self.by_depth.profile(depth, len(copy))
+        else:
+            depth, estimates = length, np.full(len(copy), self.acceptance)
+        self._first_depth = depth
+        self._profile = _trimmed(estimates) if self.by_depth is not None else ()
         consensus = 0
         # longer lengths than the chosen one copied nothing, so only shorter ones can agree; the
         # draft holds no EOS, so a common run ends before any EOS of the other continuation
@@ -283,24 +351,25 @@ class ContextMatchSource:
                 consensus = max(consensus, _common_prefix(copy, other))
             if consensus == len(copy):
                 break
-        scores = torch.full((len(copy),), estimate, dtype=torch.float32)
+        scores = torch.from_numpy(estimates.astype(np.float32))
         if consensus:
-            scores[:consensus] = max(estimate, self.options.consensus_score)
+            scores[:consensus].clamp_(min=self.options.consensus_score)
         self.matched += 1
         self.last_match_length, self.last_match_depth, self.last_consensus = length, depth, consensus
         return Draft.chain(copy, scores, consensus=consensus)
 
     @goose.hookimpl
-    def goose_acceptance(self) -> float:
-        return self.acceptance if self._bucket is None else self.depth_acceptance[self._bucket]
+    def goose_acceptance(self) -> float | tuple[float, ...]:
+        return self._profile or self.acceptance
 
     @goose.hookimpl
     def goose_observe(self, outcome: VerifyOutcome) -> None:
-        rate = self.config.ema
-        self.acceptance = outcome.updated_acceptance(NAME, self.acceptance, rate)
-        if self._bucket is not None:
-            bucket = self._bucket
-            self.depth_acceptance[bucket] = outcome.updated_acceptance(NAME, self.depth_acceptance[bucket], rate)
+        self.acceptance = outcome.updated_acceptance(NAME, self.acceptance, self.config.ema)
+        if self.by_depth is None or not self._first_depth or NAME not in outcome.tree.source_names:
+            return
+        tested = (outcome.tree.source_ids == outcome.tree.source_names.index(NAME)) & outcome.reached
+        depths = outcome.tree.depths[tested].numpy()  # draft token j sits at tree depth j
+        self.by_depth.observe(self._first_depth + depths - 1, outcome.accepted[tested].numpy())
 
     # --- helpers ------------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ import pytest
 
 from goose import cost
 from goose.budget import BudgetPlanner
+from goose.candidates import chain_rate
 from goose.cost import CostCurve
 from goose.decoder import AutoregressiveDecoder, GooseDecoder
 
@@ -68,6 +69,25 @@ def test_budget_grows_with_trust_in_the_spine() -> None:
     assert budgets == sorted(budgets) and budgets[-1] > budgets[0]
 
 
+def test_budget_reads_per_depth_estimates() -> None:
+    middle = BudgetPlanner(_curve({1: 1.0, 8: 1.1, 16: 1.4, 32: 1.9, 64: 2.5, 128: 3.6}))
+    # one rate and the same rate spelt per depth are the same plan
+    assert middle.choose((0.8, 0.8, 0.8), 40, 0.15) == middle.choose(0.8, 40, 0.15)
+    # a copy whose first tokens are doubtful but which holds once it has held (copy depth) earns a
+    # longer tree than its first-token rate alone, and a shorter one than the deep rate alone
+    rising = (0.6, 0.6, 0.6, 0.99)
+    assert middle.choose(0.6, 40, 0.15) < middle.choose(rising, 40, 0.15) <= middle.choose(0.99, 40, 0.15)
+    # the estimate beyond the draft's end does not matter
+    assert middle.choose((0.6, 0.6, 0.05), 2, 0.15) == middle.choose(0.6, 2, 0.15)
+
+
+def test_chain_rate_is_accepted_over_tested() -> None:
+    assert chain_rate((0.5,), 10) == pytest.approx(0.5)
+    # reach 0.5, 0.5, 0.5: accepted 1.5 of 2 tested tokens
+    assert chain_rate((0.5, 1.0), 3) == pytest.approx(0.75)
+    assert chain_rate((0.9, 0.8, 0.7), 2) == pytest.approx((0.9 + 0.72) / 1.9)
+
+
 def test_expected_rate_is_yield_over_time() -> None:
     planner = BudgetPlanner(STEEP)
     planner.overhead_s = 0.0
@@ -114,5 +134,6 @@ def test_a_repeating_run_is_drafted_past_the_context_end_and_trusted_by_depth(sm
     source, stats = runs[True]
     assert max(stats.accepted_lengths) > 15  # more than one period (14 tokens) in a pass
     assert stats.verify_steps < runs[False][1].verify_steps
-    assert source.depth_acceptance[-1] > source.options.initial_acceptance  # the >= 32 bucket learned
-    assert len(runs[False][0].depth_acceptance) == 4
+    deep = int(source.by_depth.bins(np.array([32]))[0])
+    assert source.by_depth.tested[deep:].sum() > 0  # draft tokens were tested at copy depths >= 32
+    assert source.by_depth.rates[deep:].max() > source.options.initial_acceptance  # and learned to hold

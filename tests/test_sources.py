@@ -21,7 +21,7 @@ from goose.sources.bigram_transition import (
     SuccessorTable,
     bigram_bucket,
 )
-from goose.sources.context_match import ContextMatchSource, match_depth
+from goose.sources.context_match import ContextMatchSource, CopyDepthEstimate, match_depth
 
 EOS = 999  # outside the small ids the tests draw with
 
@@ -93,7 +93,8 @@ def test_hooks_run_through_the_plugin_manager(caplog: pytest.LogCaptureFixture) 
     proposals = sources.call("goose_propose", context=context)
     assert list(proposals) == ["context_match"]  # the transition source branches, it does not propose
     assert proposals["context_match"].tokens.tolist() == looped([40, 41, 1, 2, 3])
-    assert sources.call("goose_acceptance") == {"context_match": 0.5, "bigram_transition": 0.05}
+    # context match reports its draft per copy depth (one value here: every bin is still at its prior)
+    assert sources.call("goose_acceptance") == {"context_match": (0.5,), "bigram_transition": 0.05}
     found = sources.call("goose_successors", previous=torch.tensor([2]), tokens=torch.tensor([3]), k=4)
     assert list(found) == ["bigram_transition"]
     assert found["bigram_transition"][0].tolist() == [[100, 101, 102, 103]]
@@ -190,7 +191,7 @@ def test_scores_are_the_acceptance_estimate_boosted_on_consensus() -> None:
     assert draft.scores[:2].tolist() == pytest.approx([0.8, 0.8])
     assert draft.scores[2:].tolist() == pytest.approx([0.3] * (len(draft) - 2))
     # a source already trusted beyond the consensus floor keeps its own estimate
-    source.depth_acceptance = [0.95] * len(source.depth_acceptance)
+    source.by_depth.rates[:] = 0.95
     assert source.goose_propose(make_context(split)).scores.tolist() == pytest.approx([0.95] * len(draft))
 
 
@@ -285,28 +286,41 @@ def test_match_depth_matches_a_plain_loop(values: list[int], data: st.DataObject
     assert match_depth(tokens, start, cap) == expected
 
 
-def test_acceptance_is_estimated_per_match_depth() -> None:
-    options = {"initial_acceptance": 0.5, "depth_edges": [8], "consensus_score": 0.0}  # scores = the estimate
+def test_acceptance_is_estimated_per_copy_depth() -> None:
+    # scores = the estimates; a memory long enough that nothing fades within the test
+    options = {"initial_acceptance": 0.5, "depth_edges": [8], "consensus_score": 0.0, "depth_memory": 1e6}
     source = ContextMatchSource(make_config(context_match=options))
     names = ("context_match",)
     shallow = [1, 2, 3, 40, 41, 42, 43, 44, 9, 9, 1, 2, 3]  # a fresh 3-gram match: depth 3
-    deep = [*range(100, 112), 50, 51, *range(100, 112)]  # a 12-token copy (depth counted to 8)
+    deep = [*range(100, 112), 50, 51, *range(100, 112)]  # a 12-token copy (depth counted to the last edge)
     assert propose(source, shallow) == looped([40, 41, 42, 43, 44, 9, 9, 1, 2, 3])
-    assert source.last_match_depth == 3 and source.goose_acceptance() == 0.5
-    # the shallow draft fails at its first token: only the shallow bucket learns it
+    assert source.last_match_depth == 3 and source.goose_acceptance() == (0.5,)
+    # the shallow draft fails at its first token (copy depth 3): only the < 8 bin learns it,
+    # (0 accepted + 2 prior pseudo-tokens * 0.5) / (1 tested + 2)
     source.goose_observe(make_outcome(names, {"context_match": [40, 41]}, {"context_match": 0}))
-    assert source.depth_acceptance == pytest.approx([0.35, 0.5])
-    assert source.goose_acceptance() == pytest.approx(0.35)
-    # a deep match reports (and scores its draft with) the deep bucket's estimate
+    assert source.by_depth.rates.tolist() == pytest.approx([1 / 3, 0.5])
+    # the same draft again: its first five tokens are due at depths 3..7, the rest at 8 and beyond
+    draft = source.goose_propose(make_context(shallow))
+    assert source.goose_acceptance() == pytest.approx((1 / 3,) * 5 + (0.5,))
+    assert draft.scores.tolist() == pytest.approx([1 / 3] * 5 + [0.5] * (len(draft) - 5))
+    # a deep match is estimated by the deep bin alone
     draft = source.goose_propose(make_context(deep))
-    assert source.last_match_depth == 8 and source.goose_acceptance() == pytest.approx(0.5)
-    assert draft.scores.tolist() == pytest.approx([0.5] * len(draft))
+    assert source.last_match_depth == 8 and source.goose_acceptance() == (0.5,)
     source.goose_observe(make_outcome(names, {"context_match": [50, 51, 100]}, {"context_match": 3}))
-    assert source.depth_acceptance == pytest.approx([0.35, 0.65])
-    # the overall estimate saw both outcomes; with nothing drafted it is the one reported
+    assert source.by_depth.rates.tolist() == pytest.approx([1 / 3, (3 + 1) / (3 + 2)])
+    # the overall estimate saw every outcome; with nothing drafted it is the one reported
     assert source.acceptance == pytest.approx(0.7 * 0.35 + 0.3 * 1.0)
     assert propose(source, [1, 2, 3, 4]) is None
     assert source.goose_acceptance() == pytest.approx(source.acceptance)
+
+
+def test_copy_depth_estimates_fade_old_evidence() -> None:
+    estimate = CopyDepthEstimate((4,), prior=0.5, memory=10)
+    estimate.observe(np.full(50, 5), np.zeros(50, dtype=bool))  # a long run of misses at depth 5
+    assert estimate.rates[1] < 0.1 and estimate.rates[0] == 0.5
+    estimate.observe(np.full(50, 5), np.ones(50, dtype=bool))  # then a long run of hits: the misses fade
+    assert estimate.rates[1] > 0.85
+    assert estimate.tested[1] < 10.5  # a bin weighs at most ~memory tokens of evidence
 
 
 def test_without_depth_edges_one_estimate_covers_every_match() -> None:
@@ -314,7 +328,7 @@ def test_without_depth_edges_one_estimate_covers_every_match() -> None:
     deep = [*range(100, 112), 50, 51, *range(100, 112)]
     source.goose_propose(make_context(deep))
     source.goose_observe(make_outcome(("context_match",), {"context_match": [50, 51, 100]}, {"context_match": 3}))
-    assert source.depth_acceptance == [source.acceptance] == [pytest.approx(0.65)]
+    assert source.by_depth is None and source.acceptance == pytest.approx(0.65)
     source.goose_propose(make_context([1, 2, 3, 40, 1, 2, 3]))
     assert source.goose_acceptance() == pytest.approx(0.65)
 
