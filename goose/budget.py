@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from goose.cost import CostCurve
-from goose.theory import best_spine_tree
+from goose.theory import best_spine_tree, without_trailing_repeats
 
 CANDIDATE_BUDGETS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128)
 ESTIMATE_STEP = 0.02  # estimates are rounded to this so the choice is cached, not recomputed, per cycle
@@ -73,7 +73,4 @@ def _per_depth_key(acceptance: float | Sequence[float], length: int) -> tuple[fl
     """Per-depth estimates on the cache grid, cut to the spine's length, trailing repeats trimmed."""
     if isinstance(acceptance, float | int):
         return (_bucket(acceptance),)
-    values = [_bucket(v) for v in list(acceptance)[: max(1, length)]] or [0.0]
-    while len(values) > 1 and values[-2] == values[-1]:
-        values.pop()
-    return tuple(values)
+    return without_trailing_repeats([_bucket(v) for v in list(acceptance)[: max(1, length)]] or [0.0])

@@ -340,6 +340,15 @@ def _rounded(acceptance: float | Sequence[float]) -> tuple[float, ...]:
     return tuple(_grid(_probability(v, "acceptance")) for v in values)
 
 
+def without_trailing_repeats(values: Sequence[float]) -> tuple[float, ...]:
+    """A per-depth sequence in its shortest form: its last value repeats, so trailing copies of it say nothing."""
+    values = list(values)
+    end = len(values)
+    while end > 1 and values[end - 2] == values[end - 1]:
+        end -= 1
+    return tuple(values[:end])
+
+
 def _per_depth(acceptance: tuple[float, ...], length: int) -> np.ndarray:
     """Per-depth acceptance for depths 1..length (the last value repeats)."""
     values = list(acceptance[:length]) + [acceptance[-1]] * max(0, length - len(acceptance))

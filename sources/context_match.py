@@ -26,6 +26,7 @@ from goose.candidates import DecodeContext, Draft, before_eos
 from goose.config import GooseConfig
 from goose.hookspecs import Register
 from goose.outcome import VerifyOutcome
+from goose.theory import without_trailing_repeats
 
 NAME = "context_match"
 
@@ -71,7 +72,7 @@ class ContextMatchOptions(BaseModel):
         "every draft token (the paper)",
     )
     depth_memory: float = Field(
-        default=50.0, gt=0.0,
+        default=50.0, ge=1.0,
         description="tokens of evidence each copy-depth bin remembers: older observations fade by 1 - 1/memory "
         "per new one, so the estimates follow a change of task",
     )
@@ -204,7 +205,7 @@ class CopyDepthEstimate:
     def __init__(self, edges: tuple[int, ...], prior: float, memory: float) -> None:
         self.edges = np.asarray(edges, dtype=np.int64)
         self.prior = prior
-        self.keep = 1.0 - 1.0 / max(1.0, memory)  # memory 1: keep 0, only the latest cycle counts
+        self.keep = 1.0 - 1.0 / memory  # memory 1: keep 0, only the latest cycle counts
         self.tested = np.zeros(len(edges) + 1)
         self.accepted = np.zeros(len(edges) + 1)
         self.rates = np.full(len(edges) + 1, prior)
@@ -226,19 +227,10 @@ class CopyDepthEstimate:
         hits = np.bincount(bins, weights=accepted.astype(np.float64), minlength=size)
         fade = self.keep**count
         # the cycle's tokens weigh as if observed one after another: sum_k keep^k each bin
-        weight = (1.0 - fade) / (1.0 - self.keep) if self.keep < 1.0 else count
+        weight = (1.0 - fade) / (1.0 - self.keep)
         self.tested = self.tested * fade + weight
         self.accepted = self.accepted * fade + weight * np.divide(hits, count, out=np.zeros(size), where=count > 0)
         self.rates = (self.accepted + self.PRIOR_WEIGHT * self.prior) / (self.tested + self.PRIOR_WEIGHT)
-
-
-def _trimmed(estimates: np.ndarray) -> tuple[float, ...]:
-    """Per-token estimates as a tuple without trailing repeats (a per-depth sequence's last value repeats)."""
-    values = estimates.tolist()
-    end = len(values)
-    while end > 1 and values[end - 2] == values[end - 1]:
-        end -= 1
-    return tuple(values[:end])
 
 
 def _common_prefix(first: list[int], second: list[int]) -> int:
@@ -336,10 +328,10 @@ class ContextMatchSource:
         if self.by_depth is not None:
             depth = match_depth(tokens, start, int(self.by_depth.edges[-1]))
             estimates = self.by_depth.profile(depth, len(copy))
-        else:
+            self._profile = without_trailing_repeats(estimates.tolist())
+        else:  # the paper's single estimate, reported as one number
             depth, estimates = length, np.full(len(copy), self.acceptance)
         self._first_depth = depth
-        self._profile = _trimmed(estimates) if self.by_depth is not None else ()
         consensus = 0
         # longer lengths than the chosen one copied nothing, so only shorter ones can agree; the
         # draft holds no EOS, so a common run ends before any EOS of the other continuation

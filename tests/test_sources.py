@@ -204,7 +204,7 @@ def test_custom_ngram_sizes_are_sorted_longest_first() -> None:
 
 @pytest.mark.parametrize("options", [{"ngram_sizes": []}, {"ngram_sizes": [0, 3]}, {"max_continuation": 0},
                                      {"occurrence": "latest"}, {"no_such_option": 1}, {"depth_edges": [16, 8]},
-                                     {"depth_edges": [0, 8]}])
+                                     {"depth_edges": [0, 8]}, {"depth_memory": 0.5}])
 def test_bad_options_are_refused(options: dict) -> None:
     with pytest.raises(ValidationError):
         ContextMatchSource(make_config(context_match=options))

@@ -216,3 +216,13 @@ def test_side_spines_are_laid_when_they_pay_and_not_otherwise() -> None:
     # a side spine cannot hang below the end of the main draft
     beyond = theory.multi_spine_allocation([SpineSpec((0.5,), 2), SpineSpec((0.4,), 6, attach=5)], 0.04, 30)
     assert beyond.lengths[1] == 0
+
+
+def test_a_per_depth_sequence_loses_only_trailing_repeats() -> None:
+    assert theory.without_trailing_repeats([0.5, 0.9, 0.9, 0.9]) == (0.5, 0.9)
+    assert theory.without_trailing_repeats([0.9, 0.5, 0.9]) == (0.9, 0.5, 0.9)
+    assert theory.without_trailing_repeats([0.7, 0.7]) == (0.7,)
+    assert theory.without_trailing_repeats([]) == ()
+    # the shortest form plans the same tree as the long one
+    long, short = [0.6, 0.6, 0.95, 0.95, 0.95], theory.without_trailing_repeats([0.6, 0.6, 0.95, 0.95, 0.95])
+    assert theory.best_spine_tree(long, 0.1, 16) == theory.best_spine_tree(short, 0.1, 16)
