@@ -33,6 +33,7 @@ from goose.cost import CostCurve, load_or_measure
 from goose.outcome import AuxiliaryRows, Harvest, VerifyOutcome
 from goose.plugins import PluginError, SourceSet, make_topology
 from goose.readout import greedy, greedy_and_top_k
+from goose.sampling import SamplingParams
 from goose.stats import GenerationStats
 from goose.tree import DraftTree
 from goose.verifier import ContextOverflowError, Verifier
@@ -131,19 +132,28 @@ class _Decoding:
             raise ValueError(f"prompt token ids must be ints in [0, {self.verifier.vocab_size})")
         return ids
 
-    def _request(self, prompt: Prompt, max_new_tokens: int) -> _Request:
+    def _request(self, prompt: Prompt, max_new_tokens: int, options: dict[str, Any]) -> _Request:
         if max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
+        eos_token_ids = options.pop("eos_token_ids", None)
+        sampling = SamplingParams.model_validate({k: v for k, v in options.items() if v is not None})
+        if not sampling.greedy:
+            raise ValueError("sampling (temperature > 0) is not available yet; use temperature 0")
         ids = self.encode(prompt)
         if len(ids) >= self.verifier.max_positions:
             raise ContextOverflowError(
                 f"prompt of {len(ids)} tokens does not fit the model's context of {self.verifier.max_positions}"
             )
-        return _Request(ids, max_new_tokens, self.eos_ids)
+        eos = self.eos_ids if eos_token_ids is None else frozenset(int(t) for t in eos_token_ids)
+        return _Request(ids, max_new_tokens, eos)
 
-    def stream(self, prompt: Prompt, max_new_tokens: int = 128) -> Iterator[Chunk]:
-        """Yield the output as it is accepted; ``last_result`` holds the full result afterwards."""
-        request = self._request(prompt, max_new_tokens)
+    def stream(self, prompt: Prompt, max_new_tokens: int = 128, **options: Any) -> Iterator[Chunk]:
+        """Yield the output as it is accepted; ``last_result`` holds the full result afterwards.
+
+        ``options``: ``temperature``, ``top_p``, ``top_k``, ``seed`` (see :class:`SamplingParams`) and
+        ``eos_token_ids`` (the tokens that end the output; default: the model's and tokenizer's EOS).
+        """
+        request = self._request(prompt, max_new_tokens, dict(options))
         stats = GenerationStats()
         started = time.perf_counter()
         text = ""
@@ -158,8 +168,9 @@ class _Decoding:
             text = full
         self.last_result = self._result(request, stats, started)
 
-    def generate(self, prompt: Prompt, max_new_tokens: int = 128) -> GenerationResult:
-        request = self._request(prompt, max_new_tokens)
+    def generate(self, prompt: Prompt, max_new_tokens: int = 128, **options: Any) -> GenerationResult:
+        """The whole output at once; ``options`` as for :meth:`stream`."""
+        request = self._request(prompt, max_new_tokens, dict(options))
         stats = GenerationStats()
         started = time.perf_counter()
         for _ in self._cycles(request, stats):
