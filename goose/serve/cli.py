@@ -1,0 +1,70 @@
+"""``goose serve``: registers the subcommand; FastAPI and uvicorn are imported only when it runs."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import sys
+
+from goose.cli import add_decoding_arguments, add_model_arguments, decoding_config, load_model, register_command
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    add_decoding_arguments(parser)
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
+    parser.add_argument("--api-key", default=os.environ.get("GOOSE_API_KEY") or None,
+                        help="require 'Authorization: Bearer KEY' on /v1 routes (default: $GOOSE_API_KEY, else open)")
+    parser.add_argument("--max-queue", type=int, default=32,
+                        help="requests that may wait for the model; one more is answered 503 (default 32)")
+    parser.add_argument("--served-model-name", default=None, help="the model's name in /v1/models (default: --model)")
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                        help="server log level (default info: one line per request)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from goose.serve.app import create_app
+        from goose.serve.engine import Engine
+    except ImportError as error:
+        raise ValueError(f"goose serve needs the serve extra ({error.name} is missing): "
+                         "pip install 'goose-decoding[serve]'") from None
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    if args.max_queue < 1:
+        raise ValueError(f"--max-queue must be at least 1, got {args.max_queue}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise ValueError("--api-key is empty")
+    config = decoding_config(args)
+    logging.getLogger("goose.serve").setLevel(args.log_level.upper())
+    if not _loopback(args.host) and args.api_key is None:
+        print(f"goose serve: warning: listening on {args.host} without --api-key: anyone who can reach this "
+              "machine can use the model", file=sys.stderr)
+    model, tokenizer = load_model(args)
+    name = args.served_model_name or args.model
+    engine = Engine(model, tokenizer, config, max_queue=args.max_queue)
+    app = create_app(engine, name, api_key=args.api_key)
+    print(f"goose serve: {name} ({args.dtype}, {args.device}), sources {','.join(config.sources)}, topology "
+          f"{config.topology}, budget {config.budget}; warming up", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    return 0
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+register_command("serve", "serve the model over an OpenAI-compatible HTTP API (completions, chat, streaming)",
+                 add_arguments)

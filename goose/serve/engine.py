@@ -1,0 +1,349 @@
+"""One generation at a time on the model: a worker thread, a bounded first-come-first-served queue, decoders.
+
+A decoder is not thread-safe and holds its request's KV cache, so every generation runs in one
+worker thread. Requests wait in a bounded queue in arrival order; when it is full, ``submit``
+refuses at once (the server answers 503 with Retry-After). Each job streams its events back to
+the event loop that asked for it; a job whose client has gone is skipped if it is still waiting,
+or stopped at its next cycle. One GooseDecoder is kept per (sources, topology, budget) in a small
+LRU: building one loads the device's cost curve, and its sources' tables (the bigram adjacency)
+keep learning across requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import queue
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from goose.config import GooseConfig
+from goose.decoder import GooseDecoder
+from goose.plugins import PluginError, registry
+from goose.serve.errors import APIError, bad_request, from_validation_error
+from goose.serve.metrics import ServerMetrics
+from goose.serve.schemas import GooseStats
+from goose.serve.stop import StopScanner
+from goose.verifier import ContextOverflowError, Verifier
+
+logger = logging.getLogger("goose.serve")
+
+DECODER_CACHE_SIZE = 4
+FINISH_REASONS = {"eos": "stop", "max_new_tokens": "length", "context_full": "length"}
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """The Goose options a request may choose; one decoder is kept per distinct choice."""
+
+    sources: tuple[str, ...]
+    topology: str
+    budget: int | str
+
+
+# --- what a job sends back ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Delta:
+    """Text the client may be sent now (empty when a cycle's text is held back by a stop string)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    finish_reason: str  # "stop", "length" or "cancelled"
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    stats: GooseStats
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: APIError
+    started: bool  # whether text was already sent (a stream can only report it in-band then)
+
+
+Event = Delta | Finished | Failed
+
+
+@dataclass
+class Job:
+    """One generation request, from the event loop's side to the worker's and back."""
+
+    endpoint: str  # "chat" or "completions", for metrics
+    prompt_ids: list[int]
+    max_tokens: int
+    stop: tuple[str, ...]
+    decoding: Decoding
+    sampling: dict[str, Any]
+    loop: asyncio.AbstractEventLoop
+    arrived: float = field(default_factory=time.perf_counter)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+
+    def deliver(self, event: Event) -> None:
+        """Called by the worker thread: hand the event to the request's event loop."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self.cancelled.set()
+
+    def cancel(self) -> None:
+        """The client has gone: skip the job if it still waits, stop it at the next cycle if it runs."""
+        self.cancelled.set()
+
+
+class QueueFullError(Exception):
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(f"the queue is full; retry after {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+# --- the engine ---------------------------------------------------------------------------------
+
+
+class Engine:
+    """Owns the model: validates Goose options, queues jobs and runs them one at a time in its worker."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        config: GooseConfig | None = None,
+        *,
+        max_queue: int = 32,
+        metrics: ServerMetrics | None = None,
+    ) -> None:
+        if max_queue < 1:
+            raise ValueError(f"max_queue must be at least 1, got {max_queue}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config or GooseConfig()
+        self.max_queue = max_queue
+        self.metrics = metrics or ServerMetrics()
+        self.default_decoding = Decoding(tuple(self.config.sources), self.config.topology, self.config.budget)
+        shape = Verifier(model)  # the context and vocabulary every decoder of this model works within
+        self.context, self.vocab_size = shape.max_positions, shape.vocab_size
+        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self._decoders: OrderedDict[Decoding, GooseDecoder] = OrderedDict()
+        self._threads = torch.get_num_threads()
+        self._worker: threading.Thread | None = None
+        self._mean_job_s = 5.0  # a first guess for Retry-After until jobs have been timed
+        self._running: Job | None = None
+        self.busy = False
+
+    # event-loop side
+
+    def start(self, warm_up: bool = True) -> None:
+        """Build the default decoder (loading the cost curve), warm the model up, start the worker."""
+        decoder = self._decoder(self.default_decoding)
+        if warm_up:
+            decoder.generate([int(t) for t in self.tokenizer.encode("Hello")] or [0], 2)
+            decoder.verifier.reset()
+        self._worker = threading.Thread(target=self._work, name="goose-serve-worker", daemon=True)
+        self._worker.start()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Cancel what waits and what runs, and stop the worker."""
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.cancel()
+        self._current_cancel()
+        if self._worker is not None and self._worker.is_alive():
+            self._queue.put(None)
+            self._worker.join(timeout_s)
+
+    def decoding(self, sources: list[str] | None, topology: str | None, budget: int | str | None) -> Decoding:
+        """The request's Goose options merged over the server's, validated (a 400 naming the field if not)."""
+        if sources is None and topology is None and budget is None:
+            return self.default_decoding
+        fields = self.config.model_dump()
+        fields |= {key: value for key, value in (("sources", sources), ("topology", topology), ("budget", budget))
+                   if value is not None}
+        try:
+            config = GooseConfig.model_validate(fields)
+        except ValidationError as error:
+            raise from_validation_error(error) from None
+        known = registry()
+        for name in config.sources:
+            if name not in known.sources:
+                raise bad_request(f"sources: unknown source {name!r}; known: {', '.join(sorted(known.sources))}",
+                                  param="sources")
+        if config.topology not in known.topologies:
+            raise bad_request(f"topology: unknown topology {config.topology!r}; known: "
+                              f"{', '.join(sorted(known.topologies))}", param="topology")
+        return Decoding(tuple(config.sources), config.topology, config.budget)
+
+    def submit(self, job: Job) -> None:
+        """Queue the job in arrival order, or raise QueueFullError at once."""
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            raise QueueFullError(self.retry_after_s()) from None
+        self.metrics.queue_depth.set(self._queue.qsize())
+
+    @property
+    def waiting(self) -> int:
+        return self._queue.qsize()
+
+    @property
+    def alive(self) -> bool:
+        return self._worker is not None and self._worker.is_alive()
+
+    def retry_after_s(self) -> int:
+        """Seconds until a queue slot is likely free: a slot frees when the running generation ends."""
+        return max(1, min(600, math.ceil(self._mean_job_s)))
+
+    # worker side
+
+    def _work(self) -> None:
+        torch.set_num_threads(self._threads)  # intra-op threads as the server was started with
+        while True:
+            job = self._queue.get()
+            self.metrics.queue_depth.set(self._queue.qsize())
+            if job is None:
+                return
+            if job.cancelled.is_set():
+                self.metrics.generations.labels(job.endpoint, "cancelled").inc()
+                continue
+            self._running, self.busy = job, True
+            self.metrics.busy.set(1)
+            started = time.perf_counter()
+            try:
+                self._run(job)
+            except Exception:  # the worker outlives any one request
+                logger.exception("generation failed")
+                job.deliver(Failed(APIError(500, "internal error during generation"), started=True))
+            finally:
+                self._running, self.busy = None, False
+                self.metrics.busy.set(0)
+                self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * (time.perf_counter() - started)
+
+    def _current_cancel(self) -> None:
+        running = self._running
+        if running is not None:
+            running.cancel()
+
+    def _decoder(self, decoding: Decoding) -> GooseDecoder:
+        decoder = self._decoders.get(decoding)
+        if decoder is None:
+            config = GooseConfig.model_validate({**self.config.model_dump(), "sources": list(decoding.sources),
+                                                 "topology": decoding.topology, "budget": decoding.budget})
+            decoder = GooseDecoder(self.model, self.tokenizer, config, chat=False)
+            self._decoders[decoding] = decoder
+            if len(self._decoders) > DECODER_CACHE_SIZE:
+                self._decoders.popitem(last=False)
+        self._decoders.move_to_end(decoding)
+        return decoder
+
+    def _run(self, job: Job) -> None:
+        started = time.perf_counter()
+        self.metrics.queue_wait.observe(started - job.arrived)
+        try:
+            decoder = self._decoder(job.decoding)
+        except (PluginError, ValueError) as error:
+            job.deliver(Failed(bad_request(str(error)), started=False))
+            self.metrics.generations.labels(job.endpoint, "error").inc()
+            return
+        decoder.last_result = None
+        generation = decoder.stream(job.prompt_ids, job.max_tokens, **job.sampling)
+        scanner = StopScanner(job.stop)
+        text, produced, cycles, finish_reason = "", 0, 0, None
+        try:
+            for chunk in generation:
+                if cycles == 0:
+                    self.metrics.first_token.labels(job.endpoint).observe(time.perf_counter() - job.arrived)
+                produced += len(chunk.token_ids)
+                cycles += 1
+                piece = scanner.feed(chunk.text)
+                text += piece
+                if piece or cycles == 1:  # the first event tells a streaming request that generation began
+                    job.deliver(Delta(piece))
+                if scanner.stopped:
+                    finish_reason = "stop"
+                    break
+                if job.cancelled.is_set():
+                    finish_reason = "cancelled"
+                    break
+            else:
+                tail = scanner.flush()
+                if tail:
+                    text += tail
+                    job.deliver(Delta(tail))
+        except ValueError as error:
+            if cycles:
+                raise
+            job.deliver(Failed(_rejection(error, job), started=False))  # refused before any token
+            self.metrics.generations.labels(job.endpoint, "error").inc()
+            return
+        finally:
+            generation.close()  # a generation left early ends here, at this cycle
+            decoder.verifier.reset()  # free the request's KV cache
+        result = decoder.last_result  # set only when the generation ran to its own end
+        if finish_reason is None:
+            finish_reason = FINISH_REASONS.get(result.stop_reason if result else "", "length")
+        stats = _goose_stats(job, result, produced, cycles, started)
+        self._record(job, finish_reason, produced, stats)
+        job.deliver(Finished(finish_reason, text, len(job.prompt_ids), produced, stats))
+
+    def _record(self, job: Job, finish_reason: str, produced: int, stats: GooseStats) -> None:
+        m = self.metrics
+        m.generations.labels(job.endpoint, finish_reason).inc()
+        m.prompt_tokens.inc(len(job.prompt_ids))
+        m.completion_tokens.inc(produced)
+        m.verify_steps.inc(stats.verify_steps)
+        m.accepted_tokens.inc(max(0, produced - 1))  # the first token comes from the prefill, not a verify step
+        if stats.verify_steps:
+            m.tau.observe(stats.tau)
+        m.record_sources(stats.source_tested, stats.source_accepted)
+        m.latency.labels(job.endpoint).observe(time.perf_counter() - job.arrived)
+        logger.info("%s: %d prompt + %d new tokens, %s, tau %.2f over %d verify steps, %.1f tok/s",
+                    job.endpoint, len(job.prompt_ids), produced, finish_reason, stats.tau, stats.verify_steps,
+                    stats.tokens_per_s)
+
+
+def _rejection(error: ValueError, job: Job) -> APIError:
+    """A 400 for a request the decoder refused before its first token, naming the field when it can."""
+    if isinstance(error, ContextOverflowError):
+        return bad_request(str(error), param="messages" if job.endpoint == "chat" else "prompt",
+                           code="context_length_exceeded")
+    if isinstance(error, ValidationError):
+        return from_validation_error(error)
+    sampling = (job.sampling.get("temperature") or 0) > 0
+    return bad_request(str(error), param="temperature" if sampling and "sampl" in str(error) else None)
+
+
+def _goose_stats(job: Job, result: Any, produced: int, cycles: int, started: float) -> GooseStats:
+    """The request's statistics from the decoder's result, or from our own counts when it was left early.
+
+    (``GooseDecoder.stream`` sets ``last_result`` only when its generator runs out; a generation cut
+    by a stop string or a disconnect has no result, so only tokens, steps and time are known.)
+    """
+    decoding = job.decoding
+    common = {"sources": list(decoding.sources), "topology": decoding.topology, "budget": decoding.budget,
+              "queue_s": round(started - job.arrived, 4)}
+    if result is not None:
+        fields = {key: value for key, value in result.stats.to_dict().items() if key in GooseStats.model_fields}
+        return GooseStats(**fields, **common, seed=getattr(result, "seed", None))
+    wall_s = time.perf_counter() - started
+    steps = max(0, cycles - 1)  # the first cycle is the prefill
+    return GooseStats(
+        **common, tau=round((produced - 1) / steps, 4) if steps else 0.0, verify_steps=steps, new_tokens=produced,
+        tokens_per_s=round(produced / wall_s, 3) if wall_s > 0 else 0.0, wall_s=round(wall_s, 4), prefill_s=0.0,
+        mean_tree_size=0.0, source_acceptance={}, source_tested={}, source_accepted={}, path_kinds={}, partial=True,
+    )

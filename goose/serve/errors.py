@@ -1,0 +1,73 @@
+"""Errors the server answers with, in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+
+class APIError(Exception):
+    """An HTTP error answered with an OpenAI-style body; ``param`` names the offending request field."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        kind: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.kind = kind or _KIND_BY_STATUS.get(status, "invalid_request_error" if status < 500 else "server_error")
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+_KIND_BY_STATUS = {401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error",
+                   429: "rate_limit_error", 503: "server_overloaded"}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def field_path(location: tuple[int | str, ...]) -> str | None:
+    """``("messages", 0, "content")`` -> ``"messages[0].content"`` (None for the body as a whole)."""
+    path = ""
+    for part in location:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or None
+
+
+def from_validation_error(error: ValidationError) -> APIError:
+    """The first problem pydantic found, as a 400 naming its field."""
+    first = error.errors(include_url=False)[0]
+    location = tuple(part for part in first.get("loc", ()) if not _is_union_branch(part))
+    param = field_path(location)
+    if first["type"] == "json_invalid":
+        return bad_request(f"the request body is not valid JSON: {first['msg'].removeprefix('Invalid JSON: ')}",
+                           code="invalid_json")
+    if first["type"] == "model_type" and param is None:
+        return bad_request("the request body must be a JSON object", code="invalid_json")
+    if first["type"] == "extra_forbidden":
+        return bad_request(f"unrecognized request argument supplied: {param}", param=param,
+                           code="unknown_parameter")
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "missing":
+        message = "this field is required"
+    return bad_request(f"{param}: {message}" if param else message, param=param, code="invalid_value")
+
+
+def _is_union_branch(part: int | str) -> bool:
+    # pydantic adds the union member it tried ("str", "list[int]", "function-after[...]") to the location;
+    # the user's field path has no such segments
+    return isinstance(part, str) and (part in {"str", "int", "float", "bool", "dict", "list"} or "[" in part)

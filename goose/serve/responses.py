@@ -1,0 +1,101 @@
+"""What a finished generation, or a streamed piece of one, looks like on the wire, per endpoint.
+
+Streams follow OpenAI's chunk format: chat opens with a chunk carrying the assistant role, text
+follows as deltas, a chunk with the finish reason closes the choice, and a last chunk with no
+choices carries ``usage`` (as ``stream_options.include_usage`` asks OpenAI to) and Goose's
+statistics; then ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from goose.serve.engine import Finished
+from goose.serve.schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    Completion,
+    CompletionChoice,
+    Usage,
+)
+
+DONE = "data: [DONE]\n\n"
+
+
+def sse(payload: dict[str, Any]) -> str:
+    """One server-sent event."""
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def _dump(chunk: ChatCompletionChunk | Completion) -> dict[str, Any]:
+    # like OpenAI's chunks with include_usage: "usage" is null until the last one; "goose" only appears there
+    return chunk.model_dump(exclude={"goose"} if chunk.goose is None else None)
+
+
+def usage(finished: Finished) -> Usage:
+    return Usage(prompt_tokens=finished.prompt_tokens, completion_tokens=finished.completion_tokens,
+                 total_tokens=finished.prompt_tokens + finished.completion_tokens)
+
+
+class ChatFormat:
+    """/v1/chat/completions: ``chat.completion`` and ``chat.completion.chunk`` objects."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+
+    def response(self, finished: Finished) -> dict[str, Any]:
+        return ChatCompletion(
+            id=self.id, created=self.created, model=self.model,
+            choices=[ChatChoice(message=AssistantMessage(content=finished.text), finish_reason=finished.finish_reason)],
+            usage=usage(finished), goose=finished.stats,
+        ).model_dump()
+
+    def opening(self) -> list[str]:
+        return [self._chunk([ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))])]
+
+    def delta(self, text: str) -> str:
+        return self._chunk([ChatChunkChoice(delta=ChatDelta(content=text))])
+
+    def closing(self, finished: Finished) -> list[str]:
+        return [self._chunk([ChatChunkChoice(delta=ChatDelta(), finish_reason=finished.finish_reason)]),
+                self._chunk([], usage=usage(finished), goose=finished.stats)]
+
+    def _chunk(self, choices: list[ChatChunkChoice], **extra: Any) -> str:
+        return sse(_dump(ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices,
+                                             **extra)))
+
+
+class CompletionFormat:
+    """/v1/completions: ``text_completion`` objects, whole or as chunks."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.id = f"cmpl-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+
+    def response(self, finished: Finished) -> dict[str, Any]:
+        return self._completion([CompletionChoice(text=finished.text, finish_reason=finished.finish_reason)],
+                                usage=usage(finished), goose=finished.stats).model_dump()
+
+    def opening(self) -> list[str]:
+        return []
+
+    def delta(self, text: str) -> str:
+        return sse(_dump(self._completion([CompletionChoice(text=text, finish_reason=None)])))
+
+    def closing(self, finished: Finished) -> list[str]:
+        end = self._completion([CompletionChoice(text="", finish_reason=finished.finish_reason)])
+        totals = self._completion([], usage=usage(finished), goose=finished.stats)
+        return [sse(_dump(end)), sse(_dump(totals))]
+
+    def _completion(self, choices: list[CompletionChoice], **extra: Any) -> Completion:
+        return Completion(id=self.id, created=self.created, model=self.model, choices=choices, **extra)

@@ -1,0 +1,265 @@
+"""The OpenAI wire format: request bodies (validated strictly) and the responses and stream chunks Goose sends.
+
+Requests are strict: a string where a number belongs, an unknown field or a bad value is a 400 naming the field.
+OpenAI options Goose does not implement (``n``, ``logprobs``, ``tools``, penalties, ...) are accepted only at
+their default values, so a client that sends ``n: 1`` or ``logprobs: false`` works and one that asks for more
+is told no. Goose's own options (``sources``, ``topology``, ``budget``; ``top_k``) are extra top-level fields.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+)
+
+# OpenAI options Goose does not implement: the values that mean "not asked for", and what to tell a client
+# that asks for more. null (or leaving the field out) is always fine.
+UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "n": ((1,), "one choice per request is supported: n must be 1"),
+    "best_of": ((1,), "best_of is not supported: it must be 1"),
+    "echo": ((False,), "echo is not supported"),
+    "suffix": (("",), "suffix (insertion) is not supported"),
+    "logprobs": ((False,), "log probabilities are not supported"),
+    "top_logprobs": ((0,), "log probabilities are not supported"),
+    "logit_bias": (({},), "logit_bias is not supported"),
+    "presence_penalty": ((0, 0.0), "presence_penalty is not supported: it must be 0"),
+    "frequency_penalty": ((0, 0.0), "frequency_penalty is not supported: it must be 0"),
+    "tools": (([],), "tool calling is not supported"),
+    "tool_choice": (("none", "auto"), "tool calling is not supported"),
+    "functions": (([],), "function calling is not supported"),
+    "function_call": (("none", "auto"), "function calling is not supported"),
+    "parallel_tool_calls": ((True, False), "tool calling is not supported"),
+    "response_format": (({"type": "text"},), "structured output (response_format) is not supported"),
+    "modalities": ((["text"],), "only text output is supported"),
+    "audio": ((), "audio output is not supported"),
+    "prediction": ((), "predicted outputs are not supported"),
+    "store": ((False,), "stored completions are not supported"),
+}
+
+StopSequence = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+def _is_default(value: Any, allowed: tuple[Any, ...]) -> bool:
+    # compare types too: JSON true must not pass for n == 1
+    return value is None or any(type(value) is type(default) and value == default for default in allowed)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = Field(default=None, description="accepted; the last chunk always carries usage")
+
+
+class GenerationRequest(_Strict):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str | None = Field(default=None, description="any name: the server has one model and names it back")
+    max_tokens: int | None = Field(default=None, ge=1, description="tokens to generate at most")
+    stop: StopSequence | Annotated[list[StopSequence], Field(max_length=16)] | None = Field(
+        default=None, description="text that ends the output (not included); up to 16 strings")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0, allow_inf_nan=False,
+                                      description="0 (the default here): greedy decoding, token-exact")
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int | None = Field(default=None, ge=0, description="Goose extra: keep the k most likely tokens")
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    user: str | None = Field(default=None, description="accepted and ignored")
+    metadata: dict[str, str] | None = Field(default=None, description="accepted and ignored")
+    # Goose options, per request
+    sources: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = Field(
+        default=None, description="Goose extra: candidate sources, e.g. [\"context_match\"]")
+    topology: str | None = Field(default=None, min_length=1, description="Goose extra: draft-tree planner")
+    budget: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
+        default=None, description="Goose extra: draft-tree node budget or \"auto\"")
+    # OpenAI options Goose does not implement: accepted at their defaults only
+    n: Any = None
+    logprobs: Any = None
+    top_logprobs: Any = None
+    logit_bias: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+
+    @field_validator(*UNSUPPORTED, mode="after", check_fields=False)
+    @classmethod
+    def _only_defaults(cls, value: Any, info: ValidationInfo) -> Any:
+        allowed, reason = UNSUPPORTED[info.field_name]
+        if not _is_default(value, allowed):
+            raise ValueError(reason)
+        return value
+
+    @property
+    def stop_sequences(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+
+class CompletionRequest(GenerationRequest):
+    """POST /v1/completions: raw text (no chat template) or token ids."""
+
+    prompt: Annotated[str, Field(min_length=1)] | Annotated[list[str], Field(min_length=1, max_length=1)] | Annotated[
+        list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = Field(
+        description="the text to continue (one string, or a list holding one string), or its token ids")
+    max_tokens: int | None = Field(default=16, ge=1, description="tokens to generate at most (OpenAI's default: 16)")
+    best_of: Any = None
+    echo: Any = None
+    suffix: Any = None
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] = Field(description="text, or a list of text parts")
+    name: str | None = Field(default=None, description="accepted; chat templates ignore it")
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(GenerationRequest):
+    """POST /v1/chat/completions: messages rendered with the model's chat template."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, description="the newer name of max_tokens")
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    parallel_tool_calls: Any = None
+    response_format: Any = None
+    modalities: Any = None
+    audio: Any = None
+    prediction: Any = None
+    store: Any = None
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+# --- responses ----------------------------------------------------------------------------------
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class GooseStats(BaseModel):
+    """The request's Goose statistics (the extra ``goose`` field of every response and of the last chunk)."""
+
+    sources: list[str]
+    topology: str
+    budget: int | str
+    tau: float = Field(description="tokens per verify step, the bonus token included")
+    verify_steps: int
+    new_tokens: int
+    tokens_per_s: float = Field(description="decoding speed of this request (queue wait and prefill excluded)")
+    wall_s: float
+    prefill_s: float
+    queue_s: float = Field(description="seconds the request waited for the model")
+    mean_tree_size: float
+    source_acceptance: dict[str, float] = Field(description="per source: accepted / tested draft tokens")
+    source_tested: dict[str, int]
+    source_accepted: dict[str, int]
+    path_kinds: dict[str, int]
+    seed: int | None = Field(default=None, description="the seed a sampled request used")
+    partial: bool = Field(default=False, description="true when only token and step counts could be measured")
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    goose: GooseStats | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"]
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[ChatChoice]
+    usage: Usage
+    goose: GooseStats
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_nulls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # OpenAI's deltas name only what they carry: {"content": "..."}, and {} in the closing chunk
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    goose: GooseStats | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "goose"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
