@@ -260,7 +260,7 @@ def _load_command_modules() -> None:
     """Modules with subcommands of their own register them on import."""
     import importlib
 
-    for module in ("goose.bench.cli", "goose.datastore"):
+    for module in ("goose.bench.cli", "goose.datastore", "goose.serve.cli"):
         importlib.import_module(module)
 
 
