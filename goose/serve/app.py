@@ -119,7 +119,7 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
         prompt_ids = await run_in_threadpool(encoder.completion, body.prompt)
         max_tokens = encoder.token_limit(prompt_ids, body.max_tokens)
         job = Job("completions", prompt_ids, max_tokens, body.stop_sequences, decoding, sampling,
-                  asyncio.get_running_loop())
+                  asyncio.get_running_loop(), body.ignore_eos)
         return await _answer(engine, job, request, body.stream, CompletionFormat(model_name))
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)],
@@ -130,7 +130,8 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
         prompt_ids = await run_in_threadpool(encoder.chat, body.messages)
         limit_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         max_tokens = encoder.token_limit(prompt_ids, body.token_limit, limit_field)
-        job = Job("chat", prompt_ids, max_tokens, body.stop_sequences, decoding, sampling, asyncio.get_running_loop())
+        job = Job("chat", prompt_ids, max_tokens, body.stop_sequences, decoding, sampling, asyncio.get_running_loop(),
+                  body.ignore_eos)
         return await _answer(engine, job, request, body.stream, ChatFormat(model_name))
 
     return app

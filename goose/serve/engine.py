@@ -88,6 +88,7 @@ class Job:
     decoding: Decoding
     sampling: dict[str, Any]
     loop: asyncio.AbstractEventLoop
+    ignore_eos: bool = False
     arrived: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
@@ -261,7 +262,8 @@ class Engine:
             self.metrics.generations.labels(job.endpoint, "error").inc()
             return
         decoder.last_result = None
-        generation = decoder.stream(job.prompt_ids, job.max_tokens, **job.sampling)
+        eos = {"eos_token_ids": ()} if job.ignore_eos else {}
+        generation = decoder.stream(job.prompt_ids, job.max_tokens, **job.sampling, **eos)
         scanner = StopScanner(job.stop)
         text, produced, cycles, finish_reason = "", 0, 0, None
         try:

@@ -49,8 +49,8 @@ def field_path(location: tuple[int | str, ...]) -> str | None:
 
 
 def from_validation_error(error: ValidationError) -> APIError:
-    """The first problem pydantic found, as a 400 naming its field."""
-    first = error.errors(include_url=False)[0]
+    """The most telling problem pydantic found, as a 400 naming its field."""
+    first = max(error.errors(include_url=False), key=_specificity)  # max keeps the first of equals
     location = tuple(part for part in first.get("loc", ()) if not _is_union_branch(part))
     param = field_path(location)
     if first["type"] == "json_invalid":
@@ -67,7 +67,16 @@ def from_validation_error(error: ValidationError) -> APIError:
     return bad_request(f"{param}: {message}" if param else message, param=param, code="invalid_value")
 
 
+def _specificity(problem: Any) -> tuple[bool, int]:
+    # A value that fits no member of a union gets one error per member: a broken rule ("at most 1
+    # item") says more than "not a string" from a member it was never meant to be, and a deeper
+    # error more than a shallow one ("messages[0].content[0].type" over "messages[0].content").
+    depth = sum(1 for part in problem.get("loc", ()) if not _is_union_branch(part))
+    return not problem["type"].endswith("_type"), depth
+
+
 def _is_union_branch(part: int | str) -> bool:
-    # pydantic adds the union member it tried ("str", "list[int]", "function-after[...]") to the location;
-    # the user's field path has no such segments
-    return isinstance(part, str) and (part in {"str", "int", "float", "bool", "dict", "list"} or "[" in part)
+    # pydantic puts the union member it tried ("str", "list[TextPart]", "constrained-int", "literal['auto']")
+    # into the location; the user's field path has no such segments
+    return isinstance(part, str) and (part in {"str", "int", "float", "bool", "dict", "list"} or "[" in part
+                                      or part.startswith(("constrained-", "function-")))

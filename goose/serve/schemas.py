@@ -3,7 +3,8 @@
 Requests are strict: a string where a number belongs, an unknown field or a bad value is a 400 naming the field.
 OpenAI options Goose does not implement (``n``, ``logprobs``, ``tools``, penalties, ...) are accepted only at
 their default values, so a client that sends ``n: 1`` or ``logprobs: false`` works and one that asks for more
-is told no. Goose's own options (``sources``, ``topology``, ``budget``; ``top_k``) are extra top-level fields.
+is told no. Goose's own options (``sources``, ``topology``, ``budget``) and vLLM's ``top_k`` and ``ignore_eos``
+are extra top-level fields.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ class GenerationRequest(_Strict):
     topology: str | None = Field(default=None, min_length=1, description="Goose extra: draft-tree planner")
     budget: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
         default=None, description="Goose extra: draft-tree node budget or \"auto\"")
+    ignore_eos: bool = Field(default=False, description="extra (as in vLLM): generate max_tokens tokens, past EOS")
     # OpenAI options Goose does not implement: accepted at their defaults only
     n: Any = None
     logprobs: Any = None
