@@ -1,0 +1,438 @@
+"""Goose inside vLLM: a ``custom_class`` speculative proposer that drafts from Goose's sources.
+
+vLLM (0.32) lets a third-party class draft tokens for its own speculative decoding::
+
+    LLM(model=path, speculative_config={"method": "custom_class", "model": "goose.vllm.GooseProposer",
+                                        "num_speculative_tokens": 16})
+
+vLLM builds the class as ``GooseProposer(vllm_config)``, calls ``load_model(model)`` once and then,
+after every engine step, ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, ...)``
+with one entry per row of the running batch; it verifies the drafts with the target (greedy or
+rejection sampling), so the output is exactly what vLLM produces without speculation. This module
+is the proposer and nothing else: vLLM is imported by no line here, and ``import goose`` never
+needs it.
+
+Three parts, each replaceable on its own:
+
+* :class:`RowDrafter` is the only code that talks to Goose's source contract: it turns one
+  request's tokens into a context, asks the sources (through :mod:`goose.boundary`, which contains
+  their faults) for drafts, picks the most valuable chain and its length, and feeds back how many
+  drafted tokens vLLM accepted as a :class:`goose.outcome.VerifyOutcome` of a chain tree, so that
+  the sources' estimates learn exactly as they do in Goose's own decoder.
+* :class:`RequestTable` knows which drafter serves which request although vLLM passes no request
+  id and reorders rows between steps: a request is known by its content. A row that holds tokens
+  ``t[:n]`` after ``s`` newly sampled ones continues the request whose tokens were ``t[:n - s]`` at
+  the previous step, so a hash of that prefix finds it (no walk through vLLM's private objects).
+  A drafter whose request is gone serves the next new request, so what outlives a request in Goose
+  (copy-depth estimates, REST's memory of earlier outputs) carries over here too.
+* :class:`GooseProposer` is the vLLM glue: configuration, the per-step loop over rows, and the
+  guarantee that nothing here can change vLLM's output or take the engine down (a fault costs that
+  row its draft, with one log line).
+
+Configuration is :class:`ProposerConfig`, read from the environment variable ``GOOSE_VLLM_CONFIG``
+(a JSON object, or the path of a JSON file), or from a subclass's ``config`` attribute. vLLM's
+speculative config has no free field to carry it (its dataclass forbids extra keys).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from goose import plugins
+from goose.boundary import FaultLog, SourceSet
+from goose.candidates import DecodeContext
+from goose.config import GooseConfig
+from goose.outcome import Harvest, PathKind, VerifyOutcome
+from goose.tree import ROOT, DraftTree, TreeBuilder
+
+logger = logging.getLogger("goose.vllm")
+
+CONFIG_ENV = "GOOSE_VLLM_CONFIG"
+
+
+class ProposerConfig(BaseModel):
+    """What the Goose proposer drafts with inside vLLM (``GOOSE_VLLM_CONFIG``).
+
+    ``sources``, ``source_options``, ``initial_acceptance`` and ``ema`` mean what they mean in
+    :class:`goose.config.GooseConfig`. The number of draft tokens (K) is vLLM's
+    ``num_speculative_tokens``; the topology is always a chain, because vLLM verifies chains.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sources: list[str] = Field(
+        default_factory=lambda: ["context_match"],
+        description="Goose sources that draft, most trusted first. Sources that need the target's logits "
+        "(bigram_transition) or extra verify rows (lookahead) cannot work through vLLM's custom_class door "
+        "and are skipped with a warning that says why",
+    )
+    source_options: dict[str, dict[str, Any]] = Field(default_factory=dict, description="per-source options")
+    initial_acceptance: dict[str, float] = Field(
+        default_factory=dict, description="per source: acceptance estimate before any verification")
+    ema: float = Field(default=0.3, gt=0.0, le=1.0, description="EMA coefficient of the acceptance estimates")
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="modules to register as Goose plugins in the engine process before the sources are made "
+        "(a source that is not packaged with a `goose` entry point)",
+    )
+    min_path_probability: float = Field(
+        default=0.1, ge=0.0, le=1.0,
+        description="a chain is cut before the first token whose estimated chance of being accepted together "
+        "with every token before it falls below this: a token that is probably rejected still costs a verify "
+        "row. 0 drafts all K tokens",
+    )
+    max_requests: int | None = Field(
+        default=None, ge=1,
+        description="requests whose drafting state is remembered (oldest forgotten first); default: four "
+        "times vLLM's max_num_seqs",
+    )
+
+    def goose_config(self) -> GooseConfig:
+        return GooseConfig(sources=self.sources, topology="chain", source_options=self.source_options,
+                           initial_acceptance=self.initial_acceptance, ema=self.ema)
+
+    @classmethod
+    def from_environment(cls) -> ProposerConfig:
+        """The configuration in ``$GOOSE_VLLM_CONFIG`` (JSON text or a JSON file's path); defaults when unset."""
+        value = os.environ.get(CONFIG_ENV, "").strip()
+        if not value:
+            return cls()
+        if value.startswith("{"):
+            text, origin = value, f"${CONFIG_ENV}"
+        else:
+            path = Path(value).expanduser()
+            if not path.is_file():
+                raise ValueError(f"${CONFIG_ENV} is neither a JSON object nor an existing file: {value!r}")
+            text, origin = path.read_text(), str(path)
+        try:
+            return cls.model_validate(json.loads(text))
+        except (json.JSONDecodeError, ValidationError) as error:
+            raise ValueError(f"invalid Goose proposer configuration in {origin}: {error}") from None
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A drafted chain waiting for vLLM's verdict: its tokens, the source that drafted them, its tree."""
+
+    tokens: list[int]
+    source_id: int
+    tree: DraftTree
+
+
+class RowDrafter:
+    """One request's drafting through Goose's sources: the only code here that knows their contract.
+
+    ``start`` once per request (reset and prefill), then alternately ``learn`` (from vLLM's verdict
+    on the previous chain) and ``propose`` (the next chain). ``sources`` is a
+    :class:`goose.boundary.SourceSet`, which skips a faulty source for the cycle with one warning.
+    """
+
+    def __init__(self, names: Sequence[str], config: GooseConfig, *, vocab_size: int, eos_token_ids: frozenset[int],
+                 tokenizer: Any, faults: FaultLog, estimates: dict[str, Any] | None,
+                 min_path_probability: float) -> None:
+        self.sources = SourceSet(list(names), config, vocab_size, faults=faults)
+        if estimates is not None:
+            # one acceptance estimate per source for the whole engine, as one Goose decoder keeps across requests
+            self.sources.estimates = estimates
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self.tokenizer = tokenizer
+        self.harvest = Harvest.empty(config.harvest_top_k)  # vLLM passes no logits: nothing to harvest
+        self.min_path_probability = min_path_probability
+        self.prompt_length = 0
+        self.pending: Chain | None = None
+
+    def context(self, tokens: np.ndarray) -> DecodeContext:
+        return DecodeContext(tokens=tokens, prompt_length=self.prompt_length, vocab_size=self.vocab_size,
+                             eos_token_ids=self.eos_token_ids, tokenizer=self.tokenizer)
+
+    def start(self, tokens: np.ndarray, prompt_length: int) -> None:
+        """A new request: ``tokens`` is its prompt and what vLLM has generated so far (the anchor last)."""
+        self.prompt_length = prompt_length
+        self.pending = None
+        self.sources.reset()
+        self.sources.prefill(self.context(tokens), self.harvest)
+
+    def learn(self, sampled: Sequence[int]) -> None:
+        """Tell the sources how vLLM verified the pending chain; ``sampled`` is what the step appended.
+
+        vLLM appends the accepted draft tokens and one token of its own, so ``len(sampled) - 1``
+        chain tokens were accepted and the next one, if any, was tested and rejected; unless it
+        equals vLLM's own token, which a verified draft token never does (greedy or rejection
+        sampling), so then the scheduler cut the chain there (token budget, model length) and it
+        was never tested.
+        """
+        chain, self.pending = self.pending, None
+        if chain is None:
+            return
+        accepted = len(sampled) - 1
+        if list(sampled[:accepted]) != chain.tokens[:accepted]:
+            return  # not the chain this request was given (a row we took for another request): learn nothing
+        cut = accepted < len(chain.tokens) and sampled[-1] == chain.tokens[accepted]
+        tested = min(len(chain.tokens), accepted + (0 if cut else 1))
+        size = chain.tree.size
+        reached = np.zeros(size, dtype=np.bool_)
+        reached[1 : tested + 1] = True
+        accepted_mask = np.zeros(size, dtype=np.bool_)
+        accepted_mask[1 : accepted + 1] = True
+        outcome = VerifyOutcome(
+            tree=chain.tree, accepted_nodes=np.arange(1, accepted + 1, dtype=np.int64), new_tokens=list(sampled),
+            bonus_token=int(sampled[-1]), reached=reached, accepted=accepted_mask,
+            path_kind=PathKind.SPINE if accepted else PathKind.BONUS, harvest=self.harvest)
+        self.sources.observe(outcome, {})
+
+    def propose(self, tokens: np.ndarray, limit: int) -> list[int]:
+        """The next chain (at most ``limit`` tokens, possibly none) to follow ``tokens``."""
+        self.pending = None
+        if limit <= 0:
+            return []
+        pool, _ = self.sources.propose(self.context(tokens))  # no source with auxiliary rows is ever enabled
+        best: tuple[float, np.ndarray, int] | None = None
+        for candidate in pool.drafting:  # most trusted first: on equal value the more trusted source drafts
+            path_tokens, path_scores = candidate.draft.best_path
+            # a token is worth a verify row while the chance that it is accepted with all before it holds up
+            unlikely = np.flatnonzero(path_scores < self.min_path_probability)
+            keep = min(limit, int(unlikely[0]) if unlikely.shape[0] else path_scores.shape[0])
+            value = float(path_scores[:keep].sum())
+            if keep and (best is None or value > best[0]):
+                best = (value, path_tokens[:keep], candidate.source_id)
+        if best is None:
+            return []
+        _, chain, source_id = best
+        builder = TreeBuilder(int(tokens[-1]), pool.source_names, capacity=chain.shape[0])
+        builder.add_chain(ROOT, chain, source_id, spine=True)
+        drafted = [int(token) for token in chain]
+        self.pending = Chain(drafted, source_id, builder.build())
+        return drafted
+
+
+@dataclass
+class Tracked:
+    """One request as the proposer knows it: its drafter, where and when it was last seen."""
+
+    drafter: RowDrafter
+    row: int
+    seen: int  # number of the propose call that last saw it
+
+
+def content_key(tokens: np.ndarray) -> int:
+    """A request's identity at one step: a hash of all its tokens (prompt and output so far)."""
+    return hash(tokens.tobytes())
+
+
+class RequestTable:
+    """Requests by content: a request is found again by the hash of its tokens at the previous step.
+
+    Two rows with identical content (the same prompt submitted twice) hold two entries under one
+    key; each row claims one, preferring the entry last seen in the same row.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.by_key: dict[int, list[Tracked]] = {}
+        self.size = 0
+
+    def claim(self, key: int, row: int) -> Tracked | None:
+        """Take the request whose tokens hashed to ``key`` out of the table; None if there is none."""
+        entries = self.by_key.get(key)
+        if not entries:
+            return None
+        chosen = next((entry for entry in entries if entry.row == row), entries[0])
+        entries.remove(chosen)
+        if not entries:
+            del self.by_key[key]
+        self.size -= 1
+        return chosen
+
+    def put(self, key: int, entry: Tracked) -> None:
+        self.by_key.setdefault(key, []).append(entry)
+        self.size += 1
+
+    def take_idle(self, now: int) -> Tracked | None:
+        """Remove and return the least recently seen request not seen in call ``now`` (finished, most likely)."""
+        oldest: tuple[int, Tracked] | None = None
+        for key, entries in self.by_key.items():
+            for entry in entries:
+                if entry.seen < now and (oldest is None or entry.seen < oldest[1].seen):
+                    oldest = (key, entry)
+        if oldest is None:
+            return None
+        key, entry = oldest
+        self.by_key[key].remove(entry)
+        if not self.by_key[key]:
+            del self.by_key[key]
+        self.size -= 1
+        return entry
+
+    def trim(self, now: int) -> None:
+        """Forget the least recently seen requests beyond ``capacity``."""
+        while self.size > self.capacity and self.take_idle(now + 1) is not None:
+            pass
+
+
+class GooseProposer:
+    """vLLM's ``custom_class`` proposer: one chain per row from Goose's sources.
+
+    Built by vLLM as ``GooseProposer(vllm_config)``; reads only public configuration fields
+    (``speculative_config.num_speculative_tokens``, ``model_config``, ``scheduler_config.max_num_seqs``).
+    A subclass may set ``config`` to a :class:`ProposerConfig` instead of using the environment.
+    """
+
+    config: ClassVar[ProposerConfig | None] = None
+
+    def __init__(self, vllm_config: Any) -> None:
+        _ensure_log_output()
+        settings = type(self).config or ProposerConfig.from_environment()
+        for module in settings.plugins:
+            plugins.register(importlib.import_module(module), origin=module)
+        model_config = vllm_config.model_config
+        self.num_speculative_tokens = int(vllm_config.speculative_config.num_speculative_tokens)
+        self.max_model_len = int(model_config.max_model_len)
+        self.vocab_size = int(model_config.get_vocab_size())
+        self.tokenizer = _load_tokenizer(model_config)
+        self.eos_token_ids = _eos_token_ids(model_config.hf_config, self.tokenizer)
+        self.goose_config = settings.goose_config()
+        self.min_path_probability = settings.min_path_probability
+        self.faults = FaultLog()
+        self.names, skipped = usable_sources(settings.sources, self.goose_config, self.vocab_size)
+        for name, reason in skipped.items():
+            logger.warning("Goose source %r is off inside vLLM: %s", name, reason)
+        if not self.names:
+            raise ValueError(f"none of the configured Goose sources {settings.sources} can draft inside vLLM "
+                             f"(see the warnings above); {CONFIG_ENV} must name at least one, e.g. context_match")
+        self.estimates: dict[str, Any] | None = None  # shared by every drafter once the first one is made
+        max_seqs = int(getattr(vllm_config.scheduler_config, "max_num_seqs", 256) or 256)
+        self.requests = RequestTable(settings.max_requests or 4 * max_seqs)
+        self.calls = 0
+        self._fault_logged: set[str] = set()
+        logger.info("Goose proposer: sources %s, up to %d draft tokens a row, chains cut below path "
+                    "probability %.2f", list(self.names), self.num_speculative_tokens, self.min_path_probability)
+
+    def load_model(self, model: Any) -> None:
+        """vLLM hands over the target model; Goose drafts without one."""
+        del model
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
+                slot_mappings: Any = None, **unused: Any) -> list[list[int]]:
+        """One draft per row: ``sampled_token_ids[i]`` is what row i just gained (empty: skip the row).
+
+        ``token_ids_cpu[i, :num_tokens_no_spec[i]]`` are row i's tokens, the sampled ones included;
+        the table is vLLM's own and is only read (each row is copied first).
+        """
+        del slot_mappings, unused
+        drafts: list[list[int]] = [[] for _ in sampled_token_ids]
+        self.calls += 1
+        rows: list[tuple[int, np.ndarray, list[int], Tracked | None]] = []
+        for row, sampled in enumerate(sampled_token_ids):
+            if not sampled:
+                continue
+            try:
+                length = int(num_tokens_no_spec[row])
+                tokens = np.array(token_ids_cpu[row, :length], dtype=np.int64)
+                previous = content_key(tokens[: length - len(sampled)])
+                rows.append((row, tokens, list(sampled), self.requests.claim(previous, row)))
+            except Exception as error:  # a fault costs this row its draft, never vLLM's output
+                self._log_fault(error)
+        for row, tokens, sampled, tracked in rows:
+            try:
+                drafts[row] = self._draft(row, tokens, sampled, tracked)
+            except Exception as error:
+                drafts[row] = []
+                self._log_fault(error)
+        self.requests.trim(self.calls)
+        return drafts
+
+    def _draft(self, row: int, tokens: np.ndarray, sampled: list[int], tracked: Tracked | None) -> list[int]:
+        if tracked is None:  # a request seen for the first time: a drafter whose request is gone, or a new one
+            tracked = self.requests.take_idle(self.calls) or Tracked(self._new_drafter(), row, self.calls)
+            tracked.drafter.start(tokens, prompt_length=tokens.shape[0] - len(sampled))
+        else:
+            tracked.drafter.learn(sampled)
+        tracked.row, tracked.seen = row, self.calls
+        limit = min(self.num_speculative_tokens, self.max_model_len - 1 - tokens.shape[0])
+        draft = tracked.drafter.propose(tokens, limit)
+        self.requests.put(content_key(tokens), tracked)
+        return draft
+
+    def _new_drafter(self) -> RowDrafter:
+        drafter = RowDrafter(self.names, self.goose_config, vocab_size=self.vocab_size,
+                             eos_token_ids=self.eos_token_ids, tokenizer=self.tokenizer, faults=self.faults,
+                             estimates=self.estimates, min_path_probability=self.min_path_probability)
+        if self.estimates is None:
+            self.estimates = drafter.sources.estimates
+        return drafter
+
+    def _log_fault(self, error: Exception) -> None:
+        kind = type(error).__name__
+        if kind not in self._fault_logged:
+            self._fault_logged.add(kind)
+            logger.warning("Goose proposer: no draft for a row after %s: %s (further faults of this kind are not "
+                           "logged)", kind, error)
+
+
+def usable_sources(names: Sequence[str], config: GooseConfig, vocab_size: int) -> tuple[list[str], dict[str, str]]:
+    """The configured sources that can draft through vLLM's door, and why each other one cannot.
+
+    vLLM gives a custom_class proposer the token table only and verifies the chain it returns, so a
+    source that drafts only through successor queries (their table filled from the target's top-k
+    at every verified row) or needs rows of its own in the verify pass has nothing to work with.
+    """
+    probe = SourceSet(list(names), config, vocab_size)
+    usable, skipped = [], {}
+    for name in names:
+        if probe.implements(name, "goose_auxiliary_rows"):
+            skipped[name] = ("it needs rows of its own in the target's verify pass (e.g. Lookahead's Jacobi "
+                             "window), and vLLM verifies only the chain a custom_class proposer returns")
+        elif not probe.implements(name, "goose_propose"):
+            skipped[name] = ("it drafts only through successor queries from a table filled with the target's "
+                             "top-k at every verified row, and vLLM passes no logits to a custom_class proposer")
+        else:
+            usable.append(name)
+    return usable, skipped
+
+
+def _load_tokenizer(model_config: Any) -> Any:
+    """The target's tokenizer, for sources that work with text (REST's datastore); None if it will not load."""
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(model_config.tokenizer, revision=model_config.tokenizer_revision,
+                                             trust_remote_code=model_config.trust_remote_code)
+    except Exception as error:  # sources that need it then draft nothing, with their own warning
+        logger.warning("Goose proposer: the tokenizer of %s did not load (%s); text-based sources will not draft",
+                       model_config.tokenizer, error)
+        return None
+
+
+def _eos_token_ids(hf_config: Any, tokenizer: Any) -> frozenset[int]:
+    """The model's end-of-sequence tokens: a draft stops before one (drafting it gains nothing)."""
+    found: set[int] = set()
+    for value in (getattr(hf_config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(value, int):
+            found.add(value)
+        elif isinstance(value, list | tuple):
+            found.update(int(v) for v in value)
+    return frozenset(found)
+
+
+def _ensure_log_output() -> None:
+    """Give Goose's loggers a handler in vLLM's engine process, where only vLLM's own loggers have one."""
+    goose_logger = logging.getLogger("goose")
+    if not goose_logger.hasHandlers():
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        goose_logger.addHandler(handler)
+        goose_logger.setLevel(logging.INFO)
+
+
+__all__ = ["CONFIG_ENV", "GooseProposer", "ProposerConfig", "RequestTable", "RowDrafter", "usable_sources"]
