@@ -1,0 +1,329 @@
+"""Goose inside Hugging Face's own ``model.generate``: ``custom_generate=goose.hf.generate``.
+
+transformers 5 prepares the inputs, the generation config, the logits processors and the
+stopping criteria, then hands the decoding loop to a callable ``custom_generate``. This module is
+that loop: it runs the Goose cycle and returns what ``generate`` returns (the ids tensor, or a
+``GenerateDecoderOnlyOutput`` with ``return_dict_in_generate=True``)::
+
+    import goose.hf
+    inputs = tokenizer(prompt, return_tensors="pt")
+    out = model.generate(**inputs, custom_generate=goose.hf.generate, max_new_tokens=128)
+
+Stopping criteria (``max_new_tokens``, ``eos_token_id``, ``max_time``, ``StopStringCriteria``, your
+own) are applied one token at a time inside each Goose cycle, so generation stops at exactly the
+token where plain ``generate`` stops; in float32 greedy output is token-identical to it. Goose
+options go through one keyword, ``goose_config=`` (a :class:`GooseConfig` or a dict of its fields).
+
+transformers 5.24 hands a ``custom_generate`` callable neither the ``streamer`` nor the
+``tokenizer`` passed to ``generate`` (``_extract_generation_mode_kwargs`` replaces them by the
+callable's own keywords). So a streamer goes in as ``goose_streamer=`` and a tokenizer as
+``goose_tokenizer=`` (only needed when the model's folder has none), and stop strings as
+``stopping_criteria=[StopStringCriteria(tokenizer, [...])]``, the criterion ``stop_strings=``
+builds. Should a later transformers pass ``streamer``/``tokenizer`` on, they are honoured too.
+
+Whatever Goose cannot honour (a batch, beams, several return sequences, assisted decoding, a
+logits processor that is not a pure temperature/top-k/top-p warper, padding, per-step scores or
+attentions) is a ``ValueError`` that names the option, never a silent fallback.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.generation import (
+    GenerateDecoderOnlyOutput,
+    LogitNormalization,
+    LogitsProcessorList,
+    StoppingCriteriaList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+from transformers.generation.streamers import BaseStreamer
+
+from goose.config import GooseConfig
+from goose.decoder import GooseDecoder
+
+__all__ = ["generate"]
+
+# The generate() option behind each logits processor transformers builds, for errors that name it.
+_PROCESSOR_OPTIONS = {
+    "RepetitionPenaltyLogitsProcessor": "repetition_penalty",
+    "EncoderRepetitionPenaltyLogitsProcessor": "encoder_repetition_penalty",
+    "MinLengthLogitsProcessor": "min_length/min_new_tokens",
+    "MinNewTokensLengthLogitsProcessor": "min_new_tokens",
+    "NoRepeatNGramLogitsProcessor": "no_repeat_ngram_size",
+    "NoBadWordsLogitsProcessor": "bad_words_ids",
+    "SequenceBiasLogitsProcessor": "sequence_bias",
+    "PrefixConstrainedLogitsProcessor": "prefix_allowed_tokens_fn",
+    "ForcedBOSTokenLogitsProcessor": "forced_bos_token_id",
+    "ForcedEOSTokenLogitsProcessor": "forced_eos_token_id",
+    "InfNanRemoveLogitsProcessor": "remove_invalid_values",
+    "ExponentialDecayLengthPenalty": "exponential_decay_length_penalty",
+    "SuppressTokensLogitsProcessor": "suppress_tokens",
+    "SuppressTokensAtBeginLogitsProcessor": "begin_suppress_tokens",
+    "UnbatchedClassifierFreeGuidanceLogitsProcessor": "guidance_scale",
+    "MinPLogitsWarper": "min_p",
+    "TypicalLogitsWarper": "typical_p",
+    "EpsilonLogitsWarper": "epsilon_cutoff",
+    "EtaLogitsWarper": "eta_cutoff",
+    "TopHLogitsWarper": "top_h",
+    "WatermarkLogitsProcessor": "watermarking_config",
+    "SynthIDTextWatermarkLogitsProcessor": "watermarking_config",
+}
+
+# Keyword arguments generate() hands every decoding loop; anything else is a model input Goose cannot feed.
+_PREPARED_KWARGS = {"attention_mask", "position_ids", "logits_to_keep", "use_cache", "cache", "past_key_values"}
+
+
+def generate(
+    model: PreTrainedModel,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    synced_gpus: bool = False,
+    streamer: BaseStreamer | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    goose_config: GooseConfig | dict[str, Any] | None = None,
+    goose_seed: int | None = None,
+    goose_streamer: BaseStreamer | None = None,
+    goose_tokenizer: PreTrainedTokenizerBase | None = None,
+    **model_kwargs: Any,
+) -> torch.LongTensor | GenerateDecoderOnlyOutput:
+    """The Goose decoding loop, called by ``model.generate(..., custom_generate=goose.hf.generate)``.
+
+    ``streamer``/``tokenizer`` are what a transformers that forwards them would pass (5.24 does
+    not; use ``goose_streamer``/``goose_tokenizer``). ``goose_config``: Goose options.
+    ``goose_seed``: the seed of a sampled generation (default: drawn from torch's global
+    generator, so ``torch.manual_seed`` before ``generate`` makes a sampled call reproducible).
+    """
+    # transformers has already put the prompt into its own streamer; ours gets it below, as generate does
+    if streamer is not None and goose_streamer is not None:
+        raise ValueError("pass the streamer once: streamer= or goose_streamer=, not both")
+    stream_to = streamer if streamer is not None else goose_streamer
+    try:
+        _check_supported(input_ids, generation_config, synced_gpus, model_kwargs)
+        sampling = _sampling_options(generation_config, logits_processor, goose_seed)
+        config = _goose_config(goose_config)
+        max_length = stopping_criteria.max_length or generation_config.max_length
+        prompt = input_ids[0].tolist()
+        if goose_streamer is not None:
+            goose_streamer.put(input_ids.cpu())
+        state = _model_state(model)
+        with state.lock:  # a decoder (its KV cache, its sources) serves one generation at a time
+            decoder = _decoder_for(model, state, config, goose_tokenizer or tokenizer)
+            try:
+                sequence = _decode(decoder, prompt, max_length - len(prompt), _eos_ids(generation_config),
+                                   sampling, stopping_criteria, stream_to, input_ids.device)
+            finally:
+                decoder.verifier.reset()  # drop the KV cache between calls
+    finally:
+        if stream_to is not None:  # also on errors, so a thread reading a TextIteratorStreamer never hangs
+            stream_to.end()
+    if generation_config.return_dict_in_generate:
+        # no cache comes back: Goose's cache is its own (tree rows, full history), not one generate can resume
+        return GenerateDecoderOnlyOutput(sequences=sequence)
+    return sequence
+
+
+def _decode(
+    decoder: GooseDecoder,
+    prompt: list[int],
+    max_new_tokens: int,
+    eos_ids: list[int],
+    sampling: dict[str, Any],
+    stopping_criteria: StoppingCriteriaList,
+    streamer: BaseStreamer | None,
+    device: torch.device,
+) -> torch.LongTensor:
+    """Run the Goose cycle; check the stopping criteria after every token, as plain generate does."""
+    ids = torch.empty(1, len(prompt) + max(max_new_tokens, 0), dtype=torch.long, device=device)
+    ids[0, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+    length = len(prompt)
+    chunks = decoder.stream(prompt, max_new_tokens, eos_token_ids=eos_ids, **sampling)
+    try:
+        for chunk in chunks:
+            for token in chunk.token_ids:
+                ids[0, length] = token
+                length += 1
+                if streamer is not None:
+                    streamer.put(torch.tensor([token]))
+                # generate passes the step's scores; Goose has no per-token scores to give (criteria that
+                # read them, like the assistant's confidence criterion, cannot be used here)
+                if bool(stopping_criteria(ids[:, :length], None).any()):
+                    return ids[:, :length]
+    finally:
+        chunks.close()  # leaving the stream early ends the generation
+    return ids[:, :length]
+
+
+def _check_supported(input_ids: torch.Tensor, config: GenerationConfig, synced_gpus: bool,
+                     model_kwargs: dict[str, Any]) -> None:
+    """Raise a ValueError naming the first option Goose cannot honour."""
+
+    def refuse(option: str, why: str) -> None:
+        raise ValueError(f"goose.hf.generate cannot honour {option}: {why}")
+
+    if (config.num_return_sequences or 1) > 1:
+        refuse(f"num_return_sequences={config.num_return_sequences}", "it decodes one sequence per call")
+    if (config.num_beams or 1) > 1:
+        refuse(f"num_beams={config.num_beams}", "beam search is not speculative decoding's target; use num_beams=1")
+    # after the two above: generate repeats the prompt num_beams / num_return_sequences times
+    if input_ids.ndim != 2 or input_ids.shape[0] != 1:
+        refuse(f"a batch of {input_ids.shape[0]} prompts", "it decodes one sequence per call; call it per prompt")
+    if (config.num_beam_groups or 1) > 1:
+        refuse(f"num_beam_groups={config.num_beam_groups}", "group beam search is not supported")
+    if config.constraints is not None or config.force_words_ids is not None:
+        refuse("constraints/force_words_ids", "constrained beam search is not supported")
+    if config.penalty_alpha:
+        refuse(f"penalty_alpha={config.penalty_alpha}", "contrastive search is not supported")
+    for option in ("prompt_lookup_num_tokens", "assistant_early_exit"):
+        if getattr(config, option, None) is not None:
+            refuse(option, "Goose is the speculative decoder here; assisted decoding cannot run inside it")
+    if getattr(config, "use_mtp", False):
+        refuse("use_mtp", "Goose is the speculative decoder here; assisted decoding cannot run inside it")
+    if config.return_dict_in_generate:
+        for option in ("output_scores", "output_logits", "output_attentions", "output_hidden_states"):
+            if getattr(config, option, False):
+                refuse(f"{option}=True", "Goose verifies drafts in trees and keeps no per-token scores, "
+                       "logits, attentions or hidden states")
+    if synced_gpus:
+        refuse("synced_gpus=True", "it runs on one process")
+    unknown = sorted(set(model_kwargs) - _PREPARED_KWARGS)
+    if unknown:
+        refuse(f"the model input(s) {', '.join(unknown)}", "Goose feeds the model token ids only")
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and not bool((mask == 1).all()):
+        refuse("an attention_mask with padding", "pass the prompt's tokens without padding")
+    positions = model_kwargs.get("position_ids")
+    if positions is not None and not torch.equal(positions.flatten().cpu(), torch.arange(input_ids.shape[1])):
+        refuse("custom position_ids", "Goose places the prompt at positions 0..n-1")
+    for key in ("cache", "past_key_values"):
+        cache = model_kwargs.get(key)
+        if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
+            refuse("a filled past_key_values cache", "Goose prefills the whole prompt into its own cache")
+
+
+def _sampling_options(config: GenerationConfig, processors: LogitsProcessorList, seed: int | None) -> dict[str, Any]:
+    """Goose's sampling parameters from the processors generate built; anything but a pure warper is refused.
+
+    Greedy: warpers never change the argmax, so they are harmless there. Sampling: temperature,
+    top-k and top-p as generate applies them (its defaults included, e.g. ``top_k=50``).
+    """
+    options: dict[str, Any] = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    seen: list[type] = []
+    refused: list[str] = []
+    for processor in processors:
+        if isinstance(processor, LogitNormalization):
+            continue  # a log-softmax: the distribution is unchanged
+        if isinstance(processor, TemperatureLogitsWarper):
+            options["temperature"] = float(processor.temperature)
+        elif isinstance(processor, TopKLogitsWarper):
+            options["top_k"] = int(processor.top_k)
+        elif isinstance(processor, TopPLogitsWarper):
+            options["top_p"] = float(processor.top_p)
+        else:
+            name = type(processor).__name__
+            refused.append(f"{_PROCESSOR_OPTIONS.get(name, 'logits_processor')} ({name})")
+            continue
+        if type(processor) in seen:
+            raise ValueError(f"goose.hf.generate: {type(processor).__name__} given twice (logits_processor= and "
+                             "the generation config); give it once")
+        if getattr(processor, "min_tokens_to_keep", 1) != 1:
+            raise ValueError(f"goose.hf.generate cannot honour min_tokens_to_keep={processor.min_tokens_to_keep}")
+        seen.append(type(processor))
+    if refused:  # all of them at once, so one error tells the whole story
+        raise ValueError(f"goose.hf.generate cannot honour {', '.join(refused)}: Goose verifies drafts against the "
+                         "model's own distribution, which only temperature, top_k and top_p may shape")
+    if TopPLogitsWarper in seen and TemperatureLogitsWarper in seen and \
+            seen.index(TopPLogitsWarper) < seen.index(TemperatureLogitsWarper):
+        raise ValueError("goose.hf.generate applies temperature before top_p (as generate does); "
+                         "a TopPLogitsWarper before the temperature cannot be honoured")
+    if not config.do_sample:
+        return {}
+    if seed is None:  # one draw from torch's global generator: torch.manual_seed(s) makes the call reproducible
+        seed = int(torch.randint(0, 2**63 - 1, ()))
+    return {**options, "seed": seed}
+
+
+def _goose_config(value: GooseConfig | dict[str, Any] | None) -> GooseConfig:
+    if value is None or isinstance(value, GooseConfig):
+        return value or GooseConfig()
+    if not isinstance(value, dict):
+        raise ValueError(f"goose_config must be a GooseConfig or a dict of its fields, not {type(value).__name__}")
+    try:
+        return GooseConfig.model_validate(value)
+    except ValidationError as error:
+        raise ValueError(f"goose_config: {error}") from None
+
+
+def _eos_ids(config: GenerationConfig) -> list[int]:
+    """The EOS ids generate stops at (its criterion is applied too; this stops Goose drafting past them)."""
+    eos = config.eos_token_id
+    if eos is None:
+        return []
+    return [int(eos)] if isinstance(eos, int) else [int(t) for t in eos]
+
+
+class _ModelState:
+    """What goose.hf keeps per model: its tokenizer, its decoders by configuration, one lock.
+
+    Kept as an attribute of the model, so it dies with the model (a module-level cache keyed by the
+    model would keep it alive: the decoders hold the model). Pickling or copying the model gives an
+    empty one: decoders and locks are not state worth saving.
+    """
+
+    def __init__(self) -> None:
+        self.tokenizer: PreTrainedTokenizerBase | None = None
+        self.decoders: dict[tuple[str, str, str], GooseDecoder] = {}
+        self.lock = threading.Lock()
+
+    def __reduce__(self) -> tuple[type, tuple]:
+        return _ModelState, ()
+
+
+_STATE_ATTRIBUTE = "_goose_hf_state"
+_state_lock = threading.Lock()
+
+
+def _model_state(model: PreTrainedModel) -> _ModelState:
+    with _state_lock:
+        state = model.__dict__.get(_STATE_ATTRIBUTE)
+        if state is None:
+            state = _ModelState()
+            model.__dict__[_STATE_ATTRIBUTE] = state
+        return state
+
+
+def _decoder_for(model: PreTrainedModel, state: _ModelState, config: GooseConfig,
+                 tokenizer: PreTrainedTokenizerBase | None) -> GooseDecoder:
+    """The model's decoder for ``config``, built once (it loads the cost curve, its sources keep their tables)."""
+    parameter = next(model.parameters())
+    key = (config.model_dump_json(), str(parameter.device), str(parameter.dtype))
+    decoder = state.decoders.get(key)
+    if decoder is None:
+        decoder = GooseDecoder(model, _tokenizer_for(model, state, tokenizer), config)
+        state.decoders[key] = decoder
+    return decoder
+
+
+def _tokenizer_for(model: PreTrainedModel, state: _ModelState,
+                   given: PreTrainedTokenizerBase | None) -> PreTrainedTokenizerBase:
+    """The tokenizer the decoder needs (for its text): the one given, else the one in the model's folder."""
+    if given is not None:
+        return given
+    if state.tokenizer is None:
+        where = getattr(model, "name_or_path", "") or ""
+        try:
+            state.tokenizer = AutoTokenizer.from_pretrained(where)
+        except (OSError, ValueError) as error:
+            raise ValueError(
+                f"goose.hf.generate needs the model's tokenizer and found none at {where!r} ({error}); "
+                "pass goose_tokenizer=tokenizer"
+            ) from None
+    return state.tokenizer
