@@ -11,14 +11,18 @@ context match is trusted.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
+from goose.acceptance import BUDGET_STEP, quantize
+from goose.allocation import best_spine_tree, without_trailing_repeats
+from goose.candidates import CandidatePool
 from goose.cost import CostCurve
-from goose.theory import best_spine_tree, without_trailing_repeats
 
 CANDIDATE_BUDGETS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128)
-ESTIMATE_STEP = 0.02  # estimates are rounded to this so the choice is cached, not recomputed, per cycle
+
+# (pool, candidate budgets) -> the spine the topology lays for each budget, or None (the best split)
+SpineLengths = Callable[[CandidatePool, tuple[int, ...]], tuple[int, ...] | None]
 
 
 class BudgetPlanner:
@@ -34,6 +38,18 @@ class BudgetPlanner:
     def observe_overhead(self, seconds: float) -> None:
         """Fold one cycle's non-verify time into the running mean."""
         self.overhead_s += 0.1 * (seconds - self.overhead_s)
+
+    def budget(self, pool: CandidatePool, spine_lengths: SpineLengths) -> int:
+        """The budget for this cycle's pool: its best draft on the spine, its best brancher on the branches.
+
+        ``spine_lengths`` is the topology's hint (``goose_spine_lengths``) of the spine it will lay.
+        """
+        spine = pool.drafting[0] if pool.drafting else None
+        branch = pool.branching[0] if pool.branching else None
+        if spine is None or spine.draft is None:
+            return self.choose(0.0, 0, branch.acceptance if branch else 0.0)
+        return self.choose(spine.depth_acceptance or spine.acceptance, len(spine.draft),
+                           branch.acceptance if branch else 0.0, spine_lengths(pool, self.candidates))
 
     def choose(self, spine_acceptance: float | Sequence[float], spine_length: int, branch_acceptance: float,
                spine_caps: tuple[int, ...] | None = None) -> int:
@@ -66,7 +82,7 @@ class BudgetPlanner:
 
 
 def _bucket(value: float) -> float:
-    return round(round(min(1.0, max(0.0, value)) / ESTIMATE_STEP) * ESTIMATE_STEP, 4)
+    return quantize(value, BUDGET_STEP)
 
 
 def _per_depth_key(acceptance: float | Sequence[float], length: int) -> tuple[float, ...]:

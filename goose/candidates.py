@@ -1,32 +1,33 @@
-"""What sources hand to planners: drafts, branch successors and acceptance estimates.
+"""What sources hand to planners: drafts, branch successors and acceptance estimates, all NumPy.
 
-Sources and topologies never import each other. A source turns the context into a ``Draft``
-(a small trie hanging off the anchor) and/or answers successor queries ("what may follow the
-pair (previous, token)?"); a topology turns the ``CandidatePool`` of all sources into a
-``DraftTree``. The pool is the only place they meet.
+Sources and topologies never import each other. A source turns the context into a ``Draft`` (a
+small trie hanging off the anchor) and/or answers successor queries ("what may follow the pair
+(previous, token)?"); a topology turns the ``CandidatePool`` of all sources into a ``DraftTree``.
+The pool is the only place they meet. Everything here is host-side NumPy: planning works on a few
+dozen numbers per cycle, and the tree crosses to the model's device once, in the verifier.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
-import torch
 
-from goose.config import GooseConfig
+from goose.acceptance import clamp_probability
 from goose.tree import TreeBuilder, ancestor_matrix
 
-# (previous tokens [m], tokens [m], k) -> (successor tokens [m, k] (-1 = none), scores [m, k])
-SuccessorFn = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+# (previous tokens int64 [m], tokens int64 [m], k) -> (successors int64 [m, k'] (-1 = none), scores float [m, k'])
+SuccessorFn = Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, np.ndarray]]
 
 
 class CandidateError(ValueError):
     """A source returned a malformed draft or successor table."""
 
 
-def before_eos(tokens: list[int] | tuple[int, ...], eos: frozenset[int]) -> list[int] | tuple[int, ...]:
+def before_eos(tokens: Sequence[int], eos: frozenset[int]) -> Sequence[int]:
     """``tokens`` up to (not including) the first EOS: a draft past an EOS can never be accepted
     beyond it, and drafting the EOS itself gains nothing (if all before it is accepted, the bonus
     token is that EOS for free)."""
@@ -38,19 +39,28 @@ def before_eos(tokens: list[int] | tuple[int, ...], eos: frozenset[int]) -> list
     return tokens
 
 
+def common_prefix(first: Sequence[int] | np.ndarray, second: Sequence[int] | np.ndarray) -> int:
+    """Length of the common leading run of two token sequences."""
+    first, second = np.asarray(first), np.asarray(second)
+    length = min(first.shape[0], second.shape[0])
+    differs = np.flatnonzero(first[:length] != second[:length])
+    return int(differs[0]) if differs.shape[0] else length
+
+
 @dataclass(frozen=True)
 class DecodeContext:
     """What a source sees when asked to draft: the token context, anchor last.
 
-    ``tokens`` is a read-only view into the decoder's buffer; copy what you keep past the call.
+    ``tokens`` is a read-only int64 view into the decoder's buffer; copy what you keep past the call.
+    ``tokenizer`` is the target's tokenizer (None when the caller has none), for sources that work
+    with text (datastores, phrase lists).
     """
 
     tokens: np.ndarray
     prompt_length: int
     vocab_size: int
     eos_token_ids: frozenset[int]
-    config: GooseConfig
-    tokenizer: Any = None  # the target's tokenizer, for sources that work with text (datastores, phrases)
+    tokenizer: Any = None
 
     @property
     def anchor(self) -> int:
@@ -67,25 +77,29 @@ class Draft:
     """A source's proposal: draft tokens in a trie rooted at the anchor.
 
     tokens int64 [m]; parents int64 [m] with -1 for a child of the anchor and parents[i] < i
-    otherwise; scores float32 [m] in [0, 1]: the source's estimate that token i is accepted
-    given that its parent was. ``consensus`` counts leading chain tokens that several
-    independent matches agree on (context match uses it; planners may extend or bypass on it).
+    otherwise; scores float [m] in [0, 1]: the chance that token i is accepted given that its
+    parent was (None: the source's acceptance estimate for every token, filled in by the decoder).
+    ``consensus`` counts leading chain tokens that several independent matches agree on (planners
+    may extend or bypass on it). ``depth_acceptance`` optionally says how far this very draft is
+    trusted per depth (entry i: token i + 1 accepted given its parent was; the last entry repeats);
+    the automatic budget sizes the spine by it.
     """
 
-    tokens: torch.Tensor
-    parents: torch.Tensor
-    scores: torch.Tensor
+    tokens: np.ndarray
+    parents: np.ndarray
+    scores: np.ndarray | None = None
     consensus: int = 0
+    depth_acceptance: tuple[float, ...] = field(default=())
 
     @classmethod
-    def chain(cls, tokens: torch.Tensor | list[int], scores: torch.Tensor | list[float] | float,
-              consensus: int = 0) -> Draft:
-        tokens = torch.as_tensor(tokens, dtype=torch.long)
-        m = tokens.shape[0]
-        scores = torch.as_tensor(scores, dtype=torch.float32)
-        if scores.ndim == 0:
-            scores = scores.expand(m).clone()
-        return cls(tokens=tokens, parents=torch.arange(-1, m - 1), scores=scores, consensus=consensus)
+    def chain(cls, tokens: Sequence[int] | np.ndarray, scores: Sequence[float] | np.ndarray | float | None = None,
+              consensus: int = 0, depth_acceptance: Sequence[float] = ()) -> Draft:
+        """A linear draft: token i + 1 hangs off token i. ``scores``: one number, one per token, or None."""
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if scores is not None:
+            scores = np.broadcast_to(np.asarray(scores, dtype=np.float64), tokens.shape).copy()
+        return cls(tokens, np.arange(-1, tokens.shape[0] - 1, dtype=np.int64), scores, consensus,
+                   tuple(depth_acceptance))
 
     @classmethod
     def trie(cls, paths: Sequence[Sequence[int]], weights: Sequence[float], acceptance: float) -> Draft | None:
@@ -116,41 +130,63 @@ class Draft:
         weight = np.asarray(node_weights)
         parent = np.asarray(parents, dtype=np.int64)
         parent_weight = np.where(parent >= 0, weight[np.maximum(parent, 0)], weight[parent < 0].sum())
-        return cls(tokens=torch.tensor(tokens, dtype=torch.long), parents=torch.from_numpy(parent),
-                   scores=torch.from_numpy((acceptance * weight / parent_weight).astype(np.float32)))
+        return cls(np.asarray(tokens, dtype=np.int64), parent, acceptance * weight / parent_weight)
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
-    @property
-    def is_chain(self) -> bool:
-        return bool((self.parents == torch.arange(-1, len(self) - 1)).all())
+    @cached_property
+    def best_path(self) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens [L] and path scores [L] of the most valuable root path, in depth order (computed once).
 
-    def path_scores(self) -> torch.Tensor:
-        """Estimated probability that each node's whole root path is accepted (cumulative product)."""
-        if self.is_chain:
-            return torch.cumprod(self.scores, dim=0)
-        # log-space sum over ancestors: the same pointer jumping the tree's mask uses
-        parents = torch.cat([torch.tensor([-1]), self.parents + 1])
-        depth = len(self)  # an upper bound on the trie's depth
-        ancestors = ancestor_matrix(parents, depth)[1:, 1:].float()
-        return torch.exp(ancestors @ torch.log(self.scores.clamp(min=1e-12)))
+        A node's path score is the product of the scores on its root path: the chance the target
+        accepts the whole path. For a chain the path is the whole chain; for a trie it is the root
+        path whose nodes' path scores sum highest (the path with the most expected accepted tokens),
+        so a long agreeing branch beats a short confident one only when it is worth more tokens.
+        Needs scores (the decoder fills them in before planners see the draft).
+        """
+        scores = np.clip(np.asarray(self.scores, dtype=np.float64), 0.0, 1.0)
+        if (self.parents == np.arange(-1, len(self) - 1)).all():
+            return self.tokens, np.cumprod(scores)
+        ancestors = ancestor_matrix(np.concatenate([[-1], self.parents + 1]), len(self))[1:, 1:].astype(np.float64)
+        path_scores = np.exp(ancestors @ np.log(np.maximum(scores, 1e-12)))
+        path_value = ancestors @ path_scores  # expected accepted tokens along the path to each node
+        members = np.flatnonzero(ancestors[int(path_value.argmax())])  # parents precede children
+        return self.tokens[members], path_scores[members]
 
-    def validate(self, vocab_size: int) -> Draft:
-        """Raise CandidateError unless the draft is well formed for a vocabulary of ``vocab_size``."""
-        if not all(isinstance(t, torch.Tensor) for t in (self.tokens, self.parents, self.scores)):
-            raise CandidateError("draft fields must be tensors")
-        m = self.tokens.shape[0]
-        if self.tokens.ndim != 1 or self.parents.shape != (m,) or self.scores.shape != (m,):
-            raise CandidateError(f"draft shapes disagree: tokens {tuple(self.tokens.shape)}, "
-                                 f"parents {tuple(self.parents.shape)}, scores {tuple(self.scores.shape)}")
-        if m and (int(self.tokens.min()) < 0 or int(self.tokens.max()) >= vocab_size):
+    def validated(self, vocab_size: int, default_score: float) -> Draft:
+        """This draft as clean arrays (scores filled with ``default_score`` when None); CandidateError if malformed."""
+        try:
+            tokens = np.asarray(self.tokens)
+            parents = np.asarray(self.parents)
+            scores = np.full(tokens.shape, default_score) if self.scores is None else np.asarray(self.scores)
+            if not (np.issubdtype(tokens.dtype, np.integer) and np.issubdtype(parents.dtype, np.integer)):
+                raise CandidateError(f"draft tokens and parents must be integer arrays, got {tokens.dtype} and "
+                                     f"{parents.dtype}")
+            scores = scores.astype(np.float64, copy=False)
+        except (TypeError, ValueError) as error:
+            raise CandidateError(f"draft fields are not arrays: {error}") from None
+        m = tokens.shape[0] if tokens.ndim == 1 else -1
+        if m < 0 or parents.shape != (m,) or scores.shape != (m,):
+            raise CandidateError(f"draft shapes disagree: tokens {tokens.shape}, parents {parents.shape}, "
+                                 f"scores {scores.shape}")
+        if m and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
             raise CandidateError(f"draft token ids outside the vocabulary [0, {vocab_size})")
-        if m and not bool((self.parents < torch.arange(m)).all() and (self.parents >= -1).all()):
+        if m and not ((parents < np.arange(m)) & (parents >= -1)).all():
             raise CandidateError("draft parents must satisfy -1 <= parents[i] < i")
-        if m and not bool(torch.isfinite(self.scores).all()):
+        if m and not np.isfinite(scores).all():
             raise CandidateError("draft scores must be finite")
-        return self
+        if not isinstance(self.consensus, int | np.integer):
+            raise CandidateError(f"draft consensus must be an int, got {type(self.consensus).__name__}")
+        try:
+            depths = np.asarray(self.depth_acceptance, dtype=np.float64)
+        except (TypeError, ValueError):
+            depths = np.zeros((0, 0))
+        if depths.ndim != 1:
+            raise CandidateError("draft depth_acceptance must be a sequence of probabilities")
+        return Draft(tokens.astype(np.int64, copy=False), parents.astype(np.int64, copy=False),
+                     np.clip(scores, 0.0, 1.0), max(0, int(self.consensus)),
+                     tuple(clamp_probability(value) for value in depths.tolist()))
 
 
 @dataclass(frozen=True)
@@ -186,17 +222,14 @@ def chain_rate(depth_acceptance: Sequence[float], length: int) -> float:
 class CandidatePool:
     """All sources' candidates for one cycle, most trusted source first.
 
-    ``source_names`` is the decoder's fixed list of source names; ``source_id`` in each
-    entry indexes it and is what the planner tags tree nodes with.
+    ``source_names`` is the decoder's fixed list of source names; ``source_id`` in each entry
+    indexes it and is what the planner tags tree nodes with.
     """
 
     anchor: int
     previous: int
     source_names: tuple[str, ...]
     candidates: tuple[SourceCandidates, ...]
-
-    def get(self, name: str) -> SourceCandidates | None:
-        return next((c for c in self.candidates if c.name == name), None)
 
     @property
     def drafting(self) -> tuple[SourceCandidates, ...]:
@@ -210,15 +243,3 @@ class CandidatePool:
 
     def builder(self, budget: int) -> TreeBuilder:
         return TreeBuilder(self.anchor, self.source_names, capacity=budget)
-
-    def successors_of(
-        self, source: SourceCandidates, builder: TreeBuilder, nodes: torch.Tensor, k: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Ask ``source`` for up to k successors of each tree node: tokens [m, k] (-1 = none), scores."""
-        if source.successors is None or nodes.numel() == 0:
-            empty = torch.empty(nodes.shape[0], 0)
-            return empty.long(), empty
-        parents = builder.parents[nodes]
-        previous = torch.where(parents >= 0, builder.tokens[parents.clamp(min=0)],
-                               torch.full_like(parents, self.previous))
-        return source.successors(previous, builder.tokens[nodes], k)

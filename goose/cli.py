@@ -30,15 +30,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "config"
-        print(f"goose: error: {where}: {first['msg']}", file=sys.stderr)
+        print(f"goose: error: {first_error(error)}", file=sys.stderr)
     except USER_ERRORS as error:
         print(f"goose: error: {error}", file=sys.stderr)
     except KeyboardInterrupt:
         print("goose: interrupted", file=sys.stderr)
         return 130
     return 2
+
+
+def first_error(error: ValidationError, what: str = "config") -> str:
+    """A pydantic validation error as one line: where (the field path) and what is wrong."""
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ())) or what
+    return f"{where}: {first['msg']}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +75,15 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
                         help="extra GooseConfig fields as a JSON object, e.g. '{\"max_depth\": 4}'")
 
 
+def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="0 (default): greedy; > 0: sample, losslessly (the seeded autoregressive sampler)")
+    parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1] (default 1)")
+    parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens (0: all)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of the draws (a non-negative integer; default: random, reported in --json)")
+
+
 def decoding_config(args: argparse.Namespace) -> Any:
     """The GooseConfig named by the command-line flags (validated; unknown plugins are reported)."""
     from goose.config import GooseConfig
@@ -83,6 +97,9 @@ def decoding_config(args: argparse.Namespace) -> Any:
         fields["topology"] = args.topology
     if args.budget is not None:
         fields["budget"] = args.budget if args.budget == "auto" else _int(args.budget, "--budget")
+    for name in ("temperature", "top_p", "top_k", "seed"):
+        if getattr(args, name, None) is not None:
+            fields[name] = getattr(args, name)
     config = GooseConfig.model_validate(fields)
     for name in args.disable:
         registry().source(name)  # unknown names are an error, not a silent no-op
@@ -122,27 +139,30 @@ def _add_generate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", help="the prompt text, or - to read it from stdin")
     add_model_arguments(parser)
     add_decoding_arguments(parser)
+    add_sampling_arguments(parser)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
     parser.add_argument("--compare-ar", action="store_true",
-                        help="also run plain greedy decoding; report speedup and whether outputs are identical")
+                        help="also run plain autoregressive decoding (greedy, or the seeded sampler); report the "
+                             "speedup and whether the outputs are identical")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--profile", action="store_true", help="time each phase of the Goose cycle")
     parser.set_defaults(run=_run_generate)
 
 
 def _run_generate(args: argparse.Namespace) -> int:
-    from goose.decoder import AutoregressiveDecoder, GooseDecoder
+    from goose.decoder import AutoregressiveDecoder, GooseDecoder, check_request
+    from goose.sampling import random_seed
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    if not prompt.strip():
-        raise ValueError("empty prompt: give some text (or pipe it in with -)")
-    if args.max_new_tokens <= 0:
-        raise ValueError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
+    check_request(prompt, args.max_new_tokens)  # before the model loads: a bad request fails at once
     config = decoding_config(args)
+    if config.temperature > 0 and config.seed is None:  # one seed for Goose and the reference, reported
+        config.seed = random_seed()
     model, tokenizer = load_model(args)
     goose = GooseDecoder(model, tokenizer, config, chat=not args.no_chat, profile=args.profile)
-    baseline = AutoregressiveDecoder(model, tokenizer, chat=not args.no_chat) if args.compare_ar else None
+    baseline = (AutoregressiveDecoder(model, tokenizer, chat=not args.no_chat, sampling=config.sampling_params())
+                if args.compare_ar else None)
     if baseline is not None:  # warm both paths up so the first timed run pays no one-off costs
         baseline.generate(prompt, 4)
         goose.generate(prompt, 4)
@@ -155,7 +175,9 @@ def _run_generate(args: argparse.Namespace) -> int:
         result = goose.last_result
     assert result is not None
     report: dict[str, Any] = {"model": args.model, "dtype": args.dtype, "sources": config.sources,
-                              "topology": config.topology, "budget": config.budget, **result.to_dict()}
+                              "topology": config.topology, "budget": config.budget,
+                              "temperature": config.temperature, "top_p": config.top_p, "top_k": config.top_k,
+                              **result.to_dict()}
     if baseline is not None:
         ar = baseline.generate(prompt, args.max_new_tokens)
         report |= {
@@ -177,7 +199,8 @@ def _stats_line(report: dict[str, Any]) -> str:
     acceptance = ", ".join(f"{name} {rate:.2f}" for name, rate in report["source_acceptance"].items())
     line = (f"[goose] {report['new_tokens']} tokens in {report['wall_s']:.2f} s ({report['tokens_per_s']:.1f} tok/s), "
             f"tau {report['tau']:.2f} over {report['verify_steps']} verify steps"
-            + (f"; acceptance {acceptance}" if acceptance else ""))
+            + (f"; acceptance {acceptance}" if acceptance else "")
+            + (f"; sampled, seed {report['seed']}" if report.get("seed") is not None else ""))
     if "speedup" in report:
         verdict = "identical" if report["identical_to_ar"] else "DIFFERENT from AR"
         line += f"; AR {report['ar_tokens_per_s']:.1f} tok/s -> {report['speedup']:.2f}x, {verdict}"

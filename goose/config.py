@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from goose.sampling import SamplingParams, Seed, Temperature, TopK, TopP
+
 
 class SpineTier(BaseModel):
     """Spine ratio r used while the spine source's acceptance EMA is below ``below``."""
@@ -28,6 +30,12 @@ class GooseConfig(BaseModel):
     """Everything that shapes one Goose generation. Defaults are the paper's."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # what is decoded: greedy (temperature 0) or sampled; every call may override these
+    temperature: Temperature = 0.0
+    top_p: TopP = 1.0
+    top_k: TopK = 0
+    seed: Seed = None
 
     # which plugins take part
     sources: list[str] = Field(default_factory=lambda: ["context_match", "bigram_transition"])
@@ -53,6 +61,11 @@ class GooseConfig(BaseModel):
 
     # sources' shared conventions
     ema: float = Field(default=0.3, gt=0.0, le=1.0, description="EMA coefficient of acceptance estimates")
+    initial_acceptance: dict[str, float] = Field(
+        default_factory=dict,
+        description="per source name: its acceptance estimate before any verification (default: the value the "
+        "source registered with)",
+    )
     harvest_top_k: int = Field(default=10, ge=1, description="top-k of every verified position sent to observers")
     prefill_harvest: int | None = Field(
         default=256,
@@ -87,6 +100,14 @@ class GooseConfig(BaseModel):
             raise ValueError(f"sources listed twice: {value}")
         return value
 
+    @field_validator("initial_acceptance")
+    @classmethod
+    def _probabilities(cls, value: dict[str, float]) -> dict[str, float]:
+        outside = {name: rate for name, rate in value.items() if not 0.0 <= rate <= 1.0}
+        if outside:
+            raise ValueError(f"initial acceptance must lie in [0, 1]: {outside}")
+        return value
+
     @model_validator(mode="after")
     def _tiers_sorted(self) -> GooseConfig:
         bounds = [tier.below for tier in self.spine_tiers]
@@ -103,3 +124,6 @@ class GooseConfig(BaseModel):
 
     def options_for(self, source: str) -> dict[str, Any]:
         return dict(self.source_options.get(source, {}))
+
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed)

@@ -1,9 +1,9 @@
 """The verify cost curve t(n): seconds for one verification pass of an n-node tree on this device.
 
-On a GPU a 60-node tree costs about one token; on a 2-core CPU a 64-node forward costs 2.4x
-(bfloat16) to 3.7x (float32) one token. The budget planner needs the real curve of the model,
-dtype, device and context length at hand, so it is measured once (a second or two) and cached
-per machine; ``goose calibrate`` prints it.
+On a GPU a 60-node tree costs about one token; on a small CPU width costs (docs/results.md has the
+measured curves). The budget planner needs the real curve of the model, dtype, device and context
+length at hand, so it is measured once (a few seconds) and cached per machine; ``goose calibrate``
+prints it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from goose.config import GooseConfig
-from goose.readout import greedy_and_top_k
+from goose.readout import read
 from goose.tree import TreeBuilder
 from goose.verifier import Verifier
 
@@ -30,7 +30,7 @@ logger = logging.getLogger("goose.cost")
 DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 CALIBRATION_CONTEXT = 256  # tokens of context while measuring: a typical prompt length
 HARVEST_TOP_K = GooseConfig.model_fields["harvest_top_k"].default  # what a default decoder reads per row
-CURVE_FORMAT = 3  # part of the cache key: bump when measure() changes, so stale curves are re-measured
+CURVE_FORMAT = 4  # part of the cache key: bump when measure() changes, so stale curves are re-measured
 
 
 @dataclass(frozen=True)
@@ -67,20 +67,19 @@ def measure(model: torch.nn.Module, sizes: tuple[int, ...] = DEFAULT_SIZES, roun
     """
     verifier = Verifier(model)
     vocab = verifier.vocab_size
-    generator = torch.Generator().manual_seed(0)
-    context = torch.randint(100, min(vocab, 30_000), (context_length,), generator=generator).tolist()
+    generator = np.random.default_rng(0)
+    context = generator.integers(100, min(vocab, 30_000), context_length).tolist()
     verifier.prefill(context)
     trees = []
     for size in sizes:
         builder = TreeBuilder(context[-1], ("calibration",), capacity=size - 1)
-        builder.add_chain(0, torch.randint(100, min(vocab, 30_000), (size - 1,), generator=generator), 0)
+        builder.add_chain(0, generator.integers(100, min(vocab, 30_000), size - 1), 0)
         trees.append(builder.build())
     timings: list[list[float]] = [[] for _ in sizes]
     for round_index in range(rounds + 1):  # round 0 warms the kernels of every shape
         for tree, samples in zip(trees, timings, strict=True):
             started = time.perf_counter()
-            logits = verifier.verify(tree)
-            greedy_and_top_k(logits, HARVEST_TOP_K)[0].cpu()  # the readout and device sync the decoder pays
+            read(verifier.verify(tree), tree.size, HARVEST_TOP_K)  # the readout and device read the decoder pays
             elapsed = time.perf_counter() - started
             verifier.discard()  # the context stays put for every measurement
             if round_index:

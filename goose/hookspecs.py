@@ -1,9 +1,7 @@
 """The Goose plugin author's manual: every hook, its arguments, what it returns, when it is called.
 
-There are two kinds of plugin object.
-
-*Registration plugins* are what the ``goose`` entry-point group points at (a module or an
-object). Built-in sources and topologies are registered exactly like third-party ones::
+**Registering.** The ``goose`` entry-point group points at registration plugins (a module or an
+object). Built-in sources and topologies register exactly like third-party ones::
 
     # pyproject.toml of your distribution
     [project.entry-points.goose]
@@ -14,42 +12,55 @@ object). Built-in sources and topologies are registered exactly like third-party
 
     @goose.hookimpl
     def goose_register_sources(register):
-        register("phrase_list", PhraseListSource, description="drafts from a phrase file")
+        register("phrase_list", PhraseListSource, description="drafts from a phrase file", initial_acceptance=0.6)
 
-*Source and topology instances* are made by the registered factories, one per decoder, and
-hold all the per-request state (an adjacency table belongs to its source instance, not to a
-module). A source instance implements any subset of the source hooks below; a topology
-instance implements ``goose_plan_tree`` (and, optionally, ``goose_spine_lengths`` to tell the
-automatic budget what tree a budget will buy). Factories are called as ``factory(config)`` with the
-decoder's :class:`goose.config.GooseConfig`; read your options from
-``config.options_for(name)``.
+(``goose.plugins.register(module)`` does the same at run time, for notebooks and scripts.)
 
-Faults are contained: a source hook that raises, or returns a malformed draft (token ids
-outside the vocabulary, parents out of order, wrong shapes), is skipped for that cycle and
-logged once; the output of decoding never changes because of a plugin, only its speed.
+**A source** is a plain class. The decoder makes one instance per decoder with
+``factory(config)`` (the decoder's :class:`goose.config.GooseConfig`; read your options from
+``config.options_for(name)``) and calls the hooks it implements; every hook is optional, and one
+that is missing costs nothing. The one job most sources have is ``goose_propose``; a source that
+can branch answers ``goose_successors``; one that learns from outcomes implements
+``goose_observe``. All arrays are NumPy, on the host.
+
+**Acceptance.** A source does not keep or report its own acceptance rate: the decoder keeps one
+:class:`goose.acceptance.AcceptanceEstimate` per source, made for the name it was registered under,
+starting at ``initial_acceptance`` (the registration's value, or ``GooseConfig.initial_acceptance``
+[name]) and moved by an EMA step (``GooseConfig.ema``) towards the accepted / tested ratio of the
+source's tree nodes after every verification. Planners rank sources by it (the most trusted gets
+the spine) and the automatic budget sizes trees by it. ``goose_propose`` receives the current
+value; a draft without scores gets it for every token.
+
+**Faults are contained.** Every call into a plugin goes through one guard
+(:mod:`goose.boundary`): a hook that raises, or returns something malformed (token ids outside the
+vocabulary, parents out of order, wrong shapes, wrong types), is skipped for that cycle and logged
+once; the output of decoding never changes because of a plugin, only its speed.
 
 Order of calls for one request::
 
     goose_reset()                       once, before the prompt
     goose_prefill(context, harvest)     once, with the prompt and its positions' top-k
     repeat until done:
-        goose_propose(context)          -> Draft or None
-        goose_acceptance()              -> the planner ranks sources by it (may describe this draft)
-        goose_auxiliary_rows(context)   -> AuxiliaryRows or None
-        goose_spine_lengths(...)        topology, with budget="auto": spine per candidate budget
-        goose_successors(...)           zero or more times, while the planner builds the tree
-        goose_observe(outcome)          after verification
+        goose_propose(context, acceptance)   -> Draft or None
+        goose_auxiliary_rows(context)        -> AuxiliaryRows or None
+        goose_spine_lengths(...)             topology, with budget="auto"
+        goose_plan_tree(...)                 topology, which calls goose_successors zero or more times
+        goose_observe(outcome, own_nodes, auxiliary_predictions)   after verification
+
+**A topology** is a plain class too, made per decoder with ``factory(config)``; it implements
+``goose_plan_tree`` and optionally ``goose_spine_lengths``. ``goose.topologies.toolkit`` holds the
+shape helpers the built-in planners share (best-first branch growth, harmonic splits, rankings).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pluggy
 
 if TYPE_CHECKING:
-    import torch
+    import numpy as np
 
     from goose.candidates import CandidatePool, DecodeContext, Draft
     from goose.config import GooseConfig
@@ -68,10 +79,11 @@ Register = Callable[..., None]
 
 @hookspec
 def goose_register_sources(register: Register) -> None:
-    """Register candidate sources: ``register(name, factory, description="")``.
+    """Register candidate sources: ``register(name, factory, description="", initial_acceptance=0.3)``.
 
     ``factory(config: GooseConfig)`` returns a new source instance implementing some of the
-    source hooks below. Names are global: registering a name twice is an error.
+    source hooks below. ``initial_acceptance`` is the estimate before any of the source's tokens
+    has been verified. Names are global: registering a name twice is an error.
     """
 
 
@@ -90,8 +102,8 @@ def goose_register_topologies(register: Register) -> None:
 def goose_reset() -> None:
     """Forget per-request state before a new prompt.
 
-    State meant to outlive a request (a persistent adjacency table, a datastore) is kept when
-    the source's options say so.
+    State meant to outlive a request (a persistent adjacency table, a memory of earlier outputs)
+    is kept when the source's options say so.
     """
 
 
@@ -106,39 +118,28 @@ def goose_prefill(context: DecodeContext, harvest: Harvest) -> None:
 
 
 @hookspec
-def goose_propose(context: DecodeContext) -> Draft | None:
+def goose_propose(context: DecodeContext, acceptance: float) -> Draft | None:
     """Draft tokens to follow the anchor (``context.tokens[-1]``), or None.
 
-    Return a :class:`goose.candidates.Draft`: a chain (``Draft.chain(tokens, scores)``) or a
-    small trie. Scores estimate the probability that each token is accepted given that its
-    parent was; planners use them to rank and prune. Called once per cycle; keep it fast
-    (vectorised or incremental, never a scan of the whole context in Python).
+    Return a :class:`goose.candidates.Draft`: a chain (``Draft.chain(tokens)``) or a small trie
+    (``Draft.trie(paths, weights, acceptance)``). Scores, when given, estimate the chance that
+    each token is accepted given that its parent was; planners rank and prune by them. Without
+    scores every token gets ``acceptance``, this source's current estimate (see the module
+    docstring). A source that knows how far this very draft is trusted per depth (context match:
+    by how long the copied text has matched) says so with ``Draft.depth_acceptance``, which the
+    automatic budget sizes the spine by. Called once per cycle; keep it fast (vectorised or
+    incremental, never a scan of the whole context in Python).
     """
 
 
 @hookspec
-def goose_successors(previous: torch.Tensor, tokens: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+def goose_successors(previous: np.ndarray, tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
     """Up to k tokens likely to follow each (previous, token) pair; None if this source cannot branch.
 
-    ``previous`` and ``tokens`` are int64 [m] (previous is -1 when unknown). Return
-    (successors int64 [m, k'], scores float32 [m, k']) with k' <= k, best first, -1 where nothing
-    is known. Planners call this while they grow branches, a whole tree level at a time.
-    """
-
-
-@hookspec
-def goose_acceptance() -> float | Sequence[float] | None:
-    """The source's current estimate of its per-token acceptance rate, in [0, 1].
-
-    Planners rank sources by it (the most trusted source gets the spine), and the automatic
-    budget sizes the tree by it. Called each cycle *after* ``goose_propose``, so a source may
-    report how far it trusts this cycle's draft in particular. A number is one rate for every
-    draft token; a sequence gives it per draft depth (entry i: draft token i + 1 accepted given
-    that its parent was; the last entry repeats), which the budget planner sizes the spine by
-    (context match reports its copy-depth estimates this way). Where one number is needed (the
-    ranking, the spine ratio), a sequence counts as its chain-equivalent rate over the draft:
-    expected accepted over expected tested tokens. The built-in sources keep EMAs
-    (``GooseConfig.ema``) of accepted / tested nodes of their own.
+    ``previous`` and ``tokens`` are int64 [m] (previous is -1 when unknown). Return (successors
+    int64 [m, k'], scores float [m, k']) with k' <= k, best first, -1 where nothing is known;
+    scores estimate each successor's chance of being accepted after the pair. Planners call this
+    while they grow branches, a whole tree level at a time.
     """
 
 
@@ -146,15 +147,22 @@ def goose_acceptance() -> float | Sequence[float] | None:
 def goose_auxiliary_rows(context: DecodeContext) -> AuxiliaryRows | None:
     """Extra rows to ride in this cycle's verification pass without being drafted.
 
-    Lookahead decoding uses this for its Jacobi window. Their logits come back in
-    ``outcome.auxiliary[<source name>]`` and their argmax (on the host) in
-    ``outcome.auxiliary_predictions[<source name>]``.
+    Lookahead decoding uses this for its Jacobi window. The target's greedy token at each of
+    these rows comes back to the same source in ``goose_observe``'s ``auxiliary_predictions``.
     """
 
 
 @hookspec
-def goose_observe(outcome: VerifyOutcome) -> None:
-    """Learn from one verification: the accepted path, every node's fate and the target's top-k."""
+def goose_observe(outcome: VerifyOutcome, own_nodes: np.ndarray, auxiliary_predictions: np.ndarray | None) -> None:
+    """Learn from one verification.
+
+    ``outcome``: the tree, the accepted path, every node's fate (``reached``: tested, i.e. its
+    parent was accepted; ``accepted``), what the cycle appended and the target's top-k at every
+    tree row. ``own_nodes``: bool [n], the tree nodes this source laid (first writer of a shared
+    node). ``auxiliary_predictions``: int64 [a], the target's greedy token at each row this source
+    added through ``goose_auxiliary_rows`` (None when it added none). The acceptance estimate is
+    updated by the decoder; implement this only to learn more than that.
+    """
 
 
 # --- topology planners (instances) ----------------------------------------------------------
@@ -164,9 +172,11 @@ def goose_observe(outcome: VerifyOutcome) -> None:
 def goose_plan_tree(pool: CandidatePool, budget: int, config: GooseConfig) -> DraftTree | None:
     """Turn the candidate pool into a draft tree of at most ``budget`` draft nodes.
 
-    ``pool.candidates`` is ranked by acceptance estimate, most trusted first. Lay nodes with
-    ``pool.builder(budget)`` (deduplicated on (parent, token); the first source to lay a node
-    keeps it, which is how the walker prefers trusted sources) and return ``builder.build()``.
+    ``pool.candidates`` is ranked by acceptance estimate, most trusted first; drafts carry scores.
+    Lay nodes with ``pool.builder(budget)`` (deduplicated on (parent, token); the first source to
+    lay a node keeps it, which is how the walker prefers trusted sources) and return
+    ``builder.build()``. A source's ``successors(previous, tokens, k)`` answers are already checked
+    and padded: int64 [m, k] and scores in [0, 1], -1 / 0 where nothing is known.
     """
 
 

@@ -1,11 +1,11 @@
-"""What one verification pass tells the sources: the accepted path and the target's top-k."""
+"""What one verification pass tells the sources: the accepted path and the target's top-k, in NumPy."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 
-import torch
+import numpy as np
 
 from goose.tree import DraftTree
 
@@ -21,7 +21,7 @@ class PathKind(str, Enum):
 
 @dataclass(frozen=True)
 class Harvest:
-    """Top-k of the target's logits at verified positions, with the two tokens that led there.
+    """Top-k of the target's distribution at verified positions, with the two tokens that led there.
 
     For position j: ``previous[j]``, ``tokens[j]`` are the last two tokens of its root path
     (previous is -1 when unknown) and ``top_tokens[j]`` / ``top_scores[j]`` the target's k most
@@ -29,13 +29,38 @@ class Harvest:
     rejected branches included; at prefill, the last prompt positions.
     """
 
-    previous: torch.Tensor
-    tokens: torch.Tensor
-    top_tokens: torch.Tensor
-    top_scores: torch.Tensor
+    previous: np.ndarray  # int64 [r]
+    tokens: np.ndarray  # int64 [r]
+    top_tokens: np.ndarray  # int64 [r, k]
+    top_scores: np.ndarray  # float32 [r, k]
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
+
+    @classmethod
+    def empty(cls, k: int = 0) -> Harvest:
+        nothing = np.zeros(0, dtype=np.int64)
+        return cls(nothing, nothing, np.zeros((0, k), dtype=np.int64), np.zeros((0, k), dtype=np.float32))
+
+    @classmethod
+    def of_tree(cls, tree: DraftTree, anchor_previous: int, top_tokens: np.ndarray, top_scores: np.ndarray) -> Harvest:
+        """The harvest of every tree row: each row is keyed by its node's token and the token before it."""
+        return cls(tree.previous_tokens(anchor_previous), tree.tokens, top_tokens, top_scores)
+
+    @classmethod
+    def of_prompt(cls, prompt_ids: list[int], top_tokens: np.ndarray, top_scores: np.ndarray) -> Harvest:
+        """The harvest of the last ``len(top_tokens)`` prompt positions before the last one.
+
+        (The last prompt position's row predicts the first generated token, which is not a row a
+        source can learn a transition from before that token is known.)
+        """
+        rows = top_tokens.shape[0]
+        ids = np.asarray(prompt_ids, dtype=np.int64)
+        end = ids.shape[0] - 1
+        tokens = ids[end - rows : end]
+        known = ids[max(0, end - rows - 1) : max(0, end - 1)]
+        previous = np.concatenate([np.full(rows - known.shape[0], -1, dtype=np.int64), known])
+        return cls(previous, tokens, top_tokens, top_scores)
 
 
 @dataclass(frozen=True)
@@ -48,19 +73,26 @@ class AuxiliaryRows:
     no draft node sees them. Their key/values are discarded after the pass.
     """
 
-    tokens: torch.Tensor
-    position_offsets: torch.Tensor
-    mask: torch.Tensor
+    tokens: np.ndarray
+    position_offsets: np.ndarray
+    mask: np.ndarray
 
-    def validate(self, vocab_size: int) -> AuxiliaryRows:
-        a = self.tokens.shape[0]
-        if self.tokens.ndim != 1 or self.position_offsets.shape != (a,) or self.mask.shape != (a, a):
+    def validated(self, vocab_size: int) -> AuxiliaryRows:
+        """These rows as clean arrays; ValueError when malformed."""
+        tokens = np.asarray(self.tokens)
+        offsets = np.asarray(self.position_offsets)
+        mask = np.asarray(self.mask)
+        a = tokens.shape[0] if tokens.ndim == 1 else -1
+        if a < 0 or offsets.shape != (a,) or mask.shape != (a, a):
             raise ValueError("auxiliary rows: tokens [a], position_offsets [a] and mask [a, a] disagree")
-        if a and (int(self.tokens.min()) < 0 or int(self.tokens.max()) >= vocab_size):
+        if not (np.issubdtype(tokens.dtype, np.integer) and np.issubdtype(offsets.dtype, np.integer)):
+            raise ValueError("auxiliary rows: tokens and position_offsets must be integer arrays")
+        if a and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
             raise ValueError(f"auxiliary token ids outside the vocabulary [0, {vocab_size})")
-        if a and int(self.position_offsets.min()) < 1:
+        if a and int(offsets.min()) < 1:
             raise ValueError("auxiliary rows must sit after the anchor (position_offsets >= 1)")
-        return self
+        return AuxiliaryRows(tokens.astype(np.int64, copy=False), offsets.astype(np.int64, copy=False),
+                             mask.astype(np.bool_, copy=False))
 
 
 @dataclass(frozen=True)
@@ -71,33 +103,19 @@ class VerifyOutcome:
     excluded). ``new_tokens``: what the cycle appended to the output (accepted draft tokens,
     then the bonus token), already cut at EOS and at the generation limit. ``reached`` /
     ``accepted``: bool [n] per tree node: whether the node was tested (its parent accepted) and
-    whether it was accepted. ``auxiliary``: per source, the target's logits [a, V] at the rows it
-    added through ``goose_auxiliary_rows``; ``auxiliary_predictions``: their argmax [a] on the host,
-    from the one argmax (and device sync) the decoder already does for the walk.
+    whether it was accepted. ``harvest``: the target's top-k at every tree row.
     """
 
     tree: DraftTree
-    accepted_nodes: torch.Tensor
+    accepted_nodes: np.ndarray
     new_tokens: list[int]
     bonus_token: int
-    reached: torch.Tensor
-    accepted: torch.Tensor
+    reached: np.ndarray
+    accepted: np.ndarray
     path_kind: PathKind
     harvest: Harvest
-    auxiliary: dict[str, torch.Tensor] = field(default_factory=dict)
-    auxiliary_predictions: dict[str, torch.Tensor] = field(default_factory=dict)
-
-    def updated_acceptance(self, source: str, current: float, rate: float) -> float:
-        """``current`` moved by EMA ``rate`` towards this cycle's accepted / tested ratio of ``source``'s nodes.
-
-        Unchanged when none of the source's nodes was tested (such a cycle says nothing about it).
-        """
-        if source not in self.tree.source_names:
-            return current
-        reached, accepted = self.source_counts(self.tree.source_names.index(source))
-        return current + rate * (accepted / reached - current) if reached else current
 
     def source_counts(self, source_id: int) -> tuple[int, int]:
-        """(reached, accepted) draft nodes of one source in this cycle."""
+        """(tested, accepted) draft nodes of one source in this cycle."""
         mine = self.tree.source_ids == source_id
-        return int((mine & self.reached).sum()), int((mine & self.accepted).sum())
+        return int(np.count_nonzero(mine & self.reached)), int(np.count_nonzero(mine & self.accepted))

@@ -1,9 +1,9 @@
 """Plugin loading: built-ins and third-party distributions come in the same way, via entry points.
 
-``registry()`` scans the ``goose`` entry-point group once and asks every plugin module to
-register its sources and topologies. ``SourceSet`` is one decoder's set of live source instances
-in a private PluginManager; it calls their hooks one implementation at a time so that a faulty
-plugin is skipped (with one warning) instead of taking decoding down.
+``registry()`` scans the ``goose`` entry-point group once and asks every plugin module to register
+its sources and topologies; ``register()`` adds one at run time and ``unregister()`` takes it out
+again. Calling the registered plugins while decoding, with their faults contained, is
+:mod:`goose.boundary`'s job.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ logger = logging.getLogger("goose.plugins")
 ENTRY_POINT_GROUP = "goose"
 BUILTIN_ORIGIN = "built-in"
 OWN_DISTRIBUTION = "goose-decoding"
+DEFAULT_INITIAL_ACCEPTANCE = 0.3
 
 
 class PluginError(ValueError):
@@ -37,6 +38,7 @@ class Registration:
     factory: Callable[[GooseConfig], Any]
     origin: str  # "built-in" or the distribution that registered it
     description: str = ""
+    initial_acceptance: float = DEFAULT_INITIAL_ACCEPTANCE  # sources: the estimate before any verification
 
 
 @dataclass
@@ -47,19 +49,32 @@ class Registry:
     topologies: dict[str, Registration] = field(default_factory=dict)
     load_errors: list[str] = field(default_factory=list)
 
-    def add_plugin(self, plugin: object, origin: str) -> None:
-        """Ask one registration plugin (module or object) to register what it provides."""
+    def add_plugin(self, plugin: object, origin: str) -> list[Registration]:
+        """Ask one registration plugin (module or object) to register what it provides; returns what it added."""
         manager = pluggy.PluginManager(hookspecs.PROJECT)
         manager.add_hookspecs(hookspecs)
         manager.register(plugin)
-        manager.hook.goose_register_sources(register=self._registrar("source", self.sources, origin))
-        manager.hook.goose_register_topologies(register=self._registrar("topology", self.topologies, origin))
+        added: list[Registration] = []
+        manager.hook.goose_register_sources(register=self._registrar("source", self.sources, origin, added))
+        manager.hook.goose_register_topologies(register=self._registrar("topology", self.topologies, origin, added))
+        return added
 
-    def _registrar(self, kind: str, table: dict[str, Registration], origin: str) -> Callable[..., None]:
-        def register(name: str, factory: Callable[[GooseConfig], Any], description: str = "") -> None:
+    def remove(self, registrations: list[Registration]) -> None:
+        for registration in registrations:
+            table = self.sources if registration.kind == "source" else self.topologies
+            if table.get(registration.name) is registration:
+                del table[registration.name]
+
+    def _registrar(self, kind: str, table: dict[str, Registration], origin: str,
+                   added: list[Registration]) -> Callable[..., None]:
+        def register(name: str, factory: Callable[[GooseConfig], Any], description: str = "",
+                     initial_acceptance: float = DEFAULT_INITIAL_ACCEPTANCE) -> None:
             if name in table and table[name].factory is not factory:
                 raise PluginError(f"{kind} {name!r} is registered twice ({table[name].origin} and {origin})")
-            table[name] = Registration(name, kind, factory, origin, description)
+            if not 0.0 <= float(initial_acceptance) <= 1.0:
+                raise PluginError(f"{kind} {name!r}: initial_acceptance must lie in [0, 1], got {initial_acceptance}")
+            table[name] = Registration(name, kind, factory, origin, description, float(initial_acceptance))
+            added.append(table[name])
 
         return register
 
@@ -107,62 +122,27 @@ def _load_entry_points(entry_points: Iterable[metadata.EntryPoint]) -> Registry:
     return found
 
 
-def register(plugin: object, origin: str = "runtime") -> None:
-    """Register a plugin module or object in this process without packaging it (notebooks, tests)."""
-    registry().add_plugin(plugin, origin)
+def register(plugin: object, origin: str = "runtime") -> list[Registration]:
+    """Register a plugin module or object in this process without packaging it (notebooks, tests).
+
+    Returns the registrations it made; ``unregister`` takes them out again.
+    """
+    return registry().add_plugin(plugin, origin)
 
 
-class SourceSet:
-    """One decoder's live sources in a private PluginManager, called with fault isolation."""
+class SourcePlugin:
+    """A registration plugin for one source class: ``register(SourcePlugin("name", Class))`` in a script or notebook."""
 
-    def __init__(self, names: list[str], config: GooseConfig, known: Registry | None = None) -> None:
-        known = known or registry()
-        self.names: tuple[str, ...] = tuple(names)
-        self.manager = pluggy.PluginManager(hookspecs.PROJECT)
-        self.manager.add_hookspecs(hookspecs)
-        self.instances: dict[str, Any] = {}
-        for name in names:
-            instance = known.source(name).factory(config)
-            self.manager.register(instance, name=name)
-            self.instances[name] = instance
-        self._warned: set[tuple[str, str]] = set()
+    def __init__(self, name: str, factory: Callable[[GooseConfig], Any], description: str = "",
+                 initial_acceptance: float = DEFAULT_INITIAL_ACCEPTANCE) -> None:
+        self.name, self.factory, self.description = name, factory, description
+        self.initial_acceptance = initial_acceptance
 
-    def call(self, hook: str, **kwargs: Any) -> dict[str, Any]:
-        """Call ``hook`` on every source that implements it; {source name: result}. Faults are skipped."""
-        results: dict[str, Any] = {}
-        for implementation in getattr(self.manager.hook, hook).get_hookimpls():
-            name = implementation.plugin_name
-            try:
-                results[name] = implementation.function(**{a: kwargs[a] for a in implementation.argnames})
-            except Exception as error:
-                self.warn_once(name, hook, f"raised {type(error).__name__}: {error}")
-        return results
-
-    def implements(self, name: str, hook: str) -> bool:
-        return any(i.plugin_name == name for i in getattr(self.manager.hook, hook).get_hookimpls())
-
-    def call_one(self, name: str, hook: str, **kwargs: Any) -> Any:
-        """Call one source's implementation of ``hook``; None if it has none or it raised (logged once)."""
-        for implementation in getattr(self.manager.hook, hook).get_hookimpls():
-            if implementation.plugin_name == name:
-                try:
-                    return implementation.function(**{a: kwargs[a] for a in implementation.argnames})
-                except Exception as error:
-                    self.warn_once(name, hook, f"raised {type(error).__name__}: {error}")
-        return None
-
-    def warn_once(self, name: str, hook: str, problem: str) -> None:
-        """Log a plugin fault once per (source, hook); the cycle goes on without that source."""
-        if (name, hook) not in self._warned:
-            self._warned.add((name, hook))
-            logger.warning("source %r skipped in %s: %s (further faults of this kind are not logged)",
-                           name, hook, problem)
+    @hookspecs.hookimpl
+    def goose_register_sources(self, register: hookspecs.Register) -> None:
+        register(self.name, self.factory, description=self.description, initial_acceptance=self.initial_acceptance)
 
 
-def make_topology(name: str, config: GooseConfig, known: Registry | None = None) -> pluggy.HookCaller:
-    """A planner instance for ``name``, wrapped in its own PluginManager; call ``.goose_plan_tree``."""
-    known = known or registry()
-    manager = pluggy.PluginManager(hookspecs.PROJECT)
-    manager.add_hookspecs(hookspecs)
-    manager.register(known.topology(name).factory(config), name=name)
-    return manager.hook
+def unregister(registrations: list[Registration]) -> None:
+    """Remove registrations made by :func:`register` (a test cleaning up after itself)."""
+    registry().remove(registrations)

@@ -1,10 +1,13 @@
-"""The draft tree: a parent array of draft tokens hanging off the anchor.
+"""The draft tree: a parent array of draft tokens hanging off the anchor, in NumPy.
 
 Node 0 is the anchor (the last accepted token, not yet in the KV cache); every other node is a
 draft token whose parent precedes it, so index order is a topological order. Nodes are unique
 on (parent, token): when two sources propose the same token under the same parent the node is
 kept once and keeps the tag of whoever laid it first, which is how a planner that lays the most
 trusted source first gets "prefer context match over transition" in the walk for free.
+
+The tree lives on the host from the sources to the walk; the verifier sends it to the model's
+device once per cycle.
 """
 
 from __future__ import annotations
@@ -13,11 +16,28 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 ROOT = 0
 NO_PARENT = -1
 NO_SOURCE = -1
+
+
+def ancestor_matrix(parents: np.ndarray, max_depth: int) -> np.ndarray:
+    """bool [n, n] ancestor-or-self matrix by pointer jumping: ceil(log2(depth + 1)) array steps."""
+    n = parents.shape[0]
+    jump = np.maximum(parents, 0)  # the root is its own parent, so jumping past it stays there
+    ancestors = np.eye(n, dtype=np.bool_)
+    for _ in range(max(1, math.ceil(math.log2(max_depth + 1)))):
+        # rows cover distances [0, 2^k); adding the rows of the 2^k-th ancestor covers [0, 2^(k+1))
+        ancestors = ancestors | ancestors[jump]
+        jump = jump[jump]
+    return ancestors
+
+
+def tokens_before(parents: np.ndarray, tokens: np.ndarray, nodes: np.ndarray, anchor_previous: int) -> np.ndarray:
+    """The token before each of ``nodes`` on its root path (the anchor's is the context's previous token)."""
+    node_parents = parents[nodes]
+    return np.where(node_parents >= 0, tokens[np.maximum(node_parents, 0)], anchor_previous)
 
 
 @dataclass(frozen=True)
@@ -29,14 +49,14 @@ class DraftTree:
     source that drafted node i.
     """
 
-    tokens: torch.Tensor
-    parents: torch.Tensor
-    depths: torch.Tensor
-    source_ids: torch.Tensor
-    on_spine: torch.Tensor
+    tokens: np.ndarray
+    parents: np.ndarray
+    depths: np.ndarray
+    source_ids: np.ndarray
+    on_spine: np.ndarray
     source_names: tuple[str, ...]
     max_depth: int
-    _ancestors: list[torch.Tensor] = field(default_factory=list, repr=False, compare=False)
+    _ancestors: list[np.ndarray] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -48,41 +68,20 @@ class DraftTree:
         return self.size - 1
 
     @property
-    def ancestors(self) -> torch.Tensor:
-        """bool [n, n]: ancestors[i, j] is True when j is i or one of i's ancestors."""
+    def ancestors(self) -> np.ndarray:
+        """bool [n, n]: ancestors[i, j] is True when j is i or one of i's ancestors (computed once)."""
         if not self._ancestors:
             self._ancestors.append(ancestor_matrix(self.parents, self.max_depth))
         return self._ancestors[0]
 
-    def attention_mask(
-        self, past_length: int, sliding_window: int | None = None, device: torch.device | str | None = None
-    ) -> torch.Tensor:
-        """bool [1, 1, n, past_length + n]: True where a node may attend.
-
-        Each node sees the whole cached context and its own root path. With ``sliding_window``
-        a node at position q sees a cached position k only when q - k < sliding_window, as the
-        model's sliding-attention layers do in plain decoding.
-        """
-        n = self.size
-        ancestors = self.ancestors
-        past = torch.ones(n, past_length, dtype=torch.bool)
-        if sliding_window is not None and past_length > 0:
-            query_positions = (past_length + self.depths).unsqueeze(1)
-            key_positions = torch.arange(past_length).unsqueeze(0)
-            past = query_positions - key_positions < sliding_window
-            # tree keys lie within max_depth of every query, always inside the window
-        mask = torch.cat([past, ancestors], dim=1)[None, None]
-        return mask if device is None else mask.to(device, non_blocking=True)
-
-    def position_ids(self, past_length: int, device: torch.device | str | None = None) -> torch.Tensor:
-        """int64 [1, n]: context length + depth, the position each node would have in a plain sequence."""
-        positions = (past_length + self.depths)[None]
-        return positions if device is None else positions.to(device, non_blocking=True)
-
-    def root_path(self, node: int) -> torch.Tensor:
+    def root_path(self, node: int) -> np.ndarray:
         """Node indices from the first draft node down to ``node`` (anchor excluded), in depth order."""
-        members = self.ancestors[node].nonzero().squeeze(1)
+        members = np.flatnonzero(self.ancestors[node])
         return members[members != ROOT]
+
+    def previous_tokens(self, anchor_previous: int) -> np.ndarray:
+        """The token before every node on its root path: what a bigram key of each row starts with."""
+        return tokens_before(self.parents, self.tokens, np.arange(self.size), anchor_previous)
 
     @staticmethod
     def single(anchor: int, source_names: tuple[str, ...] = ()) -> DraftTree:
@@ -90,25 +89,11 @@ class DraftTree:
         return TreeBuilder(anchor, source_names, capacity=0).build()
 
 
-def ancestor_matrix(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
-    """bool [n, n] ancestor-or-self matrix by pointer jumping: ceil(log2(depth + 1)) tensor steps."""
-    n = parents.shape[0]
-    jump = parents.clamp(min=0)  # the root is its own parent, so jumping past it stays there
-    ancestors = torch.eye(n, dtype=torch.bool)
-    for _ in range(max(1, math.ceil(math.log2(max_depth + 1)))):
-        # rows cover distances [0, 2^k); adding the rows of the 2^k-th ancestor covers [0, 2^(k+1))
-        ancestors = ancestors | ancestors[jump]
-        jump = jump[jump]
-    return ancestors
-
-
 class TreeBuilder:
     """Lays nodes into a draft tree within a node budget, deduplicated on (parent, token).
 
     Planners call ``add_chain`` and ``add_children`` in priority order (most trusted source
-    first); nodes beyond the budget are dropped and reported as -1. The arrays live in NumPy
-    while the tree grows (a NumPy op on a few dozen elements costs a third of a torch op on a
-    CPU) and become tensors once, in ``build``.
+    first); nodes beyond the budget are dropped and reported as -1.
     """
 
     def __init__(self, anchor: int, source_names: tuple[str, ...], capacity: int) -> None:
@@ -134,40 +119,39 @@ class TreeBuilder:
         return self.capacity + 1 - self._size
 
     @property
-    def tokens(self) -> torch.Tensor:
-        return torch.from_numpy(self._tokens[: self._size])
+    def tokens(self) -> np.ndarray:
+        return self._tokens[: self._size]
 
     @property
-    def depths(self) -> torch.Tensor:
-        return torch.from_numpy(self._depths[: self._size])
+    def depths(self) -> np.ndarray:
+        return self._depths[: self._size]
 
     @property
-    def parents(self) -> torch.Tensor:
-        return torch.from_numpy(self._parents[: self._size])
+    def parents(self) -> np.ndarray:
+        return self._parents[: self._size]
 
     def source_id(self, name: str) -> int:
         return self.source_names.index(name)
 
+    def previous_tokens(self, nodes: np.ndarray, anchor_previous: int) -> np.ndarray:
+        """The token before each of ``nodes`` on its root path."""
+        return tokens_before(self.parents, self.tokens, nodes, anchor_previous)
+
     def _find(self, parents: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """Index of the existing node with each (parent, token), or -1."""
         n = self._size
         same = (self._parents[None, :n] == parents[:, None]) & (self._tokens[None, :n] == tokens[:, None])
         return np.where(same.any(axis=1), same.argmax(axis=1), -1)
 
-    def find(self, parents: torch.Tensor | np.ndarray, tokens: torch.Tensor | np.ndarray) -> torch.Tensor:
-        """Index of the existing node with each (parent, token), or -1."""
-        return torch.from_numpy(self._find(_array(parents), _array(tokens)))
-
-    def add_children(
-        self, parents: torch.Tensor | np.ndarray, tokens: torch.Tensor | np.ndarray, source: int, spine: bool = False
-    ) -> torch.Tensor:
+    def add_children(self, parents: np.ndarray, tokens: np.ndarray, source: int, spine: bool = False) -> np.ndarray:
         """Add one child per (parent, token) pair, in the given order; returns their node indices.
 
         Existing (parent, token) nodes are reused (their tag is kept). Pairs repeated within the
         call collapse to their first occurrence. Pairs past the budget get -1.
         """
-        parents, tokens = _array(parents), _array(tokens)
+        parents, tokens = _int64(parents), _int64(tokens)
         if parents.shape[0] == 0:
-            return torch.from_numpy(parents)
+            return parents
         result = self._find(parents, tokens)
         # within-call duplicates: only the first of equal (parent, token) pairs is new
         same = (parents[None, :] == parents[:, None]) & (tokens[None, :] == tokens[:, None])
@@ -188,17 +172,15 @@ class TreeBuilder:
             self._max_depth = max(self._max_depth, int(new_depths.max()))
             result[new_positions] = np.arange(start, stop)
         # duplicates inside the call point at their first occurrence's node (or -1 if it did not fit)
-        return torch.from_numpy(np.where(result < 0, result[first], result))
+        return np.where(result < 0, result[first], result)
 
-    def add_chain(
-        self, parent: int, tokens: torch.Tensor | np.ndarray, source: int, spine: bool = False
-    ) -> torch.Tensor:
+    def add_chain(self, parent: int, tokens: np.ndarray, source: int, spine: bool = False) -> np.ndarray:
         """Add a linear continuation under ``parent``; returns the node index of every token laid.
 
         A leading stretch that already exists in the tree is followed, not duplicated; the rest is
         appended in one block. The result is shorter than ``tokens`` when the budget runs out.
         """
-        tokens = _array(tokens)
+        tokens = _int64(tokens)
         followed: list[int] = []
         position = 0
         while position < tokens.shape[0]:  # follow the existing prefix (rarely more than a step)
@@ -220,22 +202,20 @@ class TreeBuilder:
             self._spine[start:stop] = spine
             self._size = stop
             self._max_depth = max(self._max_depth, base_depth + count)
-        return torch.from_numpy(np.concatenate([np.array(followed, dtype=np.int64), laid]))
+        return np.concatenate([np.array(followed, dtype=np.int64), laid])
 
     def build(self) -> DraftTree:
         n = self._size
         return DraftTree(
-            tokens=torch.from_numpy(self._tokens[:n].copy()),
-            parents=torch.from_numpy(self._parents[:n].copy()),
-            depths=torch.from_numpy(self._depths[:n].copy()),
-            source_ids=torch.from_numpy(self._sources[:n].copy()),
-            on_spine=torch.from_numpy(self._spine[:n].copy()),
+            tokens=self._tokens[:n].copy(),
+            parents=self._parents[:n].copy(),
+            depths=self._depths[:n].copy(),
+            source_ids=self._sources[:n].copy(),
+            on_spine=self._spine[:n].copy(),
             source_names=self.source_names,
             max_depth=self._max_depth,
         )
 
 
-def _array(values: torch.Tensor | np.ndarray | list[int]) -> np.ndarray:
-    if isinstance(values, torch.Tensor):
-        return values.detach().cpu().numpy().astype(np.int64, copy=False).reshape(-1)
+def _int64(values: np.ndarray | list[int]) -> np.ndarray:
     return np.asarray(values, dtype=np.int64).reshape(-1)

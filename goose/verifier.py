@@ -1,19 +1,26 @@
 """The shared verifier: one forward pass of a draft tree through a stock Hugging Face causal LM.
 
-Nothing here is model-specific: the model is driven through its public forward with a 4D
-boolean attention mask (True = may attend), explicit position ids (context length + depth) and
-a ``DynamicCache``. Models with sliding-window layers (Gemma 3) take a dict of masks, one per
-attention type. The cache is built without a config so every layer keeps its whole history;
-the sliding window is enforced by the mask instead, which keeps rollback to the accepted path a
-plain index-select on the sequence axis.
+Nothing here is model-specific: the model is driven through its public forward with a 4D boolean
+attention mask (True = may attend), explicit position ids (context length + depth) and a KV cache
+built from transformers' public ``Cache`` class. Models with sliding-window layers (Gemma 3) take
+a dict of masks, one per attention type. Every layer keeps its whole history (the sliding window
+is enforced by the mask), which keeps rollback to the accepted path an index copy on the sequence
+axis.
+
+Per cycle the tree crosses to the model's device once: one host array holding the tokens, the
+positions and the tree's ancestor block. The context part of the mask (everything the tree may
+see of the cache) is built on the device.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 
+import numpy as np
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache, DynamicLayer
 
 from goose.outcome import AuxiliaryRows
 from goose.tree import DraftTree
@@ -21,6 +28,65 @@ from goose.tree import DraftTree
 
 class ContextOverflowError(ValueError):
     """The prompt (plus what must follow it) does not fit the model's context."""
+
+
+class GrowingLayer(DynamicLayer):
+    """One layer's key/value cache in storage that grows by doubling.
+
+    transformers' ``DynamicLayer`` concatenates every new pass onto its keys, which copies the whole
+    cache once per forward; here a pass writes only its own rows, and rolling back to the accepted
+    path moves only the kept rows.
+    """
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self.length = 0
+        self._keys = key_states.new_empty(0)
+        self._values = value_states.new_empty(0)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object,
+               **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if self._keys.ndim != key_states.ndim or end > self._keys.shape[-2]:
+            self._grow(key_states, value_states, end)
+        self._keys[..., self.length : end, :] = key_states
+        self._values[..., self.length : end, :] = value_states
+        self._cut(end)
+        return self.keys, self.values
+
+    def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
+        capacity = max(needed, 2 * (self._keys.shape[-2] if self._keys.ndim == key_states.ndim else 0), 256)
+        keys = key_states.new_empty((*key_states.shape[:-2], capacity, key_states.shape[-1]))
+        values = value_states.new_empty((*value_states.shape[:-2], capacity, value_states.shape[-1]))
+        if self.length:
+            keys[..., : self.length, :] = self._keys[..., : self.length, :]
+            values[..., : self.length, :] = self._values[..., : self.length, :]
+        self._keys, self._values = keys, values
+
+    def _cut(self, length: int) -> None:
+        self.length = length
+        self.keys = self._keys[..., :length, :]
+        self.values = self._values[..., :length, :]
+
+    def keep(self, start: int, rows: torch.Tensor) -> None:
+        """Keep ``rows`` (offsets from ``start``, ascending) of the rows after ``start`` and drop the rest."""
+        kept = start + rows.shape[0]
+        self._keys[..., start:kept, :] = self._keys.index_select(-2, start + rows)
+        self._values[..., start:kept, :] = self._values.index_select(-2, start + rows)
+        self._cut(kept)
+
+    def truncate(self, length: int) -> None:
+        if self.is_initialized:
+            self._cut(min(length, self.length))
+
+    def get_seq_length(self) -> int:
+        return self.length if self.is_initialized else 0
+
+    def reset(self) -> None:
+        super().reset()
+        self.length = 0
 
 
 class Verifier:
@@ -39,14 +105,12 @@ class Verifier:
         self.vocab_size: int = int(model.get_output_embeddings().weight.shape[0])
         # transformers 5.x renamed `past_key_values` to `cache`; speak whichever this version knows
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-        self.cache = DynamicCache()
-        self.past_length = 0  # tokens whose key/values are in the cache and belong to the context
-        self._pass_length = 0  # rows the last verify pass appended after past_length
+        self._key_positions = torch.arange(0, device=self.device)  # 0..n-1, grown as the context grows
+        self.reset()
 
     def reset(self) -> None:
-        self.cache = DynamicCache()
-        self.past_length = 0
-        self._pass_length = 0
+        self.cache = Cache(layer_class_to_replicate=GrowingLayer)
+        self.past_length = 0  # tokens whose key/values are in the cache and belong to the context
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: list[int], logits_to_keep: int = 1) -> torch.Tensor:
@@ -68,97 +132,90 @@ class Verifier:
         return output.logits[0]
 
     @torch.inference_mode()
-    def verify(self, tree: DraftTree, auxiliary: list[AuxiliaryRows] | None = None) -> torch.Tensor:
+    def verify(self, tree: DraftTree, auxiliary: Sequence[AuxiliaryRows] = ()) -> torch.Tensor:
         """Logits [n + a, V] for every tree node (then every auxiliary row), in one forward pass.
 
         The anchor (node 0) is not yet in the cache; it enters here with its draft descendants.
         Call ``commit`` with the accepted path before the next pass.
         """
         past = self.past_length
-        tokens = tree.tokens
-        positions = tree.position_ids(past)[0]
-        mask = tree.attention_mask(past, None)[0, 0]
-        sliding = tree.attention_mask(past, self.sliding_window)[0, 0] if self.sliding_window else None
-        if auxiliary:
-            tokens, positions, mask, sliding = _append_auxiliary(tree, past, auxiliary, tokens, positions, mask,
-                                                                 sliding, self.sliding_window)
-        if positions.max() >= self.max_positions:
+        tokens, positions, block = pass_rows(tree, past, auxiliary)
+        if int(positions.max()) >= self.max_positions:
             raise ContextOverflowError(f"context reached the model's limit of {self.max_positions} positions")
-        attention: torch.Tensor | dict[str, torch.Tensor] = mask[None, None].to(self.device)
-        if self.sliding_window is not None:
-            masks = {"full_attention": attention, "sliding_attention": sliding[None, None].to(self.device)}
-            attention = {kind: masks.get(kind, attention) for kind in self.mask_kinds}
+        rows = tokens.shape[0]
+        # the one host-to-device copy of the cycle: tokens, positions and the ancestor block together
+        packed = torch.from_numpy(np.concatenate([tokens, positions, block.ravel()])).to(self.device,
+                                                                                         non_blocking=True)
+        tokens_on_device, positions_on_device = packed[:rows], packed[rows : 2 * rows]
+        block_on_device = packed[2 * rows :].view(rows, rows).bool()
         output = self.model(
-            input_ids=tokens[None].to(self.device),
-            attention_mask=attention,
-            position_ids=positions[None].to(self.device),
+            input_ids=tokens_on_device[None],
+            attention_mask=self._masks(past, positions_on_device, block_on_device),
+            position_ids=positions_on_device[None],
             use_cache=True,
             **{self._cache_kwarg: self.cache},
         )
-        self._pass_length = int(tokens.shape[0])
         return output.logits[0]
 
+    def _masks(self, past: int, positions: torch.Tensor, block: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The pass's attention mask(s) [1, 1, rows, past + rows], built on the device."""
+        rows = block.shape[0]
+        full = torch.cat([torch.ones(rows, past, dtype=torch.bool, device=self.device), block], dim=1)[None, None]
+        if self.sliding_window is None:
+            return full
+        if self._key_positions.shape[0] < past:
+            self._key_positions = torch.arange(max(past, 2 * self._key_positions.shape[0]), device=self.device)
+        # a row at position q sees a cached position k only when q - k < window, as the model's sliding
+        # layers do in plain decoding; the pass's own keys lie within the tree's depth, always inside it
+        seen = positions[:, None] - self._key_positions[None, :past] < self.sliding_window
+        sliding = torch.cat([seen, block], dim=1)[None, None]
+        masks = {"full_attention": full, "sliding_attention": sliding}
+        return {kind: masks.get(kind, full) for kind in self.mask_kinds}
+
     @torch.inference_mode()
-    def commit(self, path: torch.Tensor) -> None:
+    def commit(self, path: np.ndarray) -> None:
         """Keep the anchor and the accepted draft nodes ``path`` of the last pass; drop every other row.
 
-        The kept rows move to the front of the pass's slots (index-select on the sequence axis)
-        and the cache is cut after them. A chain-shaped path is already in place: a plain cut.
+        The kept rows move to the front of the pass's slots (an index copy on the sequence axis) and
+        the cache is cut after them. A chain-shaped path is already in place: a plain cut.
         """
-        keep = torch.cat([torch.zeros(1, dtype=torch.long), path.to(torch.long)])
+        keep = np.concatenate([[0], np.asarray(path, dtype=np.int64)])
         start = self.past_length
         kept = int(keep.shape[0])
-        in_place = bool((keep == torch.arange(kept)).all())
-        source = (start + keep).to(self.device)
-        for layer in self.cache.layers:
-            if not in_place:
-                layer.keys[:, :, start : start + kept] = layer.keys.index_select(2, source)
-                layer.values[:, :, start : start + kept] = layer.values.index_select(2, source)
-            layer.keys = layer.keys[:, :, : start + kept]
-            layer.values = layer.values[:, :, : start + kept]
+        if (keep == np.arange(kept)).all():
+            for layer in self.cache.layers:
+                layer.truncate(start + kept)
+        else:
+            rows = torch.from_numpy(keep).to(self.device)
+            for layer in self.cache.layers:
+                layer.keep(start, rows)
         self.past_length = start + kept
-        self._pass_length = 0
-
 
     def discard(self) -> None:
         """Drop every row of the last pass, anchor included (the cache is as before ``verify``)."""
         for layer in self.cache.layers:
-            layer.keys = layer.keys[:, :, : self.past_length]
-            layer.values = layer.values[:, :, : self.past_length]
-        self._pass_length = 0
+            layer.truncate(self.past_length)
 
 
-def _append_auxiliary(
-    tree: DraftTree,
-    past: int,
-    auxiliary: list[AuxiliaryRows],
-    tokens: torch.Tensor,
-    positions: torch.Tensor,
-    mask: torch.Tensor,
-    sliding: torch.Tensor | None,
-    window: int | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Extend the tree's rows with auxiliary rows: they see the context, the anchor and their own mask."""
+def pass_rows(tree: DraftTree, past: int, auxiliary: Sequence[AuxiliaryRows]) -> tuple[np.ndarray, ...]:
+    """Tokens [r], positions [r] (int64) and the attention block bool [r, r] among the pass's own rows.
+
+    Tree rows see their root path; auxiliary rows see the anchor and what their own mask allows; no
+    tree row sees an auxiliary row.
+    """
+    tokens, positions, block = tree.tokens, past + tree.depths, tree.ancestors
+    if not auxiliary:
+        return tokens, positions, block
     n = tree.size
-    aux_tokens = torch.cat([rows.tokens for rows in auxiliary])
-    aux_positions = past + torch.cat([rows.position_offsets for rows in auxiliary])
-    total = n + aux_tokens.shape[0]
-    block = torch.block_diag(*[rows.mask for rows in auxiliary]).to(torch.bool)
-
-    def widen(tree_mask: torch.Tensor, windowed: bool) -> torch.Tensor:
-        full = torch.zeros(total, past + total, dtype=torch.bool)
-        full[:n, : past + n] = tree_mask
-        seen = torch.ones(aux_tokens.shape[0], past, dtype=torch.bool)
-        if windowed and window is not None:
-            seen = aux_positions[:, None] - torch.arange(past)[None, :] < window
-        full[n:, :past] = seen
-        full[n:, past] = True  # the anchor
-        full[n:, past + n :] = block
-        return full
-
-    return (
-        torch.cat([tokens, aux_tokens]),
-        torch.cat([positions, aux_positions]),
-        widen(mask, False),
-        widen(sliding, True) if sliding is not None else None,
-    )
+    extra = int(sum(rows.tokens.shape[0] for rows in auxiliary))
+    total = n + extra
+    combined = np.zeros((total, total), dtype=np.bool_)
+    combined[:n, :n] = block
+    combined[n:, 0] = True  # every auxiliary row sees the anchor
+    start = n
+    for rows in auxiliary:
+        end = start + rows.tokens.shape[0]
+        combined[start:end, start:end] = rows.mask
+        start = end
+    return (np.concatenate([tokens, *(rows.tokens for rows in auxiliary)]),
+            np.concatenate([positions, *(past + rows.position_offsets for rows in auxiliary)]), combined)

@@ -7,23 +7,17 @@ to say ..." that costs nothing to fill. Goose keys it by the last *two* tokens, 
 disambiguates far better ("of the" vs "in the"); the unigram rows stay as the fallback for pairs
 never seen (and as the paper's "w/o bigram adjacency" ablation).
 
-Storage is one dense, preallocated pair of tensors, so harvesting and lookup are a fixed handful
+Storage is one dense, preallocated pair of arrays, so harvesting and lookup are a fixed handful
 of vectorised operations whatever the number of rows. A unigram key has its own row per
 vocabulary entry; bigram keys cannot (V² rows), so they are hashed into a fixed number of
 buckets, and each bucket remembers which pair owns it so that a collision reads as a miss (and
 falls back to the unigram row) instead of as another pair's successors. A colliding write
 overwrites: the newest observation wins, as in Token Recycling.
-
-The tables are torch tensors; the per-call index arithmetic runs on numpy views of the same
-memory because on a small CPU each torch operator costs ~4.5 µs of dispatch against ~1.5 µs for
-numpy, and a lookup is a dozen operators on a few dozen elements, called for every tree level of
-every cycle.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 import goose
@@ -59,9 +53,6 @@ class BigramTransitionOptions(BaseModel):
     buckets: int = Field(
         default=2**18, ge=1, lt=MAX_BUCKETS, description="hash buckets of the bigram table (its row count)"
     )
-    initial_acceptance: float = Field(
-        default=0.05, ge=0.0, le=1.0, description="acceptance estimate before any cycle has been observed"
-    )
 
 
 def bigram_bucket(keys: np.ndarray, buckets: int) -> np.ndarray:
@@ -73,13 +64,6 @@ def bigram_bucket(keys: np.ndarray, buckets: int) -> np.ndarray:
 def _valid(ids: np.ndarray, vocab_size: int) -> np.ndarray:
     """ids in [0, vocab_size), in one comparison: negative int64 ids are huge when read unsigned."""
     return ids.view(np.uint64) < vocab_size
-
-
-def _int64(tensor: torch.Tensor) -> np.ndarray:
-    """A CPU int64 numpy array of ``tensor``, without a copy when it already is one."""
-    if tensor.dtype != torch.int64 or tensor.device.type != "cpu":
-        tensor = tensor.detach().to("cpu", torch.int64)
-    return tensor.numpy()
 
 
 class SuccessorTable:
@@ -96,40 +80,38 @@ class SuccessorTable:
             raise ValueError(f"vocab_size must be in [1, 2**31) for the bigram keys, got {vocab_size}")
         self.vocab_size, self.buckets, self.width = vocab_size, buckets, width
         self.empty_row = vocab_size + buckets
-        self.tokens = torch.full((self.empty_row + 1, width), EMPTY, dtype=torch.int32)
-        self.scores = torch.zeros((self.empty_row + 1, width), dtype=torch.float16)
-        self.bigram_keys = torch.full((buckets,), EMPTY, dtype=torch.int64)
-        # numpy views sharing the tensors' memory, for the hot path (see the module docstring)
-        self._tokens, self._scores, self._keys = self.tokens.numpy(), self.scores.numpy(), self.bigram_keys.numpy()
+        self.tokens = np.full((self.empty_row + 1, width), EMPTY, dtype=np.int32)
+        self.scores = np.zeros((self.empty_row + 1, width), dtype=np.float16)
+        self.bigram_keys = np.full((buckets,), EMPTY, dtype=np.int64)
         # Rows written since the last clear: a request touches a few thousand rows of a table of
-        # hundreds of thousands, and clearing only those keeps goose_reset under a millisecond
-        # where a full fill takes ~50 ms on a small CPU. Past an eighth of the table the list is
-        # dropped (bounding its memory) and the next clear fills everything.
+        # hundreds of thousands, so clearing only those is far cheaper than refilling the table.
+        # Past an eighth of the table the list is dropped (bounding its memory) and the next clear
+        # fills everything.
         self._written: list[np.ndarray] | None = []
         self._written_count = 0
 
     @property
-    def unigram_tokens(self) -> torch.Tensor:
+    def unigram_tokens(self) -> np.ndarray:
         return self.tokens[: self.vocab_size]
 
     @property
-    def bigram_tokens(self) -> torch.Tensor:
+    def bigram_tokens(self) -> np.ndarray:
         return self.tokens[self.vocab_size : self.empty_row]
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.tokens, self.scores, self.bigram_keys))
+        return self.tokens.nbytes + self.scores.nbytes + self.bigram_keys.nbytes
 
     def clear(self) -> None:
         if self._written is None:
-            self.tokens.fill_(EMPTY)
-            self.scores.zero_()
-            self.bigram_keys.fill_(EMPTY)
+            self.tokens.fill(EMPTY)
+            self.scores.fill(0.0)
+            self.bigram_keys.fill(EMPTY)
         elif self._written:
             rows = np.concatenate(self._written)
-            self._tokens[rows] = EMPTY
-            self._scores[rows] = 0.0
-            self._keys[rows[rows >= self.vocab_size] - self.vocab_size] = EMPTY
+            self.tokens[rows] = EMPTY
+            self.scores[rows] = 0.0
+            self.bigram_keys[rows[rows >= self.vocab_size] - self.vocab_size] = EMPTY
         self._written, self._written_count = [], 0
 
     def _remember_written(self, rows: np.ndarray) -> None:
@@ -152,10 +134,10 @@ class SuccessorTable:
         if self.buckets:
             keys = previous * vocab + tokens  # garbage for invalid pairs, which `owned` rules out
             buckets = bigram_bucket(keys, self.buckets)
-            owned = known & _valid(previous, vocab) & (self._keys[buckets] == keys)
+            owned = known & _valid(previous, vocab) & (self.bigram_keys[buckets] == keys)
             rows = np.where(owned, buckets + vocab, rows)
             hits = int(np.count_nonzero(owned))
-        return self._tokens[rows, :width].astype(np.int64), self._scores[rows, :width].astype(np.float32), hits
+        return self.tokens[rows, :width].astype(np.int64), self.scores[rows, :width].astype(np.float32), hits
 
     def write(self, previous: np.ndarray, tokens: np.ndarray, top_tokens: np.ndarray,
               top_scores: np.ndarray) -> None:
@@ -180,10 +162,10 @@ class SuccessorTable:
         _, first_from_end = np.unique(rows[::-1], return_index=True)
         last = rows.shape[0] - 1 - first_from_end
         rows, sources, owners = rows[last], sources[last], owners[last]
-        self._tokens[rows] = top_tokens[sources]
-        self._scores[rows] = top_scores[sources]
+        self.tokens[rows] = top_tokens[sources]
+        self.scores[rows] = top_scores[sources]
         in_bigram = rows >= vocab
-        self._keys[rows[in_bigram] - vocab] = owners[in_bigram]
+        self.bigram_keys[rows[in_bigram] - vocab] = owners[in_bigram]
         self._remember_written(rows)
 
     def _fit(self, top_tokens: np.ndarray, top_scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -212,8 +194,7 @@ class BigramTransitionSource:
       on the spine can chain successors itself.
     * **Lifetime.** The table is allocated at the first prefill, when the vocabulary size is known
       (again if it changes), and cleared by ``goose_reset`` unless ``persist``: cleared by default
-      so that a request's speed does not depend on the requests before it. The acceptance EMA is
-      kept across requests: it describes model and task, not one prompt.
+      so that a request's speed does not depend on the requests before it.
     * **Memory.** (V + buckets + 1) * K * 6 + buckets * 8 bytes: 33.6 MB for Gemma 3's
       262,144-token vocabulary with the defaults (15.7 MB of it unigram), bounded by
       ``buckets``, not V².
@@ -224,7 +205,6 @@ class BigramTransitionSource:
     def __init__(self, config: GooseConfig) -> None:
         self.config = config
         self.options = BigramTransitionOptions.model_validate(config.options_for(NAME))
-        self.acceptance = self.options.initial_acceptance
         self.table: SuccessorTable | None = None
         # lookup statistics: how often the bigram row answered instead of the unigram fallback
         self.lookups = 0
@@ -250,24 +230,18 @@ class BigramTransitionSource:
         self.absorb(harvest)
 
     @goose.hookimpl
-    def goose_successors(self, previous: torch.Tensor, tokens: torch.Tensor,
-                         k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def goose_successors(self, previous: np.ndarray, tokens: np.ndarray,
+                         k: int) -> tuple[np.ndarray, np.ndarray] | None:
         width = min(k, self.options.top_k)
         if self.table is None or width <= 0:  # before the first prefill nothing is known
-            count = tokens.shape[0]
-            return torch.full((count, 0), EMPTY, dtype=torch.int64), torch.zeros((count, 0))
-        successors, scores, hits = self.table.lookup(_int64(previous), _int64(tokens), width)
+            return None
+        successors, scores, hits = self.table.lookup(previous, tokens, width)
         self.lookups += successors.shape[0]
         self.bigram_hits += hits
-        return torch.from_numpy(successors), torch.from_numpy(scores)
-
-    @goose.hookimpl
-    def goose_acceptance(self) -> float:
-        return self.acceptance
+        return successors, scores
 
     @goose.hookimpl
     def goose_observe(self, outcome: VerifyOutcome) -> None:
-        self.acceptance = outcome.updated_acceptance(NAME, self.acceptance, self.config.ema)
         self.absorb(outcome.harvest)
 
     # --- harvesting ---------------------------------------------------------------------------
@@ -276,10 +250,10 @@ class BigramTransitionSource:
         """Write every harvested row's top-k into the table (a no-op before the first prefill)."""
         if self.table is None or len(harvest) == 0:
             return
-        top_scores = harvest.top_scores.detach().to("cpu", torch.float32).numpy()
-        self.table.write(_int64(harvest.previous), _int64(harvest.tokens), _int64(harvest.top_tokens), top_scores)
+        self.table.write(harvest.previous, harvest.tokens, harvest.top_tokens, harvest.top_scores)
 
 
 @goose.hookimpl
 def goose_register_sources(register: Register) -> None:
-    register(NAME, BigramTransitionSource, description="top-k successors harvested from the target, keyed by bigram")
+    register(NAME, BigramTransitionSource, description="top-k successors harvested from the target, keyed by bigram",
+             initial_acceptance=0.05)

@@ -18,15 +18,14 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 import goose
-from goose.candidates import DecodeContext, Draft, before_eos
+from goose.allocation import without_trailing_repeats
+from goose.candidates import DecodeContext, Draft, before_eos, common_prefix
 from goose.config import GooseConfig
 from goose.hookspecs import Register
 from goose.outcome import VerifyOutcome
-from goose.theory import without_trailing_repeats
 
 NAME = "context_match"
 
@@ -53,8 +52,8 @@ class ContextMatchOptions(BaseModel):
     occurrence: Literal["recent", "first"] = Field(
         default="recent", description="which earlier occurrence of an n-gram to copy from: the latest or the earliest"
     )
-    initial_acceptance: float = Field(
-        default=0.5, ge=0.0, le=1.0, description="acceptance estimate before any cycle has been observed"
+    depth_prior: float = Field(
+        default=0.5, ge=0.0, le=1.0, description="acceptance every copy-depth bin starts from"
     )
     consensus_score: float = Field(
         default=0.9, ge=0.0, le=1.0,
@@ -233,18 +232,6 @@ class CopyDepthEstimate:
         self.rates = (self.accepted + self.PRIOR_WEIGHT * self.prior) / (self.tested + self.PRIOR_WEIGHT)
 
 
-def _common_prefix(first: list[int], second: list[int]) -> int:
-    """Length of the common leading run of two short token lists."""
-    if first == second:
-        return len(first)
-    count = 0
-    for a, b in zip(first, second, strict=False):
-        if a != b:
-            break
-        count += 1
-    return count
-
-
 class ContextMatchSource:
     """Prompt-lookup drafts from an incremental n-gram index; one instance per decoder.
 
@@ -271,13 +258,12 @@ class ContextMatchSource:
       per token) a 20-token draft is fully accepted with probability 0.85^20 = 4%; measured, a
       third of the drafts are, so the budget planner kept spines short and lost tokens in exactly
       the cycles that yield most. The source therefore estimates acceptance per bin of copy depth
-      (:class:`CopyDepthEstimate`) and, since ``goose_acceptance`` is called after
-      ``goose_propose``, reports this cycle's draft token by token (a per-depth sequence, which the
-      budget planner sizes the spine by). With nothing drafted it reports an overall EMA
-      (``ema = (1 - a) * ema + a * accepted / reached`` over this source's tree nodes, ``a =
-      GooseConfig.ema``), which is also the whole estimate with ``depth_edges=()`` (the paper).
-      Both are kept across requests: they describe how well the model's output repeats its
-      context on this kind of task, not one prompt. The index is per request.
+      (:class:`CopyDepthEstimate`) and reports this draft's estimates token by token
+      (``Draft.depth_acceptance``, which the budget planner sizes the spine by). The decoder's
+      shared estimate (an EMA over every draft) ranks the source when it reports nothing, and is
+      the whole estimate with ``depth_edges=()`` (the paper). Both are kept across requests: they
+      describe how well the model's output repeats its context on this kind of task, not one
+      prompt. The index is per request.
     """
 
     name = NAME
@@ -286,11 +272,9 @@ class ContextMatchSource:
         self.config = config
         self.options = ContextMatchOptions.model_validate(config.options_for(NAME))
         self.index = NgramIndex(self.options.ngram_sizes, self.options.occurrence)
-        self.acceptance = self.options.initial_acceptance  # over every draft
-        self.by_depth = CopyDepthEstimate(self.options.depth_edges, self.options.initial_acceptance,
+        self.by_depth = CopyDepthEstimate(self.options.depth_edges, self.options.depth_prior,
                                           self.options.depth_memory) if self.options.depth_edges else None
         self._first_depth = 0  # copy depth of this cycle's first draft token; 0: nothing drafted
-        self._profile: tuple[float, ...] = ()  # this cycle's per-token estimates, trailing repeats trimmed
         # statistics of the latest proposal, for benchmarks and debugging
         self.last_match_length = 0  # n of the n-gram that drafted; 0 = no match
         self.last_match_depth = 0
@@ -304,7 +288,7 @@ class ContextMatchSource:
     def goose_reset(self) -> None:
         self.index.clear()
         self.last_match_length = self.last_match_depth = self.last_consensus = 0
-        self._first_depth, self._profile = 0, ()
+        self._first_depth = 0
 
     @goose.hookimpl
     def goose_prefill(self, context: DecodeContext) -> None:
@@ -312,7 +296,7 @@ class ContextMatchSource:
         self.index.catch_up(context.tokens)
 
     @goose.hookimpl
-    def goose_propose(self, context: DecodeContext) -> Draft | None:
+    def goose_propose(self, context: DecodeContext, acceptance: float) -> Draft | None:
         tokens = context.tokens
         self.index.catch_up(tokens)
         self.proposals += 1
@@ -322,15 +306,15 @@ class ContextMatchSource:
         chosen, copy = next(((i, copy) for i, copy in enumerate(copies) if copy), (-1, []))
         if chosen < 0:
             self.last_match_length = self.last_match_depth = self.last_consensus = 0
-            self._first_depth, self._profile = 0, ()
+            self._first_depth = 0
             return None
         length, start = matches[chosen]
         if self.by_depth is not None:
             depth = match_depth(tokens, start, int(self.by_depth.edges[-1]))
             estimates = self.by_depth.profile(depth, len(copy))
-            self._profile = without_trailing_repeats(estimates.tolist())
-        else:  # the paper's single estimate, reported as one number
-            depth, estimates = length, np.full(len(copy), self.acceptance)
+            profile = without_trailing_repeats(estimates.tolist())
+        else:  # the paper's single estimate: the shared one
+            depth, estimates, profile = length, np.full(len(copy), acceptance), ()
         self._first_depth = depth
         consensus = 0
         # longer lengths than the chosen one copied nothing, so only shorter ones can agree; the
@@ -339,29 +323,23 @@ class ContextMatchSource:
             if other_start == start:  # the same occurrence agrees on everything
                 consensus = len(copy)
             else:
-                other = self._copy(tokens, other_start, len(copy)).tolist()
-                consensus = max(consensus, _common_prefix(copy, other))
+                consensus = max(consensus, common_prefix(copy, self._copy(tokens, other_start, len(copy))))
             if consensus == len(copy):
                 break
-        scores = torch.from_numpy(estimates.astype(np.float32))
+        scores = estimates.astype(np.float64)
         if consensus:
-            scores[:consensus].clamp_(min=self.options.consensus_score)
+            scores[:consensus] = np.maximum(scores[:consensus], self.options.consensus_score)
         self.matched += 1
         self.last_match_length, self.last_match_depth, self.last_consensus = length, depth, consensus
-        return Draft.chain(copy, scores, consensus=consensus)
+        return Draft.chain(copy, scores, consensus=consensus, depth_acceptance=profile)
 
     @goose.hookimpl
-    def goose_acceptance(self) -> float | tuple[float, ...]:
-        return self._profile or self.acceptance
-
-    @goose.hookimpl
-    def goose_observe(self, outcome: VerifyOutcome) -> None:
-        self.acceptance = outcome.updated_acceptance(NAME, self.acceptance, self.config.ema)
-        if self.by_depth is None or not self._first_depth or NAME not in outcome.tree.source_names:
+    def goose_observe(self, outcome: VerifyOutcome, own_nodes: np.ndarray) -> None:
+        if self.by_depth is None or not self._first_depth:
             return
-        tested = (outcome.tree.source_ids == outcome.tree.source_names.index(NAME)) & outcome.reached
-        depths = outcome.tree.depths[tested].numpy()  # draft token j sits at tree depth j
-        self.by_depth.observe(self._first_depth + depths - 1, outcome.accepted[tested].numpy())
+        tested = own_nodes & outcome.reached
+        depths = outcome.tree.depths[tested]  # draft token j sits at tree depth j
+        self.by_depth.observe(self._first_depth + depths - 1, outcome.accepted[tested])
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -383,4 +361,5 @@ class ContextMatchSource:
 
 @goose.hookimpl
 def goose_register_sources(register: Register) -> None:
-    register(NAME, ContextMatchSource, description="prompt lookup: copy what followed the last n-gram earlier")
+    register(NAME, ContextMatchSource, description="prompt lookup: copy what followed the last n-gram earlier",
+             initial_acceptance=0.5)

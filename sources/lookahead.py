@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 import goose
@@ -65,20 +64,17 @@ class LookaheadOptions(BaseModel):
     )
     persist_pool: bool = Field(default=False, description="keep the n-gram pool across requests (goose_reset)")
     seed: int = Field(default=0, description="seed of the random prompt tokens that start (and refill) the window")
-    initial_acceptance: float = Field(
-        default=0.3, ge=0.0, le=1.0, description="acceptance estimate before any cycle has been observed"
-    )
 
 
-def window_layout(window: int, ngram: int) -> tuple[torch.Tensor, torch.Tensor]:
+def window_layout(window: int, ngram: int) -> tuple[np.ndarray, np.ndarray]:
     """Position offsets int64 [(N-1)*W] and mask bool [(N-1)*W, (N-1)*W] of the lookahead window.
 
     Rows are level-major: row ``l * W + j`` is level l, column j, at offset ``l + j + 1`` from the
     anchor. It sees level-0 columns 0..j (the causal Jacobi row) and its own column's levels 1..l.
     """
     levels = ngram - 1
-    level = torch.arange(levels).repeat_interleave(window)  # [a]
-    column = torch.arange(window).repeat(levels)  # [a]
+    level = np.repeat(np.arange(levels), window)  # [a]
+    column = np.tile(np.arange(window), levels)  # [a]
     offsets = level + column + 1
     same_column = column[:, None] == column[None, :]
     causal_row = (level[None, :] == 0) & (column[None, :] <= column[:, None])
@@ -151,10 +147,8 @@ class LookaheadSource:
       seed tokens never reach the pool as drafts.
     * **Drafts.** The pool's n-grams for the anchor (most seen first, up to G) are merged into a
       trie; text after an EOS is cut (drafting EOS cannot raise the yield: the bonus token gives
-      it for free). Scores: the acceptance EMA, split among siblings by how often each was seen.
-    * **Acceptance EMA** of this source's own tree nodes (accepted / reached, coefficient
-      ``GooseConfig.ema``), kept across requests like context_match's. Pool and window are per
-      request unless ``persist_pool``.
+      it for free). Scores: the source's acceptance estimate, split among siblings by how often
+      each was seen. Pool and window are per request unless ``persist_pool``.
     """
 
     name = NAME
@@ -166,7 +160,6 @@ class LookaheadSource:
         self.levels = options.ngram - 1
         self.pool = NgramPool(options.pool_cap or options.max_candidates)
         self.offsets, self.mask = window_layout(options.window, options.ngram)
-        self.acceptance = options.initial_acceptance
         self.window: np.ndarray | None = None  # int64 [N-1, W], level 0 (oldest) first
         self.age = np.zeros(options.window, dtype=np.int64)  # Jacobi steps each column has taken since its seed
         self._seeds = np.zeros(0, dtype=np.int64)  # prompt tokens new columns are drawn from
@@ -194,7 +187,7 @@ class LookaheadSource:
         self._indexed = int(context.tokens.shape[0])
 
     @goose.hookimpl
-    def goose_propose(self, context: DecodeContext) -> Draft | None:
+    def goose_propose(self, context: DecodeContext, acceptance: float) -> Draft | None:
         tokens = context.tokens
         if self.options.pool_from_output and tokens.shape[0] > self._indexed:
             # the n-grams that end in tokens appended since the last call
@@ -206,7 +199,7 @@ class LookaheadSource:
         eos = context.eos_token_ids
         if eos and any(not eos.isdisjoint(continuation) for continuation, _ in found):
             found = [(before_eos(continuation, eos), weight) for continuation, weight in found]
-        draft = Draft.trie([path for path, _ in found], [seen for _, seen in found], self.acceptance)
+        draft = Draft.trie([path for path, _ in found], [seen for _, seen in found], acceptance)
         self.matched += draft is not None
         return draft
 
@@ -215,27 +208,20 @@ class LookaheadSource:
         if self.window is None:  # no prefill (a caller driving the hooks by hand): start from this context
             self._start(context.tokens)
         assert self.window is not None
-        return AuxiliaryRows(tokens=torch.from_numpy(self.window.reshape(-1).copy()),
-                             position_offsets=self.offsets, mask=self.mask)
+        return AuxiliaryRows(tokens=self.window.reshape(-1).copy(), position_offsets=self.offsets, mask=self.mask)
 
     @goose.hookimpl
-    def goose_acceptance(self) -> float:
-        return self.acceptance
-
-    @goose.hookimpl
-    def goose_observe(self, outcome: VerifyOutcome) -> None:
-        self.acceptance = outcome.updated_acceptance(NAME, self.acceptance, self.config.ema)
+    def goose_observe(self, outcome: VerifyOutcome, auxiliary_predictions: np.ndarray | None) -> None:
         if self.window is None:
             return
         # the anchor moved by what the cycle appended (accepted drafts + bonus); an outcome cut to
         # nothing ends the request anyway
         advance = max(1, len(outcome.new_tokens))
-        predictions = outcome.auxiliary_predictions.get(NAME)
-        if predictions is None or predictions.shape[0] != self.window.size:  # our rows did not ride
+        if auxiliary_predictions is None or auxiliary_predictions.shape[0] != self.window.size:  # ours did not ride
             self._slide(self.window, advance)
             return
         newest = self.window.shape[1] * (self.levels - 1)
-        self.jacobi_step(predictions[newest:].numpy().astype(np.int64), advance)
+        self.jacobi_step(auxiliary_predictions[newest:].astype(np.int64), advance)
 
     # --- window mechanics ---------------------------------------------------------------------
 
@@ -276,4 +262,5 @@ class LookaheadSource:
 
 @goose.hookimpl
 def goose_register_sources(register: Register) -> None:
-    register(NAME, LookaheadSource, description="lookahead decoding: n-grams from Jacobi iterations in the verify pass")
+    register(NAME, LookaheadSource, description="lookahead decoding: n-grams from Jacobi iterations in the verify pass",
+             initial_acceptance=0.3)

@@ -30,8 +30,8 @@ a suffix index that is searched like the datastore, across the requests of this 
 ``learn_capacity`` tokens (oldest outputs dropped first). The side store's suffix array is
 rebuilt once per request, never per cycle.
 
-The acceptance estimate is an EMA (``GooseConfig.ema``) of accepted / tested nodes of this
-source, kept across requests, as in context match.
+Draft scores are the datastore's conditional frequencies, not the source's acceptance estimate:
+they already say how the continuations compare.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 import goose
@@ -69,8 +68,6 @@ class RestOptions(BaseModel):
     max_nodes: int = Field(default=64, ge=1, description="trie nodes kept (the most frequent)")
     learn_outputs: bool = Field(default=False, description="also retrieve from this decoder's earlier outputs")
     learn_capacity: int = Field(default=200_000, ge=1, description="tokens of earlier outputs kept for learn_outputs")
-    initial_acceptance: float = Field(
-        default=0.3, ge=0.0, le=1.0, description="acceptance estimate before any cycle has been observed")
     cache_dir: Path | None = Field(
         default=None, description="where the default datastore is cached (None: the goose cache directory)")
 
@@ -155,7 +152,6 @@ class RestSource:
         self.store: Datastore | None = Datastore.open(self.options.datastore) if self.options.datastore else None
         self._bound = False  # the store has been checked against the model's tokenizer
         self._failure: str | None = None  # why the datastore cannot be used (logged once by the decoder)
-        self.acceptance = self.options.initial_acceptance
         # learn_outputs: earlier requests' outputs and their suffix index
         self.learned: deque[np.ndarray] = deque()
         self.learned_tokens = 0
@@ -205,18 +201,12 @@ class RestSource:
         if not len(trie):
             return None
         self.matched += 1
-        return Draft(tokens=torch.from_numpy(trie.tokens), parents=torch.from_numpy(trie.parents),
-                     scores=torch.from_numpy(trie.scores))
-
-    @goose.hookimpl
-    def goose_acceptance(self) -> float:
-        return self.acceptance
+        return Draft(tokens=trie.tokens, parents=trie.parents, scores=trie.scores)
 
     @goose.hookimpl
     def goose_observe(self, outcome: VerifyOutcome) -> None:
         if self.options.learn_outputs and self._output:
             self._output.extend(outcome.new_tokens)
-        self.acceptance = outcome.updated_acceptance(NAME, self.acceptance, self.config.ema)
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -274,7 +264,8 @@ class RestSource:
 
 @goose.hookimpl
 def goose_register_sources(register: Register) -> None:
-    register(NAME, RestSource, description="REST: continuations of the context's longest suffix in a datastore")
+    register(NAME, RestSource, description="REST: continuations of the context's longest suffix in a datastore",
+             initial_acceptance=0.3)
 
 
 __all__ = ["NAME", "FrequencyTrie", "Match", "RestOptions", "RestSource", "frequency_trie"]

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
+import numpy as np
 import pytest
-import torch
 
 import goose
 from goose import cli, plugins
+from goose.boundary import SourceSet
+from goose.candidates import DecodeContext
 from goose.config import GooseConfig
 from goose.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.topologies.spine import SpineTopology
@@ -18,7 +21,13 @@ from goose.topologies.spine import SpineTopology
     ("argv", "message"),
     [
         (["generate", ""], "empty prompt"),
-        (["generate", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be positive"),
+        (["generate", "hi", "--max-new-tokens", "0"], "max_new_tokens must be positive"),
+        (["generate", "hi", "--temperature", "-0.5"], "temperature: Input should be greater than or equal to 0"),
+        (["generate", "hi", "--temperature", "nan"], "temperature: Input should be a finite number"),
+        (["generate", "hi", "--temperature", "0.7", "--top-p", "0"], "top_p: Input should be greater than 0"),
+        (["generate", "hi", "--top-p", "1.5"], "top_p: Input should be less than or equal to 1"),
+        (["generate", "hi", "--top-k", "-1"], "top_k: Input should be greater than or equal to 0"),
+        (["generate", "hi", "--seed", "-3"], "seed: Input should be greater than or equal to 0"),
         (["generate", "hi", "--model", "no-such-model"], "unknown model"),
         (["generate", "hi", "--sources", "context_match,nope"], "unknown source 'nope'"),
         (["generate", "hi", "--topology", "nope"], "unknown topology 'nope'"),
@@ -68,8 +77,8 @@ class RaisingSource:
         raise RuntimeError("boom")
 
     @goose.hookimpl
-    def goose_acceptance(self) -> float:
-        return 0.99  # claims to be the most trusted, so it would get the spine if it drafted
+    def goose_observe(self, outcome):
+        raise ValueError("cannot learn")
 
 
 class GarbageSource:
@@ -82,11 +91,11 @@ class GarbageSource:
 
     @goose.hookimpl
     def goose_successors(self, previous, tokens, k):
-        return torch.full((tokens.shape[0], k), 10**9), torch.ones(tokens.shape[0], k)
+        return np.full((tokens.shape[0], k), 10**9), np.ones((tokens.shape[0], k))
 
     @goose.hookimpl
-    def goose_acceptance(self) -> float:
-        return 0.98  # the most trusted brancher: the planner asks it for every branch
+    def goose_auxiliary_rows(self, context):
+        return goose.AuxiliaryRows(np.array([1, 2]), np.array([0, 1]), np.ones((2, 2), dtype=bool))  # offset 0
 
 
 class WrongTypeSource:
@@ -94,20 +103,42 @@ class WrongTypeSource:
         pass
 
     @goose.hookimpl
-    def goose_acceptance(self):
-        return "not a number"  # treated as 0: ranked last
+    def goose_propose(self, context):
+        return [1, 2, 3]  # not a Draft
+
+    @goose.hookimpl
+    def goose_successors(self, previous, tokens, k):
+        return "no successors"
+
+    @goose.hookimpl
+    def goose_auxiliary_rows(self, context):
+        return {"tokens": [1]}  # not AuxiliaryRows
+
+
+class BadEstimateSource:
+    def __init__(self, config: GooseConfig) -> None:
+        pass
 
     @goose.hookimpl
     def goose_propose(self, context):
-        return [1, 2, 3]  # not a Draft
+        return goose.Draft.chain([context.anchor], depth_acceptance="high")  # not a sequence of probabilities
 
 
 class FaultyPlugins:
     @goose.hookimpl
     def goose_register_sources(self, register) -> None:
-        register("raising", RaisingSource)
-        register("garbage", GarbageSource)
-        register("wrong_type", WrongTypeSource)
+        # claims of trust that would give them the spine and the branches if they drafted
+        register("raising", RaisingSource, initial_acceptance=0.99)
+        register("garbage", GarbageSource, initial_acceptance=0.98)
+        register("wrong_type", WrongTypeSource, initial_acceptance=0.97)
+        register("bad_estimate", BadEstimateSource, initial_acceptance=0.96)
+
+
+@pytest.fixture
+def faulty_plugins() -> Iterator[None]:
+    registrations = plugins.register(FaultyPlugins(), origin="tests")
+    yield
+    plugins.unregister(registrations)
 
 
 def decode_beside_ar(model_and_tokenizer, config: GooseConfig, prompt: str, max_new_tokens: int, caplog):
@@ -124,16 +155,25 @@ def decode_beside_ar(model_and_tokenizer, config: GooseConfig, prompt: str, max_
     return decoder, result, [r.getMessage() for r in caplog.records]
 
 
-def test_faulty_plugins_are_skipped_and_output_is_unchanged(smollm2, caplog) -> None:
-    plugins.register(FaultyPlugins(), origin="tests")
-    config = GooseConfig(sources=["raising", "context_match", "garbage", "bigram_transition", "wrong_type"])
+def test_faulty_plugins_are_skipped_and_output_is_unchanged(smollm2, caplog, faulty_plugins) -> None:
+    config = GooseConfig(sources=["raising", "context_match", "garbage", "bigram_transition", "wrong_type",
+                                  "bad_estimate"])
     decoder, result, warnings = decode_beside_ar(
         smollm2, config, "List the numbers from 1 to 20, separated by commas.", 48, caplog)
     assert decoder.sources.instances["raising"].calls == result.stats.verify_steps  # asked every cycle
-    for name in ("raising", "garbage", "wrong_type"):
+    for name in ("raising", "garbage", "wrong_type", "bad_estimate"):
         assert sum(f"source {name!r} skipped in goose_propose" in w for w in warnings) == 1, warnings
-    assert any("'garbage' skipped in goose_successors" in w for w in warnings)
+    for name in ("garbage", "wrong_type"):
+        assert sum(f"source {name!r} skipped in goose_auxiliary_rows" in w for w in warnings) == 1, warnings
+    # the planner asks the most trusted brancher, which answers garbage every time
+    assert sum("source 'garbage' skipped in goose_successors" in w for w in warnings) == 1, warnings
+    assert sum("'raising' skipped in goose_observe" in w for w in warnings) == 1, warnings
+    assert decoder.sources.faults.counts[("raising", "goose_propose")] == result.stats.verify_steps  # counted
     assert result.stats.source_reached["context_match"] > 0  # the healthy sources still drafted
+
+
+def test_test_plugins_do_not_outlive_their_test() -> None:
+    assert not {"raising", "garbage", "wrong_type", "bad_estimate"} & set(plugins.registry().sources)
 
 
 class WrongHintSpine(SpineTopology):
@@ -156,9 +196,58 @@ class WrongHintPlugin:
 
 
 def test_a_faulty_budget_hint_is_skipped_and_output_is_unchanged(smollm2, caplog) -> None:
-    plugins.register(WrongHintPlugin(), origin="tests")
+    registrations = plugins.register(WrongHintPlugin(), origin="tests")
     prompt = "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox"
     _, _, warnings = decode_beside_ar(smollm2, GooseConfig(topology="wrong_hint_spine", budget="auto"), prompt, 40,
                                       caplog)
+    plugins.unregister(registrations)
     assert WrongHintSpine.calls > 1  # asked on every cycle with a draft, and survived each answer
-    assert sum("skipped in goose_spine_lengths" in w for w in warnings) == 1, warnings
+    assert sum("topology 'wrong_hint_spine' skipped in goose_spine_lengths" in w for w in warnings) == 1, warnings
+
+
+class Echo:
+    """A source answering whatever the test sets in ``Echo.answer`` (a successor table)."""
+
+    answer: object = None
+
+    def __init__(self, config: GooseConfig) -> None:
+        pass
+
+    @goose.hookimpl
+    def goose_successors(self, previous, tokens, k):
+        return Echo.answer
+
+
+@pytest.mark.parametrize("answer", [
+    "no successors",  # not a pair of arrays
+    (np.full((2, 3), 5),),  # one array
+    (np.full((1, 3), 5), np.ones((1, 3))),  # one row for two queries
+    (np.full((2, 3), 10**9), np.ones((2, 3))),  # ids outside the vocabulary
+    (np.full((2, 3), 1.5), np.ones((2, 3))),  # float ids
+    (np.full((2, 3), 5), np.ones((2, 2))),  # shapes disagree
+])
+def test_malformed_successors_read_as_nothing_known(answer: object, caplog) -> None:
+    registrations = plugins.register(plugins.SourcePlugin("echo", Echo), origin="tests")
+    try:
+        sources = SourceSet(["echo"], GooseConfig(sources=["echo"]), vocab_size=100)
+        Echo.answer = answer
+        pool, _ = sources.propose(DecodeContext(np.array([1, 2]), 2, 100, frozenset()))
+        with caplog.at_level(logging.WARNING, logger="goose.plugins"):
+            found, scores = pool.branching[0].successors(np.array([1, 2]), np.array([2, 3]), 4)
+    finally:
+        plugins.unregister(registrations)
+    assert found.tolist() == [[-1] * 4] * 2 and scores.tolist() == [[0.0] * 4] * 2
+    assert "'echo' skipped in goose_successors" in caplog.text
+
+
+def test_good_successors_are_padded_and_their_scores_clamped() -> None:
+    registrations = plugins.register(plugins.SourcePlugin("echo", Echo), origin="tests")
+    try:
+        sources = SourceSet(["echo"], GooseConfig(sources=["echo"]), vocab_size=100)
+        Echo.answer = (np.array([[7, -1], [8, 9]]), np.array([[2.0, 0.5], [np.nan, -1.0]]))
+        pool, _ = sources.propose(DecodeContext(np.array([1, 2]), 2, 100, frozenset()))
+        found, scores = pool.branching[0].successors(np.array([1, 2]), np.array([2, 3]), 3)
+    finally:
+        plugins.unregister(registrations)
+    assert found.tolist() == [[7, -1, -1], [8, 9, -1]]
+    assert scores.tolist() == [[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]  # clamped; NaN, negative and unknown count 0

@@ -9,6 +9,7 @@ autoregressive loop, in float32.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -17,9 +18,10 @@ from pydantic import ValidationError
 
 import goose
 from goose import DecodeContext, Draft, DraftTree, GooseConfig, Harvest, PathKind, TreeBuilder, VerifyOutcome
+from goose.boundary import SourceSet
 from goose.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.hookspecs import Register
-from goose.plugins import BUILTIN_ORIGIN, SourceSet, register, registry
+from goose.plugins import BUILTIN_ORIGIN, register, registry, unregister
 from goose.sources.lookahead import LookaheadOptions, LookaheadSource, NgramPool, window_layout
 from goose.verifier import Verifier
 from tests.conftest import dataset_prompts
@@ -34,38 +36,27 @@ def make_source(**options: object) -> LookaheadSource:
 
 def make_context(tokens: list[int] | np.ndarray, eos: tuple[int, ...] = (EOS,)) -> DecodeContext:
     array = np.asarray(tokens, dtype=np.int64)
-    return DecodeContext(tokens=array, prompt_length=array.shape[0], vocab_size=VOCAB, eos_token_ids=frozenset(eos),
-                         config=GooseConfig())
+    return DecodeContext(tokens=array, prompt_length=array.shape[0], vocab_size=VOCAB, eos_token_ids=frozenset(eos))
 
 
 def prefill(source: LookaheadSource, tokens: list[int]) -> None:
     source.goose_prefill(context=make_context(tokens))
 
 
-def fake_outcome(source: LookaheadSource, predictions: list[int] | None, advance: int = 1,
-                 tree: DraftTree | None = None, reached: tuple[int, ...] = (),
-                 accepted: tuple[int, ...] = ()) -> VerifyOutcome:
-    """An outcome whose auxiliary logits put the argmax of the newest level's cells on ``predictions``."""
+def observe(source: LookaheadSource, predictions: list[int] | None, advance: int = 1) -> None:
+    """One cycle's outcome for the source: ``advance`` tokens appended, and the target's greedy token at the
+    newest level's cells of the window (None: the window did not ride in the pass)."""
     assert source.window is not None
-    tree = tree or DraftTree.single(7, ("lookahead",))
-    auxiliary, auxiliary_predictions = {}, {}
+    tree = DraftTree.single(7, ("lookahead",))
+    nothing = np.zeros(tree.size, dtype=np.bool_)
+    outcome = VerifyOutcome(tree=tree, accepted_nodes=np.zeros(0, dtype=np.int64), new_tokens=[1] * advance,
+                            bonus_token=1, reached=nothing, accepted=nothing, path_kind=PathKind.BONUS,
+                            harvest=Harvest.empty(1))
+    on_window = None
     if predictions is not None:
-        logits = torch.zeros(source.window.size, VOCAB)
-        logits[:, 0] = 1.0  # older levels' predictions: unused
-        newest = source.window.shape[1] * (source.levels - 1)
-        logits[torch.arange(newest, source.window.size), torch.tensor(predictions)] = 5.0
-        auxiliary["lookahead"] = logits
-        auxiliary_predictions = {"lookahead": logits.argmax(dim=-1)}  # what the decoder hands over
-    empty = torch.empty(0, dtype=torch.long)
-    harvest = Harvest(empty, empty, empty[:, None], empty[:, None].float())
-    reached_mask = torch.zeros(tree.size, dtype=torch.bool)
-    reached_mask[list(reached)] = True
-    accepted_mask = torch.zeros(tree.size, dtype=torch.bool)
-    accepted_mask[list(accepted)] = True
-    return VerifyOutcome(tree=tree, accepted_nodes=torch.tensor(list(accepted), dtype=torch.long),
-                         new_tokens=[1] * advance, bonus_token=1, reached=reached_mask, accepted=accepted_mask,
-                         path_kind=PathKind.BONUS, harvest=harvest, auxiliary=auxiliary,
-                         auxiliary_predictions=auxiliary_predictions)
+        on_window = np.zeros(source.window.size, dtype=np.int64)  # older levels' predictions: unused
+        on_window[source.window.shape[1] * (source.levels - 1) :] = predictions
+    source.goose_observe(outcome=outcome, auxiliary_predictions=on_window)
 
 
 # --- registration and options -------------------------------------------------------------------
@@ -77,15 +68,15 @@ def test_registered_as_a_built_in_source() -> None:
     assert registration.description
 
 
-def test_hooks_run_through_the_plugin_manager(caplog: pytest.LogCaptureFixture) -> None:
-    sources = SourceSet(["lookahead"], GooseConfig())
+def test_hooks_run_through_the_plugin_boundary(caplog: pytest.LogCaptureFixture) -> None:
+    sources = SourceSet(["lookahead"], GooseConfig(), vocab_size=VOCAB)
     prompt = make_context([1, 2, 3, 4, 5, 6, 1])
-    empty = torch.empty(0, dtype=torch.long)
-    sources.call("goose_reset")
-    sources.call("goose_prefill", context=prompt, harvest=Harvest(empty, empty, empty[:, None], empty[:, None].float()))
-    assert sources.call("goose_propose", context=prompt)["lookahead"].tokens.tolist() == [2, 3, 4, 5]
-    assert sources.call("goose_auxiliary_rows", context=prompt)["lookahead"].tokens.shape == (28,)
-    assert sources.call("goose_acceptance")["lookahead"] == pytest.approx(0.3)
+    sources.reset()
+    sources.prefill(prompt, Harvest.empty(1))
+    pool, auxiliary = sources.propose(prompt)
+    assert pool.drafting[0].draft.tokens.tolist() == [2, 3, 4, 5]
+    assert pool.drafting[0].acceptance == pytest.approx(0.3)  # the registered initial estimate
+    assert [name for name, _ in auxiliary] == ["lookahead"] and auxiliary[0][1].tokens.shape == (28,)
     assert "skipped" not in caplog.text  # no hook raised or was refused
 
 
@@ -105,12 +96,12 @@ def test_window_rows_see_one_token_per_position_up_to_their_own(window: int, ngr
     offsets, mask = window_layout(window, ngram)
     levels = ngram - 1
     rows = levels * window
-    assert offsets.shape == (rows,) and mask.shape == (rows, rows) and mask.dtype == torch.bool
+    assert offsets.shape == (rows,) and mask.shape == (rows, rows) and mask.dtype == np.bool_
     for level in range(levels):
         for column in range(window):
             row = level * window + column
             assert int(offsets[row]) == level + column + 1
-            seen = mask[row].nonzero().squeeze(1)
+            seen = np.flatnonzero(mask[row])
             # level 0 up to this column (the causal Jacobi row), then this column's levels 1..level
             expected = [column_ for column_ in range(column + 1)] + [lv * window + column for lv in range(1, level + 1)]
             assert seen.tolist() == sorted(expected)
@@ -123,7 +114,7 @@ def test_auxiliary_rows_are_the_window_and_validate() -> None:
     prompt = list(range(100, 140))
     prefill(source, prompt)
     rows = source.goose_auxiliary_rows(context=make_context(prompt))
-    rows.validate(VOCAB)
+    assert rows.validated(VOCAB).tokens.tolist() == rows.tokens.tolist()
     assert rows.tokens.tolist() == source.window.reshape(-1).tolist()
     assert set(rows.tokens.tolist()) <= set(prompt)  # seeded with prompt tokens
     assert rows.tokens.shape == (8,) and rows.position_offsets.tolist() == [1, 2, 3, 4, 2, 3, 4, 5]
@@ -153,10 +144,10 @@ def test_pool_is_seeded_with_every_ngram_of_the_prompt() -> None:
         expected.setdefault(prompt[i], set()).add(tuple(prompt[i + 1 : i + 3]))
     assert {key: set(value) for key, value in source.pool.entries.items()} == expected
     # the anchor's n-grams are the draft, merged into a trie: (2, 3) and (2, 5) share the 2
-    draft = source.goose_propose(context=make_context([*prompt, 1]))
-    assert draft is not None and draft.validate(VOCAB) is draft
+    draft = source.goose_propose(context=make_context([*prompt, 1]), acceptance=0.3)
+    assert draft is not None and draft.validated(VOCAB, 0.3).tokens.tolist() == draft.tokens.tolist()
     assert draft.tokens.tolist() == [2, 5, 3] and draft.parents.tolist() == [-1, 0, 0]
-    assert source.goose_propose(context=make_context([*prompt, 42])) is None  # no n-gram starts with 42
+    assert source.goose_propose(context=make_context([*prompt, 42]), acceptance=0.3) is None  # no n-gram starts with 42
     assert len(make_source(pool_from_prompt=False, ngram=3).pool) == 0
 
 
@@ -174,30 +165,30 @@ def test_trie_merges_prefixes_and_splits_the_estimate_by_count() -> None:
     assert draft.tokens.tolist() == [5, 6, 7, 8, 9, 1, 2]
     assert draft.parents.tolist() == [-1, 0, 1, 1, -1, 4, 5]
     expected = [0.5 * 4 / 8, 0.5, 0.5 * 3 / 4, 0.5 * 1 / 4, 0.5 * 4 / 8, 0.5, 0.5]
-    torch.testing.assert_close(draft.scores, torch.tensor(expected))
+    assert np.allclose(draft.scores, expected)
     assert Draft.trie([], [], 0.5) is None
 
 
 def test_drafts_stop_before_eos_and_keep_at_most_g_candidates() -> None:
     source = make_source(ngram=4, max_candidates=2, pool_cap=5)
     source.pool.add([[3, 4, EOS, 5], [3, 6, 7, 8], [3, 9, 9, 9], [3, EOS, 1, 2]])
-    draft = source.goose_propose(context=make_context([1, 3]))
+    draft = source.goose_propose(context=make_context([1, 3]), acceptance=0.3)
     assert isinstance(draft, Draft)
     # the two most recent: (EOS, 1, 2) drafts nothing, (9, 9, 9) everything
     assert draft.tokens.tolist() == [9, 9, 9]
     source = make_source(ngram=4, max_candidates=4, pool_cap=5)
     source.pool.add([[3, 4, EOS, 5], [3, 6, 7, 8]])
-    assert make_source().goose_propose(context=make_context([3])) is None
-    assert source.goose_propose(context=make_context([1, 3])).tokens.tolist() == [6, 7, 8, 4]
+    assert make_source().goose_propose(context=make_context([3]), acceptance=0.3) is None
+    assert source.goose_propose(context=make_context([1, 3]), acceptance=0.3).tokens.tolist() == [6, 7, 8, 4]
 
 
 def test_output_ngrams_join_the_pool_on_request() -> None:
     source = make_source(ngram=3, pool_from_output=True, pool_from_prompt=False)
     prefill(source, [1, 2, 3])
     assert len(source.pool) == 0
-    source.goose_propose(context=make_context([1, 2, 3, 4, 5]))
+    source.goose_propose(context=make_context([1, 2, 3, 4, 5]), acceptance=0.3)
     assert set(source.pool.entries) == {2, 3}  # (2, 3, 4) and (3, 4, 5): the n-grams ending in new tokens
-    assert source.goose_propose(context=make_context([1, 2, 3, 4, 5, 3])).tokens.tolist() == [4, 5]
+    assert source.goose_propose(context=make_context([1, 2, 3, 4, 5, 3]), acceptance=0.3).tokens.tolist() == [4, 5]
 
 
 def test_reset_clears_pool_and_window_unless_the_pool_persists() -> None:
@@ -217,11 +208,11 @@ def test_one_token_advance_moves_levels_down_and_harvests_mature_columns() -> No
     prefill(source, list(range(100, 120)))
     start = source.window.copy()  # [2, 3]
     first = [200, 201, 202]
-    source.goose_observe(outcome=fake_outcome(source, first))
+    observe(source, first)
     assert source.window.tolist() == [start[1].tolist(), first]
     assert len(source.pool) == 0  # columns one step old: level 1 was still a random seed
     second = [300, 301, 302]
-    source.goose_observe(outcome=fake_outcome(source, second))
+    observe(source, second)
     assert source.window.tolist() == [first, second]
     # every column's trajectory: seed, first prediction, second prediction
     for column in range(3):
@@ -236,13 +227,13 @@ def test_multi_token_advance_slides_the_columns_to_the_new_anchor() -> None:
     prompt = list(range(100, 120))
     prefill(source, prompt)
     start = source.window.copy()
-    source.goose_observe(outcome=fake_outcome(source, [200, 201, 202, 203], advance=3))
+    observe(source, [200, 201, 202, 203], advance=3)
     # the anchor moved 3: new cell (l, j) is old cell (l + 1, j + 2); two new columns on the right
     assert source.window[0, :2].tolist() == start[1, 2:].tolist()
     assert source.window[1, :2].tolist() == [202, 203]
     assert set(source.window[:, 2:].reshape(-1).tolist()) <= set(prompt)
     assert source.age.tolist() == [1, 1, 0, 0]
-    source.goose_observe(outcome=fake_outcome(source, [1, 2, 3, 4], advance=9))  # past the window: all new
+    observe(source, [1, 2, 3, 4], advance=9)  # past the window: all new
     assert source.age.tolist() == [0, 0, 0, 0]
     assert set(source.window.reshape(-1).tolist()) <= set(prompt)
 
@@ -251,7 +242,7 @@ def test_without_realign_the_window_shifts_one_step_whatever_was_accepted() -> N
     source = make_source(window=4, ngram=3, pool_from_prompt=False, realign=False)
     prefill(source, list(range(100, 120)))
     start = source.window.copy()
-    source.goose_observe(outcome=fake_outcome(source, [200, 201, 202, 203], advance=3))
+    observe(source, [200, 201, 202, 203], advance=3)
     assert source.window.tolist() == [start[1].tolist(), [200, 201, 202, 203]]
 
 
@@ -259,22 +250,9 @@ def test_missing_rows_keep_the_window_aligned_without_a_step() -> None:
     source = make_source(window=4, ngram=3, pool_from_prompt=False)
     prefill(source, list(range(100, 120)))
     start = source.window.copy()
-    source.goose_observe(outcome=fake_outcome(source, None, advance=2))
+    observe(source, None, advance=2)
     assert source.window[:, :2].tolist() == start[:, 2:].tolist()
     assert len(source.pool) == 0 and source.age.tolist() == [0, 0, 0, 0]
-
-
-def test_acceptance_ema_follows_this_sources_nodes() -> None:
-    source = make_source(initial_acceptance=0.5)
-    prefill(source, list(range(100, 120)))
-    builder = TreeBuilder(7, ("context_match", "lookahead"), capacity=8)
-    builder.add_chain(0, torch.tensor([1, 2]), 0)
-    builder.add_chain(0, torch.tensor([3, 4, 5]), 1)
-    tree = builder.build()  # nodes 3, 4, 5 are ours
-    source.goose_observe(outcome=fake_outcome(source, [1] * 7, tree=tree, reached=(1, 3, 4, 5), accepted=(3, 4)))
-    assert source.goose_acceptance() == pytest.approx(0.7 * 0.5 + 0.3 * 2 / 3)
-    source.goose_observe(outcome=fake_outcome(source, [1] * 7, tree=tree, reached=(1,)))
-    assert source.goose_acceptance() == pytest.approx(0.7 * 0.5 + 0.3 * 2 / 3)  # none of ours tested
 
 
 # --- real models: the rows' layout, and losslessness -----------------------------------------------
@@ -294,8 +272,8 @@ def check_rows_against_plain_forwards(model: torch.nn.Module, prompt_ids: list[i
     verifier = Verifier(model)
     *context, anchor = prompt_ids
     builder = TreeBuilder(anchor, ("lookahead",), capacity=4)
-    builder.add_chain(0, torch.tensor(prompt_ids[-3:-1]), 0)  # any small tree
-    builder.add_children(torch.tensor([0]), torch.tensor([prompt_ids[1]]), 0)
+    builder.add_chain(0, np.array(prompt_ids[-3:-1]), 0)  # any small tree
+    builder.add_children(np.array([0]), np.array([prompt_ids[1]]), 0)
     tree = builder.build()
     verifier.prefill(context)
     together = verifier.verify(tree, [rows])
@@ -346,9 +324,10 @@ def goose_register_sources(register: Register) -> None:
 
 
 @pytest.fixture(scope="module")
-def windowless() -> str:
-    register(sys.modules[__name__], origin="tests")
-    return "lookahead_windowless"
+def windowless() -> Iterator[str]:
+    registrations = register(sys.modules[__name__], origin="tests")
+    yield "lookahead_windowless"
+    unregister(registrations)
 
 
 def decode(model, tokenizer, prompt: str, tokens: int, **config: object) -> list[int]:

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import goose
 from goose import CandidatePool, DecodeContext, Draft, DraftTree, GooseConfig, SourceCandidates
+from goose.allocation import SpineSpec, multi_spine_allocation
+from goose.boundary import TopologyPlanner
 from goose.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.hookspecs import Register
-from goose.outcome import VerifyOutcome
-from goose.plugins import BUILTIN_ORIGIN, make_topology, registry
-from goose.theory import SpineSpec, multi_spine_allocation
+from goose.plugins import BUILTIN_ORIGIN, registry, unregister
 from goose.topologies.chain import ChainTopology
 from goose.topologies.multi_spine import MultiSpineTopology, common_prefix
 from goose.topologies.spine import SpineTopology
@@ -29,18 +28,22 @@ class SuccessorTable:
     """Bigram successors: (previous, token) picks a row of a seeded table; scores fall with rank."""
 
     def __init__(self, vocab: int = 300, width: int = 10, seed: int = 0, first: float = 0.6) -> None:
-        generator = torch.Generator().manual_seed(seed)
+        generator = np.random.default_rng(seed)
         self.rows = 997
-        self.tokens = torch.stack([torch.randperm(vocab, generator=generator)[:width] for _ in range(self.rows)])
-        self.scores = (first * 0.5 ** torch.arange(width, dtype=torch.float32)).expand(self.rows, width)
+        self.tokens = np.stack([generator.permutation(vocab)[:width] for _ in range(self.rows)]).astype(np.int64)
+        self.scores = np.tile(first * 0.5 ** np.arange(width, dtype=np.float64), (self.rows, 1))
 
-    def __call__(self, previous: torch.Tensor, tokens: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = (tokens * 31 + previous.clamp(min=0) * 7 + 1) % self.rows
-        return self.tokens[rows, :k], self.scores[rows, :k]
+    def __call__(self, previous: np.ndarray, tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """k successors per pair, padded with -1 / 0 as the plugin boundary hands them to planners."""
+        rows = (tokens * 31 + np.maximum(previous, 0) * 7 + 1) % self.rows
+        found, scores = np.full((rows.shape[0], k), -1, dtype=np.int64), np.zeros((rows.shape[0], k))
+        width = min(k, self.tokens.shape[1])
+        found[:, :width], scores[:, :width] = self.tokens[rows, :width], self.scores[rows, :width]
+        return found, scores
 
 
 def chain(tokens: list[int] | range, score: float = 0.5, consensus: int = 0) -> Draft:
-    return Draft.chain(torch.tensor(list(tokens)), score, consensus=consensus)
+    return Draft.chain(np.array(list(tokens)), score, consensus=consensus)
 
 
 def make_pool(
@@ -71,22 +74,22 @@ def check_tree(tree: DraftTree, budget: int, pool: CandidatePool) -> None:
     n = tree.size
     assert tree.draft_size <= budget
     assert int(tree.parents[0]) == -1 and int(tree.tokens[0]) == pool.anchor
-    assert bool((tree.parents[1:] < torch.arange(1, n)).all()) and bool((tree.parents[1:] >= 0).all())
+    assert bool((tree.parents[1:] < np.arange(1, n)).all()) and bool((tree.parents[1:] >= 0).all())
     assert bool((tree.depths[1:] == tree.depths[tree.parents[1:]] + 1).all())
     assert len(set(zip(tree.parents.tolist(), tree.tokens.tolist(), strict=True))) == n
-    spine = tree.on_spine.nonzero().squeeze(1)
-    if spine.numel():  # on_spine is the main spine only: one chain from the anchor, by the top drafter
+    spine = np.flatnonzero(tree.on_spine)
+    if spine.shape[0]:  # on_spine is the main spine only: one chain from the anchor, by the top drafter
         assert tree.parents[spine].tolist() == [0, *spine[:-1].tolist()]
         assert set(tree.source_ids[spine].tolist()) == {pool.drafting[0].source_id}
 
 
 def same_tree(first: DraftTree, second: DraftTree) -> bool:
-    return all(torch.equal(getattr(first, f), getattr(second, f))
+    return all(np.array_equal(getattr(first, f), getattr(second, f))
                for f in ("tokens", "parents", "depths", "source_ids", "on_spine"))
 
 
 def nodes_of(tree: DraftTree, source: int) -> list[int]:
-    return (tree.source_ids == source).nonzero().squeeze(1).tolist()
+    return np.flatnonzero(tree.source_ids == source).tolist()
 
 
 # --- registration ----------------------------------------------------------------------------
@@ -97,7 +100,7 @@ def test_registered_through_the_entry_point_as_built_in() -> None:
     assert registration.origin == BUILTIN_ORIGIN and "side spines" in registration.description
     config = GooseConfig(topology="multi_spine")
     pool = make_pool(chain(range(500, 520)), chain(range(900, 910)), table=SuccessorTable())
-    tree = make_topology("multi_spine", config).goose_plan_tree(pool=pool, budget=16, config=config)
+    tree = TopologyPlanner("multi_spine", config, vocab_size=1000).plan(pool, 16)
     check_tree(tree, 16, pool)
 
 
@@ -113,7 +116,7 @@ def test_main_spine_side_spine_and_branches_come_from_their_sources(budget: int)
     allocation = planner.last_allocation
     assert allocation is not None and allocation.lengths[1] > 0
     # the main spine: the top drafter's draft, from the anchor, as long as the model says
-    spine = tree.on_spine.nonzero().squeeze(1)
+    spine = np.flatnonzero(tree.on_spine)
     assert tree.tokens[spine].tolist() == list(range(500, 500 + allocation.lengths[0]))
     # the side spine: the second drafter's tokens, a chain hanging off the anchor (no shared prefix)
     side_nodes = nodes_of(tree, SIDE)
@@ -219,7 +222,7 @@ def test_one_drafter_and_one_brancher_give_the_spine_tree(budget: int, consensus
 
 def test_a_configured_third_source_without_a_draft_changes_nothing() -> None:
     config = GooseConfig(topology="multi_spine", max_depth=4, spine_branch_ratio=0.3)
-    pool = make_pool(chain(range(500, 520)), Draft.chain(torch.zeros(0, dtype=torch.long), 0.5),
+    pool = make_pool(chain(range(500, 520)), Draft.chain(np.zeros(0, dtype=np.int64), 0.5),
                      table=SuccessorTable(seed=3))
     assert len(pool.drafting) == 1
     expected = SpineTopology(config).goose_plan_tree(pool=pool, budget=40, config=config)
@@ -254,12 +257,12 @@ def random_drafts(draw: st.DrawFn, vocab: int, share: list[int] | None = None) -
     if share and draw(st.booleans()):  # start like the other draft, to exercise divergence points
         cut = draw(st.integers(0, min(len(share), length)))
         tokens[:cut] = share[:cut]
-    scores = torch.tensor(draw(st.lists(st.floats(0.0, 1.0), min_size=length, max_size=length)))
+    scores = np.array(draw(st.lists(st.floats(0.0, 1.0), min_size=length, max_size=length)))
     consensus = draw(st.integers(0, 12))
     if draw(st.booleans()):
-        return Draft.chain(torch.tensor(tokens), scores, consensus=consensus)
-    parents = torch.tensor([draw(st.integers(-1, i - 1)) for i in range(length)])
-    return Draft(tokens=torch.tensor(tokens), parents=parents, scores=scores, consensus=consensus)
+        return Draft.chain(np.array(tokens), scores, consensus=consensus)
+    parents = np.array([draw(st.integers(-1, i - 1)) for i in range(length)])
+    return Draft(tokens=np.array(tokens), parents=parents, scores=scores, consensus=consensus)
 
 
 @st.composite
@@ -310,7 +313,6 @@ class UnigramLookup:
 
     def __init__(self, config: GooseConfig) -> None:
         self.config = config
-        self.acceptance = 0.2
 
     @goose.hookimpl
     def goose_propose(self, context: DecodeContext) -> Draft | None:
@@ -318,35 +320,25 @@ class UnigramLookup:
         earlier = np.flatnonzero(tokens[:-1] == tokens[-1])
         if earlier.shape[0] == 0:
             return None
-        copy = tokens[earlier[-1] + 1 : earlier[-1] + 7]
-        return Draft.chain(torch.from_numpy(copy.copy()), self.acceptance)
-
-    @goose.hookimpl
-    def goose_acceptance(self) -> float:
-        return self.acceptance
-
-    @goose.hookimpl
-    def goose_observe(self, outcome: VerifyOutcome) -> None:
-        reached, accepted = outcome.source_counts(outcome.tree.source_names.index("unigram_lookup"))
-        if reached:
-            self.acceptance = 0.7 * self.acceptance + 0.3 * accepted / reached
+        return Draft.chain(tokens[earlier[-1] + 1 : earlier[-1] + 7])
 
 
 class _TestPlugin:
     @staticmethod
     @goose.hookimpl
     def goose_register_sources(register: Register) -> None:
-        register("unigram_lookup", UnigramLookup, description="test: unigram prompt lookup")
+        register("unigram_lookup", UnigramLookup, description="test: unigram prompt lookup", initial_acceptance=0.2)
 
 
 def test_three_sources_on_a_real_model_are_lossless(smollm2) -> None:
     model, tokenizer = smollm2
-    goose.plugins.register(_TestPlugin)
+    registrations = goose.plugins.register(_TestPlugin)
     prompt = "List the planets of the solar system, one per line, as '- Planet: <name>'."
     config = GooseConfig(sources=["context_match", "unigram_lookup", "bigram_transition"], topology="multi_spine",
                          budget=16)
     decoder = GooseDecoder(model, tokenizer, config)
     result = decoder.generate(prompt, max_new_tokens=48)
+    unregister(registrations)
     reference = AutoregressiveDecoder(model, tokenizer).generate(prompt, max_new_tokens=48)
     assert result.new_token_ids == reference.new_token_ids
     assert result.stats.verify_steps < len(result.new_token_ids)

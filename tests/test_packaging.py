@@ -6,13 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import tomllib
+from setuptools.config.pyprojecttoml import read_configuration
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_package_folder_is_listed_in_pyproject() -> None:
-    settings = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    # setuptools' own reader (tomllib is Python 3.11+; the package supports 3.10)
+    settings = read_configuration(ROOT / "pyproject.toml")["tool"]["setuptools"]
     listed = set(settings["packages"])
     folders = {".".join(("goose", *p.parent.relative_to(ROOT / "goose").parts)).rstrip(".")
                for p in (ROOT / "goose").rglob("__init__.py")}

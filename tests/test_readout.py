@@ -1,13 +1,14 @@
-"""The one-pass readout equals argmax and topk: on real logits of both models and on crafted ties."""
+"""The one-pass readout equals argmax and topk (real logits of both models, crafted ties), read in one transfer."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goose.readout import BLOCK, greedy, greedy_and_top_k
+from goose.readout import BLOCK, greedy, greedy_and_top_k, read
 from tests.conftest import dataset_prompts
 
 
@@ -57,3 +58,23 @@ def test_random_logits_any_vocabulary(rows, vocab, k, seed, bf16):
     generator = torch.Generator().manual_seed(seed)
     logits = torch.randn(rows, vocab, generator=generator)
     check_against_reference(logits.bfloat16() if bf16 else logits, k)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    tree_rows=st.integers(1, 6),
+    extra_rows=st.integers(0, 4),
+    vocab=st.sampled_from([7, 40 * BLOCK + 1, 262_144]),
+    k=st.integers(1, 12),
+    seed=st.integers(0, 2**16),
+)
+def test_one_read_carries_argmax_and_top_k_to_the_host(tree_rows, extra_rows, vocab, k, seed):
+    """``read``'s host arrays equal the device results: ids exact, scores the softmax of the kept logits."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(tree_rows + extra_rows, vocab, generator=generator)
+    readout = read(logits, tree_rows, k)
+    assert readout.predictions.tolist() == logits.argmax(dim=-1).tolist()
+    _, indices, values = greedy_and_top_k(logits[:tree_rows], k)
+    assert readout.top_tokens.tolist() == indices.tolist()
+    assert np.allclose(readout.top_scores, torch.softmax(values, dim=-1).numpy(), atol=1e-6)
+    assert readout.top_tokens.dtype == np.int64 and readout.top_scores.dtype == np.float32

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -68,7 +67,7 @@ def context_for(tokens: list[int], vocab_size: int = BIG + 100, tokenizer: objec
     array = np.asarray(tokens, dtype=np.int64)
     array.flags.writeable = False
     return DecodeContext(tokens=array, prompt_length=len(tokens), vocab_size=vocab_size, eos_token_ids=eos,
-                         config=GooseConfig(), tokenizer=tokenizer)
+                         tokenizer=tokenizer)
 
 
 # --- suffix array and search ----------------------------------------------------------------------
@@ -231,7 +230,7 @@ def test_datastore_refuses_another_tokenizer(small_store: Datastore, gemma3) -> 
     context = context_for([10, 11, 12], vocab_size=len(gemma_tokenizer), tokenizer=gemma_tokenizer)
     with pytest.raises(DatastoreError, match="rebuild"):
         source.goose_prefill(context)
-    assert source.goose_propose(context) is None
+    assert source.goose_propose(context, 0.3) is None
 
 
 def test_bad_datastore_path_fails_when_the_decoder_is_made(tmp_path: Path, smollm2) -> None:
@@ -291,7 +290,7 @@ def test_propose_returns_a_valid_trie(small_store: Datastore, smollm2) -> None:
     ids = tokenizer("class Foo:\n    def __init__(self", add_special_tokens=False)["input_ids"]
     context = context_for(ids, vocab_size=len(tokenizer), tokenizer=tokenizer, eos=frozenset({2}))
     source.goose_prefill(context)
-    draft = source.goose_propose(context)
+    draft = source.goose_propose(context, 0.3)
     assert draft is not None and 1 <= len(draft) <= 20
     draft.validate(len(tokenizer))
     assert bool(((draft.scores > 0) & (draft.scores <= 1)).all())
@@ -365,5 +364,5 @@ def test_default_stdlib_datastore_builds_once(tmp_path: Path, smollm2) -> None:
     context = context_for(ids, vocab_size=len(tokenizer), tokenizer=tokenizer)
     source.goose_prefill(context)
     assert source.store is not None and source.store.path == store.path
-    draft = source.goose_propose(context)
-    assert draft is not None and torch.is_tensor(draft.tokens)
+    draft = source.goose_propose(context, 0.3)
+    assert draft is not None and isinstance(draft.tokens, np.ndarray)

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
-import time
 
 import numpy as np
 import pytest
 
+from goose import allocation as planning
 from goose import theory
-from goose.theory import MultiSpineAllocation, SpineSpec, TreeShape
+from goose.allocation import MultiSpineAllocation, SpineSpec, TreeShape
 from goose.topologies.transition_tree import static_template
 
 P_S = [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 0.95]
@@ -19,7 +18,7 @@ P_T = [0.01, 0.03, 0.05, 0.1, 0.3]
 BUDGETS = [1, 8, 16, 60]
 
 
-def spine_shape(p_s: float, p_t: float, allocation: theory.SpineAllocation, max_depth: int = 6) -> TreeShape:
+def spine_shape(p_s: float, p_t: float, allocation: planning.SpineAllocation, max_depth: int = 6) -> TreeShape:
     """The tree of a single-spine allocation: spine, then best-first branches at every spine node."""
     multi = MultiSpineAllocation((allocation.spine_len,), (allocation.widths,), allocation.expected_tau)
     return theory.multi_spine_shape([SpineSpec((p_s,), allocation.spine_len)], p_t, multi, max_depth)
@@ -60,7 +59,7 @@ def test_formula_with_the_end_term_is_the_exact_expectation(p_s: float, p_t: flo
     m = len(widths) - 1
     shape = theory.spine_tree_shape(p_s, p_t, m, widths, depth)
     assert len(shape) == theory.spine_tree_size(m, widths, depth)
-    exact = theory.expected_tau_tree(shape)
+    exact = planning.expected_tau_tree(shape)
     assert theory.expected_tau_spine(p_s, p_t, m, widths, depth) == pytest.approx(exact, abs=1e-12)
     # the paper's sum stops at m - 1: a lower bound, tight only without branches at the spine end
     assert theory.expected_tau_spine(p_s, p_t, m, widths[:m], depth) <= exact + 1e-12
@@ -96,7 +95,7 @@ def test_non_degradation_over_a_grid(budget: int) -> None:
     template = static_template(budget, 10, 6)
     for p_s in P_S:
         for p_t in P_T:
-            best = theory.best_spine_tree(p_s, p_t, budget)
+            best = planning.best_spine_tree(p_s, p_t, budget)
             assert best.size <= budget
             chain = theory.expected_tau_chain(p_s, budget)
             tr_tree = theory.expected_tau_transition_tree(p_t, template)
@@ -110,7 +109,7 @@ def test_non_degradation_over_a_grid(budget: int) -> None:
 @pytest.mark.parametrize("p_t", [0.01, 0.03, 0.05])
 def test_widths_fall_with_depth(p_s: float, p_t: float) -> None:
     """Wide near the root, narrow deep down: one spine step costs log(1/p_s)/log(1/(1-p_t)) branch nodes."""
-    best = theory.best_spine_tree(p_s, p_t, 60)
+    best = planning.best_spine_tree(p_s, p_t, 60)
     m, widths = best.spine_len, best.widths
     interior = widths[:m]
     assert all(a >= b for a, b in itertools.pairwise(interior)), widths
@@ -125,7 +124,7 @@ def test_widths_fall_with_depth(p_s: float, p_t: float) -> None:
 
 @pytest.mark.parametrize(("p_s", "p_t"), [(0.1, 0.04), (0.5, 0.04), (0.9, 0.04), (0.5, 0.3), (0.0, 0.05)])
 def test_monotonic_in_budget(p_s: float, p_t: float) -> None:
-    values = [theory.best_spine_tree(p_s, p_t, budget).expected_tau for budget in range(0, 81)]
+    values = [planning.best_spine_tree(p_s, p_t, budget).expected_tau for budget in range(0, 81)]
     assert values[0] == 1.0
     assert all(b >= a - 1e-12 for a, b in itertools.pairwise(values))
 
@@ -141,15 +140,15 @@ def test_spine_cap_and_degenerate_estimates() -> None:
 
 def test_deep_branches_when_transitions_are_good() -> None:
     """With p_t high enough, depth pays: the shares hold more nodes than heads (l_bar > 0)."""
-    best = theory.best_spine_tree(0.3, 0.3, 60)
+    best = planning.best_spine_tree(0.3, 0.3, 60)
     assert sum(best.widths) > sum(best.heads)
     shape = spine_shape(0.3, 0.3, best)
-    assert theory.expected_tau_tree(shape) == pytest.approx(best.expected_tau)
+    assert planning.expected_tau_tree(shape) == pytest.approx(best.expected_tau)
 
 
 @pytest.mark.parametrize(("p_s", "p_t", "budget"), [(0.5, 0.04, 60), (0.2, 0.05, 16), (0.8, 0.3, 30), (0.3, 0.3, 60)])
 def test_matches_monte_carlo(p_s: float, p_t: float, budget: int) -> None:
-    best = theory.best_spine_tree(p_s, p_t, budget)
+    best = planning.best_spine_tree(p_s, p_t, budget)
     shape = spine_shape(p_s, p_t, best)
     assert len(shape) == best.size
     simulated, error = theory.simulate_tau(shape, samples=200_000, seed=1)
@@ -165,17 +164,11 @@ def test_literal_formula_tree_matches_monte_carlo() -> None:
     assert abs(simulated - theory.expected_tau_spine(0.4, 0.2, 4, [6, 3, 2, 1, 2], branch_depth=3)) < 5 * error
 
 
-def test_fast_and_cached() -> None:
-    """The planner calls this every cycle: < 1 ms on an idle core for budget 60, microseconds when cached."""
-    timings = []
-    for k in range(15):
-        p_s = 0.3 + 0.0371 * k  # off the grid of other tests: uncached
-        start = time.perf_counter()
-        theory.optimal_allocation(p_s, 0.041, 60)
-        timings.append(time.perf_counter() - start)
-    assert statistics.median(timings) < 5e-3  # generous: the CI machine's cores are shared
-    first = theory.best_spine_tree(0.5, 0.04, 60)
-    assert theory.best_spine_tree(0.50004, 0.04003, 60) is first  # same grid cell: the cached object
+def test_allocations_are_cached_per_grid_cell() -> None:
+    """The planner calls this every cycle: estimates on one grid cell share the cached optimum."""
+    first = planning.best_spine_tree(0.5, 0.04, 60)
+    assert planning.best_spine_tree(0.50004, 0.04003, 60) is first  # same grid cell: the cached object
+    assert planning.best_spine_tree(0.52, 0.04, 60) is not first
 
 
 # --- several drafting sources -------------------------------------------------------------------
@@ -192,37 +185,37 @@ MULTI_CASES = [
 
 @pytest.mark.parametrize(("spines", "p_t", "budget"), MULTI_CASES)
 def test_multi_spine_allocation(spines: list[SpineSpec], p_t: float, budget: int) -> None:
-    allocation = theory.multi_spine_allocation(spines, p_t, budget)
+    allocation = planning.multi_spine_allocation(spines, p_t, budget)
     assert allocation.size <= budget
     assert len(allocation.lengths) == len(spines) and len(allocation.widths[0]) == allocation.lengths[0] + 1
     for spine, length in zip(spines, allocation.lengths, strict=True):
         assert length <= spine.available
     # never worse than the best single-spine tree (non-degradation for an extra source)
-    alone = theory.best_spine_tree(spines[0].acceptance, p_t, budget, max_spine=spines[0].available)
+    alone = planning.best_spine_tree(spines[0].acceptance, p_t, budget, max_spine=spines[0].available)
     assert allocation.expected_tau >= alone.expected_tau - 1e-12
     shape = theory.multi_spine_shape(spines, p_t, allocation)
     assert len(shape) == allocation.size
-    assert theory.expected_tau_tree(shape) == pytest.approx(allocation.expected_tau)
+    assert planning.expected_tau_tree(shape) == pytest.approx(allocation.expected_tau)
     simulated, error = theory.simulate_tau(shape, samples=100_000, seed=3)
     assert abs(simulated - allocation.expected_tau) < 5 * error + 1e-3
 
 
 def test_side_spines_are_laid_when_they_pay_and_not_otherwise() -> None:
-    good = theory.multi_spine_allocation([SpineSpec((0.5,), 20), SpineSpec((0.4,), 6)], 0.04, 30)
+    good = planning.multi_spine_allocation([SpineSpec((0.5,), 20), SpineSpec((0.4,), 6)], 0.04, 30)
     assert good.lengths[1] > 0
-    assert good.expected_tau > theory.best_spine_tree(0.5, 0.04, 30).expected_tau
-    useless = theory.multi_spine_allocation([SpineSpec((0.5,), 20), SpineSpec((0.0,), 6)], 0.04, 30)
+    assert good.expected_tau > planning.best_spine_tree(0.5, 0.04, 30).expected_tau
+    useless = planning.multi_spine_allocation([SpineSpec((0.5,), 20), SpineSpec((0.0,), 6)], 0.04, 30)
     assert useless.lengths[1] == 0
     # a side spine cannot hang below the end of the main draft
-    beyond = theory.multi_spine_allocation([SpineSpec((0.5,), 2), SpineSpec((0.4,), 6, attach=5)], 0.04, 30)
+    beyond = planning.multi_spine_allocation([SpineSpec((0.5,), 2), SpineSpec((0.4,), 6, attach=5)], 0.04, 30)
     assert beyond.lengths[1] == 0
 
 
 def test_a_per_depth_sequence_loses_only_trailing_repeats() -> None:
-    assert theory.without_trailing_repeats([0.5, 0.9, 0.9, 0.9]) == (0.5, 0.9)
-    assert theory.without_trailing_repeats([0.9, 0.5, 0.9]) == (0.9, 0.5, 0.9)
-    assert theory.without_trailing_repeats([0.7, 0.7]) == (0.7,)
-    assert theory.without_trailing_repeats([]) == ()
+    assert planning.without_trailing_repeats([0.5, 0.9, 0.9, 0.9]) == (0.5, 0.9)
+    assert planning.without_trailing_repeats([0.9, 0.5, 0.9]) == (0.9, 0.5, 0.9)
+    assert planning.without_trailing_repeats([0.7, 0.7]) == (0.7,)
+    assert planning.without_trailing_repeats([]) == ()
     # the shortest form plans the same tree as the long one
-    long, short = [0.6, 0.6, 0.95, 0.95, 0.95], theory.without_trailing_repeats([0.6, 0.6, 0.95, 0.95, 0.95])
-    assert theory.best_spine_tree(long, 0.1, 16) == theory.best_spine_tree(short, 0.1, 16)
+    long, short = [0.6, 0.6, 0.95, 0.95, 0.95], planning.without_trailing_repeats([0.6, 0.6, 0.95, 0.95, 0.95])
+    assert planning.best_spine_tree(long, 0.1, 16) == planning.best_spine_tree(short, 0.1, 16)

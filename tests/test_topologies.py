@@ -1,8 +1,8 @@
 """The four built-in planners on real CandidatePools: real Drafts and a real (table) successor source.
 
 The successor source is a deterministic bigram table: (previous, token) picks a row of a seeded
-random table of successor tokens with decreasing conditional scores, the same contract
-``goose_successors`` has (int64 [m, k] with -1 for unknown, float scores best first).
+random table of successor tokens with decreasing conditional scores, answering as the plugin
+boundary hands successors to planners (int64 [m, k] with -1 / 0 for unknown, scores best first).
 """
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ import itertools
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from goose import CandidatePool, Draft, DraftTree, GooseConfig, SourceCandidates
-from goose.plugins import BUILTIN_ORIGIN, make_topology, registry
-from goose.topologies._shape import best_root_path, harmonic_split
+from goose.boundary import TopologyPlanner
+from goose.plugins import BUILTIN_ORIGIN, registry
 from goose.topologies.chain import ChainTopology
 from goose.topologies.isotropic import IsotropicTopology
 from goose.topologies.spine import SpineTopology, spine_length
+from goose.topologies.toolkit import harmonic_split
 from goose.topologies.transition_tree import TransitionTreeTopology, static_template
 
 PLANNERS = {
@@ -40,26 +40,30 @@ class TransitionTable:
 
     def __init__(self, vocab: int = 200, width: int = 10, seed: int = 0, first: float = 0.6,
                  decay: float = 0.5, holes: float = 0.0, rows: int = 997) -> None:
-        generator = torch.Generator().manual_seed(seed)
+        generator = np.random.default_rng(seed)
         self.vocab, self.rows = vocab, rows
-        self.tokens = torch.stack([torch.randperm(vocab, generator=generator)[:width] for _ in range(rows)])
-        self.tokens[torch.rand(rows, width, generator=generator) < holes] = -1
-        self.scores = (first * decay ** torch.arange(width, dtype=torch.float32)).expand(rows, width)
+        self.tokens = np.stack([generator.permutation(vocab)[:width] for _ in range(rows)]).astype(np.int64)
+        self.tokens[generator.random((rows, width)) < holes] = -1
+        self.scores = np.tile(first * decay ** np.arange(width, dtype=np.float64), (rows, 1))
+        self.scores[self.tokens < 0] = 0.0
         self.calls = 0
 
-    def row(self, previous: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        return (tokens * 31 + previous.clamp(min=0) * 7 + 1) % self.rows
+    def row(self, previous: np.ndarray | int, tokens: np.ndarray | int) -> np.ndarray:
+        return (np.asarray(tokens) * 31 + np.maximum(previous, 0) * 7 + 1) % self.rows
 
-    def __call__(self, previous: torch.Tensor, tokens: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, previous: np.ndarray, tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         self.calls += 1
         rows = self.row(previous, tokens)
-        return self.tokens[rows, :k], self.scores[rows, :k]
+        found, scores = np.full((rows.shape[0], k), -1, dtype=np.int64), np.zeros((rows.shape[0], k))
+        width = min(k, self.tokens.shape[1])
+        found[:, :width], scores[:, :width] = self.tokens[rows, :width], self.scores[rows, :width]
+        return found, scores
 
     def score(self, previous: int, token: int, successor: int) -> float:
         """The conditional score the table gives ``successor`` after (previous, token); 0 if absent."""
-        row = int(self.row(torch.tensor(previous), torch.tensor(token)))
-        hit = (self.tokens[row] == successor).nonzero()
-        return float(self.scores[row, hit[0, 0]]) if hit.numel() else 0.0
+        row = int(self.row(previous, token))
+        hit = np.flatnonzero(self.tokens[row] == successor)
+        return float(self.scores[row, hit[0]]) if hit.shape[0] else 0.0
 
 
 def make_pool(
@@ -79,7 +83,7 @@ def make_pool(
 
 
 def spine_draft(length: int = 20, score: float = 0.8, consensus: int = 0, start: int = 500) -> Draft:
-    return Draft.chain(torch.arange(start, start + length), score, consensus=consensus)
+    return Draft.chain(np.arange(start, start + length), score, consensus=consensus)
 
 
 def plan(name: str, pool: CandidatePool, budget: int, config: GooseConfig | None = None) -> DraftTree:
@@ -92,13 +96,13 @@ def check_tree(tree: DraftTree, budget: int, pool: CandidatePool) -> None:
     n = tree.size
     assert tree.draft_size <= budget
     assert tree.parents[0] == -1 and tree.tokens[0] == pool.anchor and tree.source_ids[0] == -1
-    assert bool((tree.parents[1:] < torch.arange(1, n)).all()) and bool((tree.parents[1:] >= 0).all())
+    assert bool((tree.parents[1:] < np.arange(1, n)).all()) and bool((tree.parents[1:] >= 0).all())
     assert bool((tree.depths[1:] == tree.depths[tree.parents[1:]] + 1).all())
     pairs = set(zip(tree.parents.tolist(), tree.tokens.tolist(), strict=True))
     assert len(pairs) == n, "a (parent, token) pair is laid twice"
     assert bool((tree.source_ids[1:] >= 0).all()) and bool((tree.source_ids < len(pool.source_names)).all())
-    spine = tree.on_spine.nonzero().squeeze(1)
-    if spine.numel():  # the spine is one chain from the root, laid by the most trusted drafting source
+    spine = np.flatnonzero(tree.on_spine)
+    if spine.shape[0]:  # the spine is one chain from the root, laid by the most trusted drafting source
         assert tree.parents[spine].tolist() == [0, *spine[:-1].tolist()]
         assert set(tree.source_ids[spine].tolist()) == {pool.drafting[0].source_id}
 
@@ -109,8 +113,8 @@ def spine_of(tree: DraftTree) -> list[int]:
 
 def branch_sizes(tree: DraftTree) -> list[int]:
     """Off-spine nodes hanging from each spine node (the anchor first), by nearest spine ancestor."""
-    spine_nodes = [0, *tree.on_spine.nonzero().squeeze(1).tolist()]
-    owner = torch.zeros(tree.size, dtype=torch.long)
+    spine_nodes = [0, *np.flatnonzero(tree.on_spine).tolist()]
+    owner = np.zeros(tree.size, dtype=np.int64)
     for node in range(1, tree.size):  # test code: a plain loop is clearest
         parent = int(tree.parents[node])
         owner[node] = node if bool(tree.on_spine[node]) else owner[parent]
@@ -134,7 +138,7 @@ def test_registry_lists_the_four_planners_as_built_in() -> None:
 def test_planner_runs_through_pluggy(name: str) -> None:
     config = GooseConfig(topology=name)
     pool = make_pool(spine_draft(), table=TransitionTable())
-    tree = make_topology(name, config).goose_plan_tree(pool=pool, budget=16, config=config)
+    tree = TopologyPlanner(name, config, vocab_size=1000).plan(pool, 16)
     assert isinstance(tree, DraftTree)
     check_tree(tree, 16, pool)
     assert tree.draft_size > 0
@@ -148,12 +152,12 @@ def random_drafts(draw: st.DrawFn, vocab: int) -> Draft | None:
     length = draw(st.integers(0, 25))
     if length == 0:
         return None
-    tokens = torch.tensor(draw(st.lists(st.integers(0, vocab - 1), min_size=length, max_size=length)))
-    scores = torch.tensor(draw(st.lists(st.floats(0.0, 1.0), min_size=length, max_size=length)))
+    tokens = np.array(draw(st.lists(st.integers(0, vocab - 1), min_size=length, max_size=length)))
+    scores = np.array(draw(st.lists(st.floats(0.0, 1.0), min_size=length, max_size=length)))
     consensus = draw(st.integers(0, 12))
     if draw(st.booleans()):
         return Draft.chain(tokens, scores, consensus=consensus)
-    parents = torch.tensor([draw(st.integers(-1, i - 1)) for i in range(length)])
+    parents = np.array([draw(st.integers(-1, i - 1)) for i in range(length)])
     return Draft(tokens=tokens, parents=parents, scores=scores, consensus=consensus)
 
 
@@ -209,8 +213,8 @@ def test_spine_nodes_come_from_the_most_trusted_drafting_source() -> None:
     weaker = SourceCandidates("weak_draft", 2, 0.01, spine_draft(start=900), None)
     pool = make_pool(spine_draft(), 0.5, TransitionTable(), extra=(weaker,))
     tree = plan("spine", pool, 16)
-    spine = tree.on_spine.nonzero().squeeze(1)
-    assert spine.numel() == 8
+    spine = np.flatnonzero(tree.on_spine)
+    assert spine.shape[0] == 8
     assert set(tree.source_ids[spine].tolist()) == {0}
     assert set(tree.source_ids[~tree.on_spine][1:].tolist()) == {1}  # branches: the branching source
     assert not set(range(900, 920)) & set(tree.tokens.tolist())  # the less trusted draft is not used
@@ -259,10 +263,8 @@ def test_spine_length_hint_is_the_spine_the_planner_lays(case: dict) -> None:
 
 
 def test_planners_without_a_spine_rule_give_no_hint() -> None:
-    config = GooseConfig()
-    caller = make_topology("chain", config)
-    assert caller.goose_spine_lengths(pool=make_pool(spine_draft(), 0.5, TransitionTable()), budgets=(4, 8),
-                                      config=config) is None
+    planner = TopologyPlanner("chain", GooseConfig(), vocab_size=1000)
+    assert planner.spine_lengths(make_pool(spine_draft(), 0.5, TransitionTable()), (4, 8)) is None
 
 
 def test_no_context_match_gives_the_transition_tree() -> None:
@@ -271,8 +273,8 @@ def test_no_context_match_gives_the_transition_tree() -> None:
     spine_tree = plan("spine", pool, 60)
     transition_tree = plan("transition_tree", pool, 60)
     assert spine_tree.draft_size > 0 and not bool(spine_tree.on_spine.any())
-    assert torch.equal(spine_tree.tokens, transition_tree.tokens)
-    assert torch.equal(spine_tree.parents, transition_tree.parents)
+    assert np.array_equal(spine_tree.tokens, transition_tree.tokens)
+    assert np.array_equal(spine_tree.parents, transition_tree.parents)
 
 
 def test_no_branching_source_gives_the_spine_alone() -> None:
@@ -312,7 +314,7 @@ def test_branches_respect_min_score_and_max_depth() -> None:
     config = GooseConfig(max_depth=3, min_score=0.05)
     pool = make_pool(spine_draft(score=0.9), 0.3, table)
     tree = plan("spine", pool, 60, config)
-    spine_scores = dict(zip(spine_of(tree), torch.cumprod(torch.full((20,), 0.9), 0).tolist(), strict=False))
+    spine_scores = dict(zip(spine_of(tree), np.cumprod(np.full(20, 0.9)).tolist(), strict=False))
     tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
     path_score = {0: 1.0}
     branch_depth = {0: 0}
@@ -334,12 +336,12 @@ def test_a_branch_never_duplicates_the_next_spine_token() -> None:
     draft = spine_draft(length=10, score=1.0)
     spine_tokens = [ANCHOR, *draft.tokens.tolist()]
     for previous, token, following in zip([PREVIOUS, *spine_tokens], spine_tokens, spine_tokens[1:], strict=False):
-        table.tokens[int(table.row(torch.tensor(previous), torch.tensor(token))), 0] = following
+        table.tokens[int(table.row(previous, token)), 0] = following
     tree = plan("spine", make_pool(draft, 0.3, table), 16)
     check_tree(tree, 16, make_pool(draft, 0.3, table))
-    spine_nodes = [0, *tree.on_spine.nonzero().squeeze(1).tolist()]
+    spine_nodes = [0, *np.flatnonzero(tree.on_spine).tolist()]
     for index, node in enumerate(spine_nodes[:-1]):
-        children = (tree.parents == node).nonzero().squeeze(1)
+        children = np.flatnonzero(tree.parents == node)
         next_spine = [c for c in children.tolist() if tree.tokens[c] == spine_tokens[index + 1]]
         assert next_spine == [spine_nodes[index + 1]], "the next spine token appears once, on the spine"
     assert tree.draft_size == 16  # the skipped duplicate's place went to another successor
@@ -347,9 +349,9 @@ def test_a_branch_never_duplicates_the_next_spine_token() -> None:
 
 def test_a_trie_draft_lays_its_most_valuable_root_path() -> None:
     # two root paths: [10] (score 0.9) and [20, 21, 22] (0.7 each): 0.7 + 0.49 + 0.34 > 0.9
-    draft = Draft(tokens=torch.tensor([10, 20, 21, 22]), parents=torch.tensor([-1, -1, 1, 2]),
-                  scores=torch.tensor([0.9, 0.7, 0.7, 0.7]))
-    tokens, scores = best_root_path(draft)
+    draft = Draft(tokens=np.array([10, 20, 21, 22]), parents=np.array([-1, -1, 1, 2]),
+                  scores=np.array([0.9, 0.7, 0.7, 0.7]))
+    tokens, scores = draft.best_path
     assert tokens.tolist() == [20, 21, 22]
     assert np.allclose(scores, [0.7, 0.49, 0.343])
     tree = plan("spine", make_pool(draft, 0.5, TransitionTable()), 16)
@@ -372,7 +374,7 @@ def test_chain_falls_back_to_the_greedy_successor_chain() -> None:
     assert tree.draft_size == GooseConfig().max_depth and not bool(tree.on_spine.any())
     previous, token = PREVIOUS, ANCHOR
     for node in range(1, tree.size):  # every node is its parent's top-1 successor
-        expected = int(table(torch.tensor([previous]), torch.tensor([token]), 1)[0][0, 0])
+        expected = int(table(np.array([previous]), np.array([token]), 1)[0][0, 0])
         assert int(tree.parents[node]) == node - 1 and int(tree.tokens[node]) == expected
         previous, token = token, expected
     bare = plan("chain", make_pool(None, 0.5, None), 16)
@@ -387,9 +389,9 @@ def test_isotropic_is_a_balanced_k_ary_tree(k: int) -> None:
     config = GooseConfig(isotropic_k=k, min_score=0.0)
     tree = plan("isotropic", make_pool(spine_draft(), 0.5, TransitionTable()), 60, config)
     assert tree.draft_size == 60
-    fan_out = torch.bincount(tree.parents[1:], minlength=tree.size)
+    fan_out = np.bincount(tree.parents[1:], minlength=tree.size)
     assert int(fan_out.max()) <= k
-    level_sizes = torch.bincount(tree.depths).tolist()
+    level_sizes = np.bincount(tree.depths).tolist()
     full_levels = [k**d for d in range(len(level_sizes))]
     assert level_sizes[:-1] == full_levels[:-1]  # breadth first: every level but the last is full
     assert not bool(tree.on_spine.any())
@@ -399,9 +401,9 @@ def test_isotropic_merges_sources_and_follows_the_draft() -> None:
     draft = spine_draft(length=10, score=0.95)
     tree = plan("isotropic", make_pool(draft, 0.5, TransitionTable()), 60, GooseConfig(isotropic_k=3))
     # the draft's tokens outscore the table (0.95^d vs 0.6 * ...) and form a chain of draft-tagged nodes
-    drafted = (tree.source_ids == 0).nonzero().squeeze(1)
-    assert tree.tokens[drafted].tolist() == draft.tokens[: drafted.numel()].tolist()
-    assert drafted.numel() == int(tree.depths.max())
+    drafted = np.flatnonzero(tree.source_ids == 0)
+    assert tree.tokens[drafted].tolist() == draft.tokens[: drafted.shape[0]].tolist()
+    assert drafted.shape[0] == int(tree.depths.max())
 
 
 # --- transition tree ---------------------------------------------------------------------------
@@ -424,7 +426,7 @@ def test_transition_tree_fills_slots_by_rank_and_ignores_drafts() -> None:
     tree = plan("transition_tree", pool, 16, GooseConfig(min_score=0.0))
     assert tree.draft_size == 16 and set(tree.source_ids[1:].tolist()) == {1}
     root_children = tree.tokens[tree.parents == 0].tolist()
-    expected = table(torch.tensor([PREVIOUS]), torch.tensor([ANCHOR]), 10)[0][0].tolist()
+    expected = table(np.array([PREVIOUS]), np.array([ANCHOR]), 10)[0][0].tolist()
     assert root_children == expected[: len(root_children)]
     assert int(tree.depths.max()) > 1  # not a flat fan: top ranks are grown deeper
 
@@ -439,27 +441,27 @@ def test_planners_with_an_empty_pool_return_the_bare_anchor() -> None:
 
 
 def test_spine_tree_from_the_real_bigram_transition_source() -> None:
-    bigram = pytest.importorskip("goose.sources.bigram_transition")
     from goose import DecodeContext, Harvest
+    from goose.boundary import SourceSet
 
     vocab, config = 64, GooseConfig()
-    source = bigram.BigramTransitionSource(config)
-    generator = torch.Generator().manual_seed(1)
-    previous = torch.randint(0, vocab, (400,), generator=generator)
-    tokens = torch.randint(0, vocab, (400,), generator=generator)
-    top_tokens = torch.stack([torch.randperm(vocab, generator=generator)[:10] for _ in range(400)])
-    top_scores = torch.softmax(torch.linspace(3.0, 0.0, 10), dim=0).expand(401, 10)
+    sources = SourceSet(["bigram_transition"], config, vocab_size=vocab)  # its successors, checked and padded
+    generator = np.random.default_rng(1)
+    previous = generator.integers(0, vocab, 400)
+    tokens = generator.integers(0, vocab, 400)
+    top_tokens = np.stack([generator.permutation(vocab)[:10] for _ in range(400)])
+    top_scores = np.tile(np.exp(np.linspace(3.0, 0.0, 10)) / np.exp(np.linspace(3.0, 0.0, 10)).sum(), (401, 1))
     context = DecodeContext(tokens=np.array([PREVIOUS, ANCHOR]), prompt_length=2, vocab_size=vocab,
-                            eos_token_ids=frozenset(), config=config)
-    harvest = Harvest(previous=torch.cat([previous, torch.tensor([PREVIOUS])]),
-                      tokens=torch.cat([tokens, torch.tensor([ANCHOR])]),
-                      top_tokens=torch.cat([top_tokens, top_tokens[:1]]), top_scores=top_scores)
-    source.goose_prefill(context=context, harvest=harvest)
+                            eos_token_ids=frozenset())
+    harvest = Harvest(previous=np.concatenate([previous, [PREVIOUS]]), tokens=np.concatenate([tokens, [ANCHOR]]),
+                      top_tokens=np.concatenate([top_tokens, top_tokens[:1]]), top_scores=top_scores.astype(np.float32))
+    sources.prefill(context, harvest)
+    transition = sources.propose(context)[0].branching[0]
 
-    draft = Draft.chain(torch.arange(40, 60), 0.8)
-    transition = SourceCandidates("bigram_transition", 1, source.goose_acceptance(), None, source.goose_successors)
+    draft = Draft.chain(np.arange(40, 60), 0.8).validated(vocab, 0.5)
     pool = CandidatePool(ANCHOR, PREVIOUS, ("context_match", "bigram_transition"),
-                         (SourceCandidates("context_match", 0, 0.5, draft, None), transition))
+                         (SourceCandidates("context_match", 0, 0.5, draft, None),
+                          SourceCandidates("bigram_transition", 1, transition.acceptance, None, transition.successors)))
     for name in PLANNERS:
         for budget in (16, 60):
             tree = plan(name, pool, budget, config)
@@ -478,7 +480,7 @@ def test_transition_tokens_on_the_spine_keep_its_shape() -> None:
     assert len(spine_of(ablated)) == len(spine_of(reference)) == 8  # tier ratio 0.5 of budget 16
     greedy, previous, token = [], PREVIOUS, ANCHOR
     for _ in range(8):
-        successors, _ = table(torch.tensor([previous]), torch.tensor([token]), 1)
+        successors, _ = table(np.array([previous]), np.array([token]), 1)
         previous, token = token, int(successors[0, 0])
         greedy.append(token)
     assert spine_of(ablated) == greedy

@@ -7,6 +7,7 @@ path. Also: cache compaction leaves the cache exactly as if only the accepted pa
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,7 +22,7 @@ TOLERANCE = 2e-4  # float32; observed differences are ~5e-5 (different matmul sh
 def build_tree(anchor: int, parent_choices: list[int], tokens: list[int]) -> DraftTree:
     builder = TreeBuilder(anchor, ("test",), capacity=len(tokens))
     for choice, token in zip(parent_choices, tokens, strict=True):
-        builder.add_children(torch.tensor([choice % builder.size]), torch.tensor([token]), source=0)
+        builder.add_children(np.array([choice % builder.size]), np.array([token]), source=0)
     return builder.build()
 
 
@@ -89,15 +90,34 @@ def test_commit_keeps_exactly_the_accepted_path(smollm2) -> None:
     branch = tokenizer.encode("10):\n    print(")
     decoy = tokenizer.encode("3")
     builder = TreeBuilder(context[-1], ("test",), capacity=len(branch) + 1)
-    builder.add_children(torch.tensor([0]), torch.tensor(decoy[:1]), source=0)  # node 1: a sibling decoy
-    builder.add_chain(0, torch.tensor(branch), source=0)
+    builder.add_children(np.array([0]), np.array(decoy[:1]), source=0)  # node 1: a sibling decoy
+    builder.add_chain(0, np.array(branch), source=0)
     tree = builder.build()
     logits = verifier.verify(tree)
-    walked = walk(tree, logits.argmax(-1))
+    walked = walk(tree, logits.argmax(-1).cpu().numpy())
     verifier.commit(walked.path)
     accepted = context + tree.tokens[walked.path].tolist()
     assert verifier.past_length == len(accepted)
     assert all(layer.keys.shape[2] == len(accepted) for layer in verifier.cache.layers)
     next_logits = verifier.verify(DraftTree.single(walked.bonus_token))[0]
     expected = sequential_logits(model, [*accepted, walked.bonus_token])
+    assert (next_logits - expected).abs().max().item() < TOLERANCE
+
+
+def test_the_cache_grows_in_place_across_many_passes(smollm2) -> None:
+    """Storage that doubles: hundreds of passes and commits later, the cache still equals a plain forward."""
+    model, tokenizer = smollm2
+    context = tokenizer.encode("Count: 1, 2, 3,")
+    verifier = Verifier(model)
+    verifier.prefill(context[:-1])
+    accepted = list(context)
+    for step in range(300):  # past the first storage block of 256 rows
+        tree = build_tree(accepted[-1], [0, 0, 1], [11 + step % 5, 12, 13])
+        logits = verifier.verify(tree)
+        walked = walk(tree, logits.argmax(-1).cpu().numpy())
+        verifier.commit(walked.path)
+        accepted += [*tree.tokens[walked.path].tolist(), walked.bonus_token]  # the bonus: the next anchor
+    assert verifier.past_length == len(accepted) - 1 > 256
+    next_logits = verifier.verify(DraftTree.single(accepted[-1]))[0]
+    expected = sequential_logits(model, accepted)
     assert (next_logits - expected).abs().max().item() < TOLERANCE

@@ -1,12 +1,12 @@
-"""The unified greedy walk: longest agreed path, bonus token, path kinds, source priority."""
+"""The walks: greedy (longest agreed path, bonus token, path kinds, source priority) and sampled."""
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
 from goose.outcome import PathKind
 from goose.tree import TreeBuilder
-from goose.walker import walk
+from goose.walker import walk, walk_sampled
 
 SPINE, BRANCH = 0, 1
 
@@ -14,15 +14,15 @@ SPINE, BRANCH = 0, 1
 def spine_tree():
     """anchor 1 -> spine 10, 11, 12; root branch 20 -> 21; branch 30 off the first spine node."""
     builder = TreeBuilder(1, ("context_match", "bigram_transition"), capacity=10)
-    builder.add_chain(0, torch.tensor([10, 11, 12]), SPINE, spine=True)  # nodes 1, 2, 3
-    builder.add_children(torch.tensor([0, 1]), torch.tensor([20, 30]), BRANCH)  # nodes 4, 5
-    builder.add_children(torch.tensor([4]), torch.tensor([21]), BRANCH)  # node 6
+    builder.add_chain(0, np.array([10, 11, 12]), SPINE, spine=True)  # nodes 1, 2, 3
+    builder.add_children(np.array([0, 1]), np.array([20, 30]), BRANCH)  # nodes 4, 5
+    builder.add_children(np.array([4]), np.array([21]), BRANCH)  # node 6
     return builder.build()
 
 
-def predictions_for(tree, next_token: dict[int, int]) -> torch.Tensor:
+def predictions_for(tree, next_token: dict[int, int]) -> np.ndarray:
     """The target's argmax per node: ``next_token[node]`` or an unrelated token."""
-    return torch.tensor([next_token.get(i, 999) for i in range(tree.size)])
+    return np.array([next_token.get(i, 999) for i in range(tree.size)])
 
 
 def test_pure_spine_with_bonus() -> None:
@@ -47,7 +47,7 @@ def test_spine_continuation() -> None:
 def test_bonus_only_and_fates() -> None:
     tree = spine_tree()
     walked = walk(tree, predictions_for(tree, {0: 77}))
-    assert walked.tokens == [77] and walked.kind is PathKind.BONUS and walked.path.numel() == 0
+    assert walked.tokens == [77] and walked.kind is PathKind.BONUS and walked.path.shape[0] == 0
     # the anchor's children were tested, nothing else
     assert walked.reached.tolist() == [False, True, False, False, True, False, False]
     assert not walked.accepted.any()
@@ -56,9 +56,31 @@ def test_bonus_only_and_fates() -> None:
 def test_duplicate_proposals_keep_the_trusted_tag() -> None:
     """Both sources propose 11 after 10: one node, tagged with the spine source laid first."""
     builder = TreeBuilder(1, ("context_match", "bigram_transition"), capacity=10)
-    builder.add_chain(0, torch.tensor([10, 11]), SPINE, spine=True)
-    builder.add_children(torch.tensor([1, 1]), torch.tensor([11, 40]), BRANCH)
+    builder.add_chain(0, np.array([10, 11]), SPINE, spine=True)
+    builder.add_children(np.array([1, 1]), np.array([11, 40]), BRANCH)
     tree = builder.build()
     walked = walk(tree, predictions_for(tree, {0: 10, 1: 11, 2: 5}))
     assert walked.tokens == [10, 11, 5]
     assert tree.source_ids[walked.path].tolist() == [SPINE, SPINE]
+
+
+def test_sampled_walk_follows_the_drawn_tokens_and_draws_only_on_its_path() -> None:
+    """A sampled walk draws at the anchor's row, moves to the child holding the drawn token, and so on."""
+    tree = spine_tree()
+    for next_token, tokens, kind in (
+        ({0: 10, 1: 11, 2: 12, 3: 13}, [10, 11, 12, 13], PathKind.SPINE),
+        ({0: 20, 4: 21, 6: 22}, [20, 21, 22], PathKind.BRANCH),
+        ({0: 10, 1: 30, 5: 31}, [10, 30, 31], PathKind.CONTINUATION),
+        ({0: 77}, [77], PathKind.BONUS),
+    ):
+        drawn_at: list[int] = []
+
+        def draw(node: int, table: dict[int, int] = next_token, log: list[int] = drawn_at) -> int:
+            log.append(node)
+            return table.get(node, 999)
+
+        walked = walk_sampled(tree, draw)
+        greedy = walk(tree, predictions_for(tree, next_token))
+        assert walked.tokens == tokens == greedy.tokens and walked.kind is kind
+        assert np.array_equal(walked.reached, greedy.reached) and np.array_equal(walked.accepted, greedy.accepted)
+        assert drawn_at == [0, *walked.path.tolist()]  # one draw per row on the path, none elsewhere

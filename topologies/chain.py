@@ -13,7 +13,7 @@ import goose
 from goose.candidates import CandidatePool
 from goose.config import GooseConfig
 from goose.hookspecs import Register
-from goose.topologies._shape import as_tensor, best_root_path, grow_branches
+from goose.topologies.toolkit import grow_branches
 from goose.tree import ROOT, DraftTree
 
 
@@ -30,8 +30,8 @@ class ChainTopology:
             return builder.build()
         if pool.drafting:
             source = pool.drafting[0]
-            tokens, _ = best_root_path(source.draft)
-            builder.add_chain(ROOT, as_tensor(tokens[:budget]), source.source_id, spine=True)
+            tokens, _ = source.draft.best_path
+            builder.add_chain(ROOT, tokens[:budget], source.source_id, spine=True)
         elif pool.branching:
             # one successor per level (top_k=1) makes the best-first subtree a greedy chain
             grow_branches(

@@ -20,7 +20,6 @@ import goose
 from goose.candidates import CandidatePool
 from goose.config import GooseConfig
 from goose.hookspecs import Register
-from goose.topologies._shape import as_tensor, ask_successors, previous_tokens
 from goose.tree import ROOT, DraftTree, TreeBuilder
 
 NOT_IN_DRAFT = -2  # a tree node that is not on a drafting source's trie (-1 is the trie's root, the anchor)
@@ -63,16 +62,16 @@ def proposals(
     for candidate in pool.candidates:
         if candidate.source_id in drafting_index:
             s = drafting_index[candidate.source_id]
-            draft_parents = candidate.draft.parents.numpy()
+            draft_parents = candidate.draft.parents
             is_child = draft_parents == draft_nodes[s, frontier, None]
-            token_blocks.append(np.where(is_child, candidate.draft.tokens.numpy(), -1))
-            score_blocks.append(np.where(is_child, np.clip(candidate.draft.scores.numpy(), 0.0, 1.0), 0.0))
+            token_blocks.append(np.where(is_child, candidate.draft.tokens, -1))
+            score_blocks.append(np.where(is_child, candidate.draft.scores, 0.0))
             source_blocks.append(np.full(draft_parents.shape[0], candidate.source_id))
             draft_columns.append((s, columns, draft_parents.shape[0]))
             columns += draft_parents.shape[0]
         if candidate.successors is not None:
-            previous = previous_tokens(pool, builder, frontier)
-            tokens, scores = ask_successors(candidate, previous, builder.tokens.numpy()[frontier], k)
+            previous = builder.previous_tokens(frontier, pool.previous)
+            tokens, scores = candidate.successors(previous, builder.tokens[frontier], k)
             token_blocks.append(tokens)
             score_blocks.append(scores)
             source_blocks.append(np.full(k, candidate.source_id))
@@ -119,8 +118,7 @@ def grow_level(
     for source_id in np.unique(sources[picked]):
         mine = sources[picked] == source_id
         node_of[rows[mine], picked[mine]] = builder.add_children(
-            as_tensor(frontier[rows[mine]]), as_tensor(tokens[rows[mine], picked[mine]]), int(source_id)
-        ).numpy()
+            frontier[rows[mine]], tokens[rows[mine], picked[mine]], int(source_id))
     laid = node_of[rows, picked]
     path_scores[laid[laid >= 0]] = picked_scores[laid >= 0]
 

@@ -19,7 +19,7 @@ Rules, in order (B = budget):
    draft that is a prefix of the main one adds nothing and is dropped. Branches: the most trusted
    branching source's successors.
 4. Budget split by :func:`goose.theory.multi_spine_allocation`, recomputed every cycle from the
-   current estimates (rounded to 0.01, so the cached split serves most cycles): each spine's
+   current estimates (rounded to the planning grid, so the cached split serves most cycles): each spine's
    per-token acceptance is its source's estimate (the main draft's consensus run counts at its
    own, higher, scores), p_t is the brancher's. It returns how many tokens each spine lays and how
    many branch nodes hang at every spine node; a spine the model finds not worth its nodes gets
@@ -40,24 +40,13 @@ from __future__ import annotations
 import numpy as np
 
 import goose
-from goose.candidates import CandidatePool, SourceCandidates
+from goose.allocation import MultiSpineAllocation, SpineSpec, multi_spine_allocation
+from goose.candidates import CandidatePool, SourceCandidates, common_prefix
 from goose.config import GooseConfig
 from goose.hookspecs import Register
-from goose.theory import MultiSpineAllocation, SpineSpec, multi_spine_allocation
-from goose.topologies._shape import EMPTY, as_tensor, best_root_path, grow_branches
 from goose.topologies.spine import SpineTopology
+from goose.topologies.toolkit import EMPTY, grow_branches
 from goose.tree import ROOT, DraftTree, TreeBuilder
-
-# Estimates are EMAs over a few dozen nodes; a split computed for estimates 0.01 apart is as good,
-# and the coarser key lets the cached allocation serve most cycles of a generation.
-ESTIMATE_DECIMALS = 2
-
-
-def common_prefix(first: np.ndarray, second: np.ndarray) -> int:
-    """Length of the common leading run of two token arrays."""
-    length = min(first.shape[0], second.shape[0])
-    differs = np.flatnonzero(first[:length] != second[:length])
-    return int(differs[0]) if differs.shape[0] else length
 
 
 class SideSpine:
@@ -65,7 +54,7 @@ class SideSpine:
 
     def __init__(self, source: SourceCandidates, main_tokens: np.ndarray, max_length: int) -> None:
         self.source = source
-        self.tokens, self.path_scores = best_root_path(source.draft)
+        self.tokens, self.path_scores = source.draft.best_path
         self.attach = common_prefix(self.tokens, main_tokens)  # main-spine depth it hangs from
         self.available = min(self.tokens.shape[0] - self.attach, max_length)
 
@@ -85,11 +74,11 @@ class MultiSpineTopology:
             return self.spine.goose_plan_tree(pool=pool, budget=budget, config=config)
         builder = pool.builder(budget)
         main = pool.drafting[0]
-        main_tokens, main_scores = best_root_path(main.draft)
+        main_tokens, main_scores = main.draft.best_path
         consensus = min(main.draft.consensus, main_tokens.shape[0])
         if config.consensus_bypass and consensus >= config.bypass_threshold:
             self.last_allocation = None
-            builder.add_chain(ROOT, as_tensor(main_tokens[:budget]), main.source_id, spine=True)
+            builder.add_chain(ROOT, main_tokens[:budget], main.source_id, spine=True)
             return builder.build()
 
         sides = [SideSpine(source, main_tokens, config.max_depth) for source in pool.drafting[1:]]
@@ -97,15 +86,15 @@ class MultiSpineTopology:
         brancher = pool.branching[0] if pool.branching else None
         allocation = multi_spine_allocation(
             [SpineSpec(main_acceptance(main.acceptance, main_scores, consensus), main_tokens.shape[0])]
-            + [SpineSpec((estimate(side.source.acceptance),), side.available, side.attach) for side in sides],
-            p_t=estimate(brancher.acceptance) if brancher is not None else 0.0,
+            + [SpineSpec((side.source.acceptance,), side.available, side.attach) for side in sides],
+            p_t=brancher.acceptance if brancher is not None else 0.0,
             budget=budget,
             max_depth=config.max_depth,
         )
         self.last_allocation = allocation
 
         main_length = allocation.lengths[0]
-        spine = builder.add_chain(ROOT, as_tensor(main_tokens[:main_length]), main.source_id, spine=True).numpy()
+        spine = builder.add_chain(ROOT, main_tokens[:main_length], main.source_id, spine=True)
         starts, shares, start_scores = [np.concatenate([[ROOT], spine])], [allocation.widths[0]], [
             np.concatenate([[1.0], main_scores[: spine.shape[0]]])]
         for side, length, widths in zip(sides, allocation.lengths[1:], allocation.widths[1:], strict=True):
@@ -148,22 +137,16 @@ class MultiSpineTopology:
         )
 
 
-def estimate(value: float) -> float:
-    """An acceptance estimate on the planning grid."""
-    return round(min(1.0, max(0.0, float(value))), ESTIMATE_DECIMALS)
-
-
 def main_acceptance(acceptance: float, path_scores: np.ndarray, consensus: int) -> tuple[float, ...]:
     """Per-depth acceptance of the main spine: the source's estimate, raised over the consensus run.
 
     Tokens that several n-gram lengths agree on carry higher scores than the estimate (context
     match floors them at its ``consensus_score``); their geometric mean is the run's per-token rate.
     """
-    acceptance = estimate(acceptance)
     if consensus <= 0:
         return (acceptance,)
     run = float(path_scores[consensus - 1]) ** (1.0 / consensus) if path_scores[consensus - 1] > 0 else 0.0
-    return (max(acceptance, estimate(run)),) * consensus + (acceptance,)
+    return (max(acceptance, run),) * consensus + (acceptance,)
 
 
 def lay_side_spine(builder: TreeBuilder, side: SideSpine, length: int) -> np.ndarray:
@@ -172,7 +155,7 @@ def lay_side_spine(builder: TreeBuilder, side: SideSpine, length: int) -> np.nda
     Returns the nodes of the side spine proper (depths attach + 1 ...), which may be fewer than
     ``length`` when the budget runs out.
     """
-    nodes = builder.add_chain(ROOT, as_tensor(side.tokens[: side.attach + length]), side.source.source_id).numpy()
+    nodes = builder.add_chain(ROOT, side.tokens[: side.attach + length], side.source.source_id)
     return nodes[side.attach :] if nodes.shape[0] > side.attach else EMPTY
 
 
@@ -186,4 +169,4 @@ def goose_register_topologies(register: Register) -> None:
     )
 
 
-__all__ = ["MultiSpineTopology", "SideSpine", "common_prefix", "estimate", "lay_side_spine", "main_acceptance"]
+__all__ = ["MultiSpineTopology", "SideSpine", "common_prefix", "lay_side_spine", "main_acceptance"]

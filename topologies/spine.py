@@ -20,7 +20,7 @@ Rules, in order (B = budget, r = ``config.spine_ratio(spine source acceptance)``
    ratio, stretched to cover every token the n-gram lengths agree on (the paper's "extend more
    aggressively"). The spine is not pruned by ``min_score``: its scores are the spine source's own
    confidence, and the tier ratio already sets how far to trust it. A trie draft contributes its
-   most valuable root path (``best_root_path``); its other nodes are left out, since the branch
+   most valuable root path (``draft.best_path``); its other nodes are left out, since the branch
    budget is better spent on successors of the spine.
 4. The R = B - L nodes left: round(rho * R) to root branches (children of the anchor, the pure
    transition paths), the rest split over spine nodes 1..L harmonically (share ∝ 1/(depth+1)).
@@ -40,7 +40,7 @@ import goose
 from goose.candidates import CandidatePool, SourceCandidates
 from goose.config import GooseConfig
 from goose.hookspecs import Register
-from goose.topologies._shape import as_tensor, best_root_path, grow_branches, harmonic_split
+from goose.topologies.toolkit import grow_branches, harmonic_split
 from goose.topologies.transition_tree import lay_transition_tree
 from goose.tree import ROOT, DraftTree, TreeBuilder
 
@@ -68,17 +68,17 @@ class SpineTopology:
             return builder.build()
 
         spine_source = pool.drafting[0]
-        tokens, path_scores = best_root_path(spine_source.draft)
+        tokens, path_scores = spine_source.draft.best_path
         length, alone = self._spine_rule(pool, budget, tokens.shape[0], config)
         if alone:
-            builder.add_chain(ROOT, as_tensor(tokens[:length]), spine_source.source_id, spine=True)
+            builder.add_chain(ROOT, tokens[:length], spine_source.source_id, spine=True)
             return builder.build()
 
         if config.spine_tokens == "transition":  # ablation: the same spine shape, transition tokens on it
             spine = self._transition_spine(pool, builder, pool.branching[0], length, config)
             path_scores = np.ones(spine.shape[0])
         else:
-            spine = builder.add_chain(ROOT, as_tensor(tokens[:length]), spine_source.source_id, spine=True).numpy()
+            spine = builder.add_chain(ROOT, tokens[:length], spine_source.source_id, spine=True)
         self._add_branches(pool, builder, pool.branching[0], spine, path_scores[: spine.shape[0]], config)
         return builder.build()
 
@@ -89,7 +89,7 @@ class SpineTopology:
         """The spine ``goose_plan_tree`` lays for every budget (the same rule), for the budget planner."""
         if not pool.drafting:
             return tuple(0 for _ in budgets)
-        available = best_root_path(pool.drafting[0].draft)[0].shape[0]
+        available = pool.drafting[0].draft.best_path[0].shape[0]
         return tuple(self._spine_rule(pool, budget, available, config)[0] for budget in budgets)
 
     @staticmethod
@@ -113,12 +113,12 @@ class SpineTopology:
         tokens: list[int] = []
         previous, token = pool.previous, pool.anchor
         for _ in range(length):  # one successor query per spine level (length <= budget, a few dozen)
-            successors, _ = source.successors(as_tensor([previous]), as_tensor([token]), 1)
-            if successors.shape[1] == 0 or int(successors[0, 0]) < 0:
+            successors, _ = source.successors(np.array([previous]), np.array([token]), 1)
+            if int(successors[0, 0]) < 0:
                 break
             previous, token = token, int(successors[0, 0])
             tokens.append(token)
-        return builder.add_chain(ROOT, as_tensor(tokens), source.source_id, spine=True).numpy()
+        return builder.add_chain(ROOT, np.asarray(tokens, dtype=np.int64), source.source_id, spine=True)
 
     @staticmethod
     def _add_branches(

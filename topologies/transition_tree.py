@@ -27,7 +27,6 @@ import goose
 from goose.candidates import CandidatePool, SourceCandidates
 from goose.config import GooseConfig
 from goose.hookspecs import Register
-from goose.topologies._shape import as_tensor, ask_successors, previous_tokens
 from goose.tree import ROOT, DraftTree, TreeBuilder
 
 DEPTH_DECAY = 0.6
@@ -77,9 +76,8 @@ def lay_transition_tree(
         row_of_slot = np.full(slot_nodes.shape[0], -1)
         row_of_slot[live] = np.arange(live.shape[0])
         nodes = slot_nodes[live]
-        successors, scores = ask_successors(
-            source, previous_tokens(pool, builder, nodes), builder.tokens.numpy()[nodes], int(ranks.max()) + 1
-        )
+        successors, scores = source.successors(
+            builder.previous_tokens(nodes, pool.previous), builder.tokens[nodes], int(ranks.max()) + 1)
         rows = row_of_slot[parents]  # -1 under an empty slot: the whole subtree stays empty
         tokens = np.where(rows >= 0, successors[rows, ranks], -1)
         path_scores = np.where(rows >= 0, slot_scores[parents] * scores[rows, ranks], 0.0)
@@ -87,9 +85,7 @@ def lay_transition_tree(
         if not filled.any():
             break
         slot_nodes = np.full(tokens.shape[0], -1, dtype=np.int64)
-        slot_nodes[filled] = builder.add_children(
-            as_tensor(nodes[rows[filled]]), as_tensor(tokens[filled]), source.source_id
-        ).numpy()
+        slot_nodes[filled] = builder.add_children(nodes[rows[filled]], tokens[filled], source.source_id)
         slot_scores = path_scores
 
 

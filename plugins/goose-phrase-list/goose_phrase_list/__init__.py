@@ -30,7 +30,6 @@ import numpy as np
 from goose.candidates import DecodeContext, Draft
 from goose.config import GooseConfig
 from goose.hookspecs import Register
-from goose.outcome import VerifyOutcome
 from pydantic import BaseModel, ConfigDict, Field
 
 NAME = "phrase_list"
@@ -48,9 +47,6 @@ class PhraseListOptions(BaseModel):
     min_match: int = Field(default=2, ge=1, description="phrase tokens the context must end with before drafting")
     max_draft: int = Field(default=32, ge=1, description="most tokens drafted per phrase")
     leading_space: bool = Field(default=True, description="also tokenize ' ' + phrase for text phrases")
-    initial_acceptance: float = Field(
-        default=0.6, ge=0.0, le=1.0, description="acceptance estimate before any cycle has been observed"
-    )
 
 
 class PhraseTrie:
@@ -109,7 +105,6 @@ class PhraseListSource:
         if not self.texts and not self.token_phrases:
             raise ValueError("phrase_list: no phrases; set source_options.phrase_list.phrases or .path")
         self.trie: PhraseTrie | None = None
-        self.acceptance = self.options.initial_acceptance
         self.proposals = self.matched = 0
 
     # --- hooks --------------------------------------------------------------------------------
@@ -119,7 +114,7 @@ class PhraseListSource:
         self._index(context)
 
     @goose.hookimpl
-    def goose_propose(self, context: DecodeContext) -> Draft | None:
+    def goose_propose(self, context: DecodeContext, acceptance: float) -> Draft | None:
         trie = self._index(context)
         self.proposals += 1
         rests = trie.continuations(context.tokens)
@@ -128,21 +123,7 @@ class PhraseListSource:
             return None
         self.matched += 1
         # a trie where the matched phrases part; each phrase is one piece of evidence
-        return Draft.trie(rests, [1.0] * len(rests), self.acceptance)
-
-    @goose.hookimpl
-    def goose_acceptance(self) -> float:
-        return self.acceptance
-
-    @goose.hookimpl
-    def goose_observe(self, outcome: VerifyOutcome) -> None:
-        names = outcome.tree.source_names
-        if NAME not in names:
-            return
-        reached, accepted = outcome.source_counts(names.index(NAME))
-        if reached:  # only cycles that tested our nodes say anything about them
-            rate = self.config.ema
-            self.acceptance = (1.0 - rate) * self.acceptance + rate * accepted / reached
+        return Draft.trie(rests, [1.0] * len(rests), acceptance)
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -172,4 +153,5 @@ def tokenize(tokenizer: Any, texts: list[str], leading_space: bool) -> list[list
 
 @goose.hookimpl
 def goose_register_sources(register: Register) -> None:
-    register(NAME, PhraseListSource, description="drafts the rest of a user-supplied phrase the output has started")
+    register(NAME, PhraseListSource, description="drafts the rest of a user-supplied phrase the output has started",
+             initial_acceptance=0.6)

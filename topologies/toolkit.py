@@ -1,10 +1,12 @@
-"""Shape helpers the planners share: the spine's root path, harmonic widths, best-first branch growth.
+"""The topology author's toolkit: the shape helpers the built-in planners share.
 
-Every helper works a whole tree level at a time with array ops; the only Python loops run over
-depth levels (at most ``GooseConfig.max_depth``), never over nodes. The arrays are NumPy views
-of the tensors sources and the TreeBuilder hand over: planning works on a few dozen numbers, where
-a NumPy op costs about a microsecond and a torch op several, and some torch ops (``tril``,
-``searchsorted``) wake the intra-op thread pool and stall for milliseconds on a busy CPU.
+A planner gets a :class:`goose.candidates.CandidatePool` and lays a tree with its ``builder``; these
+helpers do the recurring parts: harmonic branch widths along a spine, ranking within groups, and
+best-first growth of branch subtrees through a source's successors. A drafting source's most
+valuable root path is ``draft.best_path`` (tokens and path scores).
+
+Every helper works a whole tree level at a time with NumPy ops; the only Python loops run over
+depth levels (at most ``GooseConfig.max_depth``), never over nodes.
 
 Scores are probabilities: a node's *path score* is the product of the conditional scores on its
 root path, i.e. the estimated chance that the target accepts the whole path. The expected number
@@ -15,45 +17,12 @@ selection below ranks nodes by path score.
 from __future__ import annotations
 
 import numpy as np
-import torch
 from numpy.typing import ArrayLike
 
-from goose.candidates import CandidatePool, Draft, SourceCandidates
-from goose.tree import TreeBuilder, ancestor_matrix
+from goose.candidates import CandidatePool, SourceCandidates
+from goose.tree import TreeBuilder
 
 EMPTY = np.zeros(0, dtype=np.int64)
-
-
-def as_tensor(values: np.ndarray) -> torch.Tensor:
-    """A torch view of an int64 index array, for the TreeBuilder's API."""
-    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
-
-
-def as_array(values: torch.Tensor) -> np.ndarray:
-    """A NumPy view of a CPU tensor (a copy only when it lives elsewhere or carries a gradient)."""
-    if values.device.type == "cpu" and not values.requires_grad:
-        return values.numpy()
-    return values.detach().cpu().numpy()
-
-
-def best_root_path(draft: Draft) -> tuple[np.ndarray, np.ndarray]:
-    """Tokens [L] and path scores [L] of the draft's most valuable root path, in depth order.
-
-    For a chain that is the whole chain. For a trie it is the root path whose nodes' path scores
-    sum highest (the path with the most expected accepted tokens), so a long agreeing branch beats
-    a short confident one only when it is worth more tokens.
-    """
-    tokens = draft.tokens.numpy()
-    scores = np.clip(draft.scores.numpy().astype(np.float64), 0.0, 1.0)
-    parents = draft.parents.numpy()
-    if (parents == np.arange(-1, len(parents) - 1)).all():
-        return tokens, np.cumprod(scores)
-    shifted = torch.cat([torch.tensor([-1]), draft.parents + 1])  # the anchor becomes node 0
-    ancestors = ancestor_matrix(shifted, len(draft))[1:, 1:].numpy().astype(np.float64)  # [m, m]
-    path_scores = np.exp(ancestors @ np.log(np.maximum(scores, 1e-12)))
-    path_value = ancestors @ path_scores  # expected accepted tokens along the path to each node
-    members = np.flatnonzero(ancestors[int(path_value.argmax())])  # parents precede children
-    return tokens[members], path_scores[members]
 
 
 def harmonic_split(total: int, count: int) -> np.ndarray:
@@ -71,39 +40,9 @@ def harmonic_split(total: int, count: int) -> np.ndarray:
     return shares
 
 
-def ask_successors(
-    source: SourceCandidates, previous: np.ndarray, tokens: np.ndarray, k: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Ask ``source`` for successors of (previous, token) pairs, normalised to exactly [m, k].
-
-    Missing entries are token -1 with score 0; scores are clamped to [0, 1] (NaN to 0) so that a
-    child's path score never exceeds its parent's, which the best-first selections rely on.
-    """
-    m = tokens.shape[0]
-    answer = source.successors(as_tensor(previous), as_tensor(tokens), k) if source.successors and m else None
-    if answer is None or answer[0].ndim != 2 or answer[0].shape[0] != m or answer[1].shape != answer[0].shape:
-        return np.full((m, k), -1, dtype=np.int64), np.zeros((m, k))
-    answer_tokens = as_array(answer[0]).astype(np.int64, copy=False)[:, :k]
-    answer_scores = as_array(answer[1])[:, :k]
-    found_tokens, found_scores = answer_tokens, answer_scores
-    if answer_tokens.shape[1] < k:  # a source may know fewer than k successors: pad with "none"
-        found_tokens = np.full((m, k), -1, dtype=np.int64)
-        found_scores = np.zeros((m, k))
-        found_tokens[:, : answer_tokens.shape[1]] = answer_tokens
-        found_scores[:, : answer_tokens.shape[1]] = answer_scores
-    found_scores = np.where((found_tokens >= 0) & (found_scores > 0.0), np.minimum(found_scores, 1.0), 0.0)
-    return found_tokens, found_scores
-
-
-def previous_tokens(pool: CandidatePool, builder: TreeBuilder, nodes: np.ndarray) -> np.ndarray:
-    """The token before each tree node on its root path (the anchor's is the context's previous token)."""
-    parents = builder.parents.numpy()[nodes]
-    return np.where(parents >= 0, builder.tokens.numpy()[np.maximum(parents, 0)], pool.previous)
-
-
 def existing_children(builder: TreeBuilder, parents: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     """bool, shaped like ``tokens`` [m, k]: the tree already has (parents[i], tokens[i, j])."""
-    tree_parents, tree_tokens = builder.parents.numpy(), builder.tokens.numpy()
+    tree_parents, tree_tokens = builder.parents, builder.tokens
     same = (tree_parents == parents[:, None, None]) & (tree_tokens == tokens[:, :, None])
     return same.any(axis=2)
 
@@ -154,12 +93,14 @@ def grow_branches(
     if starts.shape[0] == 0 or builder.room == 0:
         return EMPTY
 
+    if source.successors is None:
+        return EMPTY
     # explore: one successor query per level; a "row" is a node whose children are being proposed
-    row_previous, row_tokens = previous_tokens(pool, builder, starts), builder.tokens.numpy()[starts]
+    row_previous, row_tokens = builder.previous_tokens(starts, pool.previous), builder.tokens[starts]
     row_scores, row_groups = start_scores, np.arange(starts.shape[0])
     levels: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []  # rows, tokens, scores, groups
     for depth in range(max_depth):
-        tokens, scores = ask_successors(source, row_previous, row_tokens, top_k)
+        tokens, scores = source.successors(row_previous, row_tokens, top_k)
         path_scores = row_scores[:, None] * scores
         valid = (tokens >= 0) & (path_scores >= min_score)
         if depth == 0:  # children of existing nodes: skip the ones the tree already has
@@ -191,8 +132,7 @@ def grow_branches(
         offset += rows.shape[0]
         if not take.any():
             break
-        nodes[take] = builder.add_children(as_tensor(row_nodes[rows[take]]), as_tensor(tokens[take]),
-                                           source.source_id).numpy()
+        nodes[take] = builder.add_children(row_nodes[rows[take]], tokens[take], source.source_id)
         laid.append(nodes[nodes >= 0])
         row_nodes = nodes
     return np.concatenate(laid) if laid else EMPTY
