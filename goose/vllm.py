@@ -40,6 +40,7 @@ import importlib
 import json
 import logging
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,7 @@ from goose.tree import ROOT, DraftTree, TreeBuilder
 logger = logging.getLogger("goose.vllm")
 
 CONFIG_ENV = "GOOSE_VLLM_CONFIG"
+COLD_START_THRESHOLD = 0.1  # the chain cut's path probability until the step cost has been measured
 
 
 class ProposerConfig(BaseModel):
@@ -76,7 +78,12 @@ class ProposerConfig(BaseModel):
         "(bigram_transition) or extra verify rows (lookahead) cannot work through vLLM's custom_class door "
         "and are skipped with a warning that says why",
     )
-    source_options: dict[str, dict[str, Any]] = Field(default_factory=dict, description="per-source options")
+    source_options: dict[str, dict[str, Any]] = Field(
+        default_factory=lambda: {"context_match": {"ngram_sizes": [5, 4, 3, 2, 1]}},
+        description="per-source options. The default lets context match copy after a 2- or 1-token match too "
+        "(Goose's own default stops at 3): inside vLLM a chain is as long as its estimated acceptance pays for "
+        "under the measured step cost, so a weak match drafts a token or two instead of nothing",
+    )
     initial_acceptance: dict[str, float] = Field(
         default_factory=dict, description="per source: acceptance estimate before any verification")
     ema: float = Field(default=0.3, gt=0.0, le=1.0, description="EMA coefficient of the acceptance estimates")
@@ -85,11 +92,11 @@ class ProposerConfig(BaseModel):
         description="modules to register as Goose plugins in the engine process before the sources are made "
         "(a source that is not packaged with a `goose` entry point)",
     )
-    min_path_probability: float = Field(
-        default=0.1, ge=0.0, le=1.0,
-        description="a chain is cut before the first token whose estimated chance of being accepted together "
-        "with every token before it falls below this: a token that is probably rejected still costs a verify "
-        "row. 0 drafts all K tokens",
+    min_path_probability: float | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="None (default): each chain is as long as maximises its expected tokens per second under the "
+        "engine's measured step cost (see StepCost). A number: cut every chain before the first token whose chance "
+        "of being accepted together with all before it is below this number (0: always all K tokens)",
     )
     max_requests: int | None = Field(
         default=None, ge=1,
@@ -129,6 +136,81 @@ class Chain:
     tree: DraftTree
 
 
+@dataclass(frozen=True)
+class ChainCut:
+    """How long a chain is worth verifying, given each token's chance of passing with all before it.
+
+    A step that verifies a row costs ``row_seconds`` plus ``token_seconds`` per draft token (the
+    row's share of the engine's measured step time, see :class:`StepCost`). The chain is cut where
+    one more token would lower the row's expected tokens per second: token L + 1, passing with
+    chance P, is kept while P * T(L) > token_seconds * E(L), with E(L) = 1 + the first L chances
+    (the token vLLM adds itself counts) and T(L) the step's cost with L draft tokens. ``threshold``
+    instead keeps tokens while their chance is at least that number.
+    """
+
+    row_seconds: float = 1.0
+    token_seconds: float = 0.0
+    threshold: float | None = None
+
+    def length(self, path_scores: np.ndarray) -> tuple[int, float]:
+        """(tokens to keep, expected tokens per second of the row with them)."""
+        count = path_scores.shape[0]
+        if self.threshold is not None:
+            unlikely = np.flatnonzero(path_scores < self.threshold)
+        else:
+            expected = 1.0 + np.concatenate([[0.0], np.cumsum(path_scores)[:-1]])  # E(L) before token L + 1
+            cost = self.row_seconds + self.token_seconds * np.arange(count)  # T(L)
+            unlikely = np.flatnonzero(path_scores * cost <= self.token_seconds * expected)
+        keep = int(unlikely[0]) if unlikely.shape[0] else count
+        rate = (1.0 + float(path_scores[:keep].sum())) / (self.row_seconds + self.token_seconds * keep)
+        return keep, rate
+
+
+class StepCost:
+    """The engine's step time as ``fixed + per_token * tokens``, fitted online from the proposer's own calls.
+
+    vLLM calls ``propose`` once per engine step, so the time from one call to the next is one step
+    (the target's forward pass over every scheduled token, sampling, verification and this
+    proposer's own drafting), and the tokens it verified are known: each row's one token plus the
+    draft it was given. Steps that also prefilled a new request (a row appeared) are left out, and
+    so is any step far slower than the fit (the machine was busy). The fit is a least-squares line
+    over exponentially fading sums, so it follows a change of load or context length.
+    """
+
+    MIN_STEPS = 20  # steps before the fit is trusted
+
+    def __init__(self, memory: float = 200.0) -> None:
+        self.keep = 1.0 - 1.0 / memory
+        self.sums = np.zeros(5)  # weight, x, y, xx, xy over (tokens, seconds)
+        self.steps = 0
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        fit = self.fit()
+        if fit is not None and seconds > 4.0 * (fit[0] + fit[1] * tokens):
+            return  # an outlier (a stall on a busy machine) would drag the line for hundreds of steps
+        self.sums = self.sums * self.keep + np.array([1.0, tokens, seconds, tokens * tokens, tokens * seconds])
+        self.steps += 1
+
+    def fit(self) -> tuple[float, float] | None:
+        """(fixed seconds, seconds per token), or None until enough varied steps were seen."""
+        weight, x, y, xx, xy = self.sums
+        spread = xx - x * x / weight if weight else 0.0
+        if self.steps < self.MIN_STEPS or spread <= 1e-9 * weight:
+            return None
+        per_token = max(0.0, (xy - x * y / weight) / spread)
+        fixed = max(per_token, (y - per_token * x) / weight)
+        return fixed, per_token
+
+    def cut(self, rows: int) -> ChainCut | None:
+        """The chain cut for one of ``rows`` rows of the coming step, or None before the fit is trusted."""
+        fit = self.fit()
+        if fit is None:
+            return None
+        fixed, per_token = fit
+        # a row's share: the fixed cost split over the rows, plus its own token, plus its draft tokens
+        return ChainCut(row_seconds=fixed / rows + per_token, token_seconds=per_token)
+
+
 class RowDrafter:
     """One request's drafting through Goose's sources: the only code here that knows their contract.
 
@@ -138,8 +220,7 @@ class RowDrafter:
     """
 
     def __init__(self, names: Sequence[str], config: GooseConfig, *, vocab_size: int, eos_token_ids: frozenset[int],
-                 tokenizer: Any, faults: FaultLog, estimates: dict[str, Any] | None,
-                 min_path_probability: float) -> None:
+                 tokenizer: Any, faults: FaultLog, estimates: dict[str, Any] | None) -> None:
         self.sources = SourceSet(list(names), config, vocab_size, faults=faults)
         if estimates is not None:
             # one acceptance estimate per source for the whole engine, as one Goose decoder keeps across requests
@@ -148,7 +229,6 @@ class RowDrafter:
         self.eos_token_ids = eos_token_ids
         self.tokenizer = tokenizer
         self.harvest = Harvest.empty(config.harvest_top_k)  # vLLM passes no logits: nothing to harvest
-        self.min_path_probability = min_path_probability
         self.prompt_length = 0
         self.pending: Chain | None = None
 
@@ -191,21 +271,18 @@ class RowDrafter:
             path_kind=PathKind.SPINE if accepted else PathKind.BONUS, harvest=self.harvest)
         self.sources.observe(outcome, {})
 
-    def propose(self, tokens: np.ndarray, limit: int) -> list[int]:
-        """The next chain (at most ``limit`` tokens, possibly none) to follow ``tokens``."""
+    def propose(self, tokens: np.ndarray, limit: int, cut: ChainCut) -> list[int]:
+        """The next chain (at most ``limit`` tokens, possibly none) to follow ``tokens``, as long as ``cut`` says."""
         self.pending = None
         if limit <= 0:
             return []
         pool, _ = self.sources.propose(self.context(tokens))  # no source with auxiliary rows is ever enabled
         best: tuple[float, np.ndarray, int] | None = None
         for candidate in pool.drafting:  # most trusted first: on equal value the more trusted source drafts
-            path_tokens, path_scores = candidate.draft.best_path
-            # a token is worth a verify row while the chance that it is accepted with all before it holds up
-            unlikely = np.flatnonzero(path_scores < self.min_path_probability)
-            keep = min(limit, int(unlikely[0]) if unlikely.shape[0] else path_scores.shape[0])
-            value = float(path_scores[:keep].sum())
-            if keep and (best is None or value > best[0]):
-                best = (value, path_tokens[:keep], candidate.source_id)
+            path_tokens, path_scores = candidate.draft.best_path  # chance that each token and all before it pass
+            keep, rate = cut.length(path_scores[:limit])
+            if keep and (best is None or rate > best[0]):
+                best = (rate, path_tokens[:keep], candidate.source_id)
         if best is None:
             return []
         _, chain, source_id = best
@@ -314,9 +391,14 @@ class GooseProposer:
         max_seqs = int(getattr(vllm_config.scheduler_config, "max_num_seqs", 256) or 256)
         self.requests = RequestTable(settings.max_requests or 4 * max_seqs)
         self.calls = 0
+        self.step_cost = StepCost()
+        self.clock = time.perf_counter  # what step times are read from (a replay may substitute a modelled clock)
+        self._previous_step: tuple[float, int, int] | None = None  # (start, rows, tokens it scheduled for verifying)
         self._fault_logged: set[str] = set()
-        logger.info("Goose proposer: sources %s, up to %d draft tokens a row, chains cut below path "
-                    "probability %.2f", list(self.names), self.num_speculative_tokens, self.min_path_probability)
+        cut = ("as long as the measured step cost makes worthwhile" if self.min_path_probability is None
+               else f"cut below path probability {self.min_path_probability:g}")
+        logger.info("Goose proposer: sources %s, up to %d draft tokens a row, %s", list(self.names),
+                    self.num_speculative_tokens, cut)
 
     def load_model(self, model: Any) -> None:
         """vLLM hands over the target model; Goose drafts without one."""
@@ -330,6 +412,7 @@ class GooseProposer:
         the table is vLLM's own and is only read (each row is copied first).
         """
         del slot_mappings, unused
+        started = self.clock()
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         self.calls += 1
         rows: list[tuple[int, np.ndarray, list[int], Tracked | None]] = []
@@ -343,16 +426,31 @@ class GooseProposer:
                 rows.append((row, tokens, list(sampled), self.requests.claim(previous, row)))
             except Exception as error:  # a fault costs this row its draft, never vLLM's output
                 self._log_fault(error)
+        cut = self._chain_cut(started, rows, prefilling=len(rows) < len(sampled_token_ids))
         for row, tokens, sampled, tracked in rows:
             try:
-                drafts[row] = self._draft(row, tokens, sampled, tracked)
+                drafts[row] = self._draft(row, tokens, sampled, tracked, cut)
             except Exception as error:
                 drafts[row] = []
                 self._log_fault(error)
         self.requests.trim(self.calls)
+        self._previous_step = (started, len(rows), sum(1 + len(drafts[row]) for row, *_ in rows))
         return drafts
 
-    def _draft(self, row: int, tokens: np.ndarray, sampled: list[int], tracked: Tracked | None) -> list[int]:
+    def _chain_cut(self, started: float, rows: list[tuple[int, np.ndarray, list[int], Tracked | None]],
+                   prefilling: bool) -> ChainCut:
+        """This step's rule for chain lengths; first, the step just finished joins the cost fit."""
+        if self._previous_step is not None and rows and not prefilling:
+            previous_start, previous_rows, scheduled = self._previous_step
+            # the same requests as before: no prefill of a new one hides in the step's time
+            if previous_rows == len(rows) and all(tracked is not None for *_, tracked in rows):
+                self.step_cost.observe(scheduled, started - previous_start)
+        if self.min_path_probability is not None:
+            return ChainCut(threshold=self.min_path_probability)
+        return self.step_cost.cut(max(1, len(rows))) or ChainCut(threshold=COLD_START_THRESHOLD)
+
+    def _draft(self, row: int, tokens: np.ndarray, sampled: list[int], tracked: Tracked | None,
+               cut: ChainCut) -> list[int]:
         if tracked is None:  # a request seen for the first time: a drafter whose request is gone, or a new one
             tracked = self.requests.take_idle(self.calls) or Tracked(self._new_drafter(), row, self.calls)
             tracked.drafter.start(tokens, prompt_length=tokens.shape[0] - len(sampled))
@@ -360,14 +458,14 @@ class GooseProposer:
             tracked.drafter.learn(sampled)
         tracked.row, tracked.seen = row, self.calls
         limit = min(self.num_speculative_tokens, self.max_model_len - 1 - tokens.shape[0])
-        draft = tracked.drafter.propose(tokens, limit)
+        draft = tracked.drafter.propose(tokens, limit, cut)
         self.requests.put(content_key(tokens), tracked)
         return draft
 
     def _new_drafter(self) -> RowDrafter:
         drafter = RowDrafter(self.names, self.goose_config, vocab_size=self.vocab_size,
                              eos_token_ids=self.eos_token_ids, tokenizer=self.tokenizer, faults=self.faults,
-                             estimates=self.estimates, min_path_probability=self.min_path_probability)
+                             estimates=self.estimates)
         if self.estimates is None:
             self.estimates = drafter.sources.estimates
         return drafter
