@@ -12,6 +12,7 @@ keep learning across requests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import queue
@@ -166,7 +167,8 @@ class Engine:
                 job.cancel()
         self._current_cancel()
         if self._worker is not None and self._worker.is_alive():
-            self._queue.put(None)
+            with contextlib.suppress(queue.Full):  # a request that slipped in since: the worker still stops
+                self._queue.put(None, timeout=timeout_s)
             self._worker.join(timeout_s)
 
     def decoding(self, sources: list[str] | None, topology: str | None, budget: int | str | None) -> Decoding:
