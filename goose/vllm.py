@@ -395,6 +395,7 @@ class GooseProposer:
         self.clock = time.perf_counter  # what step times are read from (a replay may substitute a modelled clock)
         self._previous_step: tuple[float, int, int] | None = None  # (start, rows, tokens it scheduled for verifying)
         self._fault_logged: set[str] = set()
+        self._cost_logged = False
         cut = ("as long as the measured step cost makes worthwhile" if self.min_path_probability is None
                else f"cut below path probability {self.min_path_probability:g}")
         logger.info("Goose proposer: sources %s, up to %d draft tokens a row, %s", list(self.names),
@@ -447,7 +448,16 @@ class GooseProposer:
                 self.step_cost.observe(scheduled, started - previous_start)
         if self.min_path_probability is not None:
             return ChainCut(threshold=self.min_path_probability)
-        return self.step_cost.cut(max(1, len(rows))) or ChainCut(threshold=COLD_START_THRESHOLD)
+        cut = self.step_cost.cut(max(1, len(rows)))
+        if cut is None:
+            return ChainCut(threshold=COLD_START_THRESHOLD)
+        if not self._cost_logged:
+            self._cost_logged = True
+            fixed, per_token = self.step_cost.fit()  # type: ignore[misc]
+            logger.info("Goose proposer: an engine step costs %.1f ms + %.2f ms per verified token (measured over "
+                        "%d steps); chains are cut by it from now on", 1000 * fixed, 1000 * per_token,
+                        self.step_cost.steps)
+        return cut
 
     def _draft(self, row: int, tokens: np.ndarray, sampled: list[int], tracked: Tracked | None,
                cut: ChainCut) -> list[int]:
