@@ -25,9 +25,10 @@ Three parts, each replaceable on its own:
   the previous step, so a hash of that prefix finds it (no walk through vLLM's private objects).
   A drafter whose request is gone serves the next new request, so what outlives a request in Goose
   (copy-depth estimates, REST's memory of earlier outputs) carries over here too.
-* :class:`GooseProposer` is the vLLM glue: configuration, the per-step loop over rows, and the
-  guarantee that nothing here can change vLLM's output or take the engine down (a fault costs that
-  row its draft, with one log line).
+* :class:`GooseProposer` is the vLLM glue: configuration, the per-step loop over rows, the
+  engine's step cost measured from its own calls (:class:`StepCost`, which sets each chain's
+  length through :class:`ChainCut`), and the guarantee that nothing here can change vLLM's output
+  or take the engine down (a fault costs that row its draft, with one log line).
 
 Configuration is :class:`ProposerConfig`, read from the environment variable ``GOOSE_VLLM_CONFIG``
 (a JSON object, or the path of a JSON file), or from a subclass's ``config`` attribute. vLLM's
