@@ -28,6 +28,7 @@ attentions) is a ``ValueError`` that names the option, never a silent fallback.
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -49,6 +50,8 @@ from goose.config import GooseConfig
 from goose.decoder import GooseDecoder
 
 __all__ = ["generate"]
+
+logger = logging.getLogger("goose.hf")
 
 # The generate() option behind each logits processor transformers builds, for errors that name it.
 _PROCESSOR_OPTIONS = {
@@ -75,6 +78,9 @@ _PROCESSOR_OPTIONS = {
     "WatermarkLogitsProcessor": "watermarking_config",
     "SynthIDTextWatermarkLogitsProcessor": "watermarking_config",
 }
+
+# GooseConfig's sampling fields: with generate they come from its own options, never from goose_config.
+_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed")
 
 # Keyword arguments generate() hands every decoding loop; anything else is a model input Goose cannot feed.
 _PREPARED_KWARGS = {"attention_mask", "position_ids", "logits_to_keep", "use_cache", "cache", "past_key_values"}
@@ -103,28 +109,27 @@ def generate(
     generator, so ``torch.manual_seed`` before ``generate`` makes a sampled call reproducible).
     """
     # transformers has already put the prompt into its own streamer; ours gets it below, as generate does
-    if streamer is not None and goose_streamer is not None:
-        raise ValueError("pass the streamer once: streamer= or goose_streamer=, not both")
     stream_to = streamer if streamer is not None else goose_streamer
     try:
+        if streamer is not None and goose_streamer is not None:
+            raise ValueError("pass the streamer once: streamer= or goose_streamer=, not both")
         _check_supported(input_ids, generation_config, synced_gpus, model_kwargs)
         sampling = _sampling_options(generation_config, logits_processor, goose_seed)
         config = _goose_config(goose_config)
         max_length = stopping_criteria.max_length or generation_config.max_length
-        prompt = input_ids[0].tolist()
         if goose_streamer is not None:
             goose_streamer.put(input_ids.cpu())
         state = _model_state(model)
         with state.lock:  # a decoder (its KV cache, its sources) serves one generation at a time
-            decoder = _decoder_for(model, state, config, goose_tokenizer or tokenizer)
+            decoder = _decoder_for(model, state, config, goose_tokenizer if goose_tokenizer is not None else tokenizer)
             try:
-                sequence = _decode(decoder, prompt, max_length - len(prompt), _eos_ids(generation_config),
-                                   sampling, stopping_criteria, stream_to, input_ids.device)
+                sequence = _decode(decoder, input_ids, max_length - input_ids.shape[1], _eos_ids(generation_config),
+                                   sampling, stopping_criteria, stream_to)
             finally:
                 decoder.verifier.reset()  # drop the KV cache between calls
-    finally:
-        if stream_to is not None:  # also on errors, so a thread reading a TextIteratorStreamer never hangs
-            stream_to.end()
+    finally:  # each streamer ended once, also on errors, so a thread reading one never hangs
+        for to_end in {id(s): s for s in (streamer, goose_streamer) if s is not None}.values():
+            to_end.end()
     if generation_config.return_dict_in_generate:
         # no cache comes back: Goose's cache is its own (tree rows, full history), not one generate can resume
         return GenerateDecoderOnlyOutput(sequences=sequence)
@@ -133,19 +138,18 @@ def generate(
 
 def _decode(
     decoder: GooseDecoder,
-    prompt: list[int],
+    input_ids: torch.LongTensor,
     max_new_tokens: int,
     eos_ids: list[int],
     sampling: dict[str, Any],
     stopping_criteria: StoppingCriteriaList,
     streamer: BaseStreamer | None,
-    device: torch.device,
 ) -> torch.LongTensor:
     """Run the Goose cycle; check the stopping criteria after every token, as plain generate does."""
-    ids = torch.empty(1, len(prompt) + max(max_new_tokens, 0), dtype=torch.long, device=device)
-    ids[0, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
-    length = len(prompt)
-    chunks = decoder.stream(prompt, max_new_tokens, eos_token_ids=eos_ids, **sampling)
+    length = input_ids.shape[1]
+    ids = torch.empty(1, length + max(max_new_tokens, 0), dtype=torch.long, device=input_ids.device)
+    ids[:, :length] = input_ids
+    chunks = decoder.stream(input_ids[0].tolist(), max_new_tokens, eos_token_ids=eos_ids, **sampling)
     try:
         for chunk in chunks:
             for token in chunk.token_ids:
@@ -245,21 +249,29 @@ def _sampling_options(config: GenerationConfig, processors: LogitsProcessorList,
         raise ValueError("goose.hf.generate applies temperature before top_p (as generate does); "
                          "a TopPLogitsWarper before the temperature cannot be honoured")
     if not config.do_sample:
-        return {}
+        return {"temperature": 0.0}
     if seed is None:  # one draw from torch's global generator: torch.manual_seed(s) makes the call reproducible
         seed = int(torch.randint(0, 2**63 - 1, ()))
     return {**options, "seed": seed}
 
 
 def _goose_config(value: GooseConfig | dict[str, Any] | None) -> GooseConfig:
-    if value is None or isinstance(value, GooseConfig):
-        return value or GooseConfig()
-    if not isinstance(value, dict):
+    """The Goose options; sampling is generate's business (do_sample, temperature, top_k, top_p, goose_seed)."""
+    if value is None:
+        return GooseConfig()
+    if isinstance(value, dict):
+        try:
+            value = GooseConfig.model_validate(value)
+        except ValidationError as error:
+            raise ValueError(f"goose_config: {error}") from None
+    if not isinstance(value, GooseConfig):
         raise ValueError(f"goose_config must be a GooseConfig or a dict of its fields, not {type(value).__name__}")
-    try:
-        return GooseConfig.model_validate(value)
-    except ValidationError as error:
-        raise ValueError(f"goose_config: {error}") from None
+    defaults = GooseConfig()
+    sampling = [name for name in _SAMPLING_FIELDS if getattr(value, name) != getattr(defaults, name)]
+    if sampling:
+        raise ValueError(f"goose_config sets {', '.join(sampling)}: with generate, sample through do_sample=True, "
+                         "temperature, top_k, top_p and goose_seed=")
+    return value
 
 
 def _eos_ids(config: GenerationConfig) -> list[int]:
@@ -280,6 +292,7 @@ class _ModelState:
 
     def __init__(self) -> None:
         self.tokenizer: PreTrainedTokenizerBase | None = None
+        self.tokenizer_looked_up = False
         self.decoders: dict[tuple[str, str, str], GooseDecoder] = {}
         self.lock = threading.Lock()
 
@@ -313,17 +326,18 @@ def _decoder_for(model: PreTrainedModel, state: _ModelState, config: GooseConfig
 
 
 def _tokenizer_for(model: PreTrainedModel, state: _ModelState,
-                   given: PreTrainedTokenizerBase | None) -> PreTrainedTokenizerBase:
-    """The tokenizer the decoder needs (for its text): the one given, else the one in the model's folder."""
+                   given: PreTrainedTokenizerBase | None) -> PreTrainedTokenizerBase | None:
+    """The decoder's tokenizer: the one given, else the one in the model's folder, else none.
+
+    Output ids never depend on it (prompts arrive as ids); sources may (REST builds its default
+    datastore with it), so one is looked for once per model.
+    """
     if given is not None:
         return given
-    if state.tokenizer is None:
-        where = getattr(model, "name_or_path", "") or ""
+    if not state.tokenizer_looked_up:
+        state.tokenizer_looked_up = True
         try:
-            state.tokenizer = AutoTokenizer.from_pretrained(where)
+            state.tokenizer = AutoTokenizer.from_pretrained(getattr(model, "name_or_path", "") or "")
         except (OSError, ValueError) as error:
-            raise ValueError(
-                f"goose.hf.generate needs the model's tokenizer and found none at {where!r} ({error}); "
-                "pass goose_tokenizer=tokenizer"
-            ) from None
+            logger.info("goose.hf: no tokenizer next to %r (%s); decoding without one", model.name_or_path, error)
     return state.tokenizer

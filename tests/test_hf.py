@@ -27,6 +27,7 @@ from transformers.generation import GenerateDecoderOnlyOutput
 
 import goose.hf
 from goose.config import GooseConfig
+from goose.decoder import AutoregressiveDecoder
 from tests.conftest import dataset_prompts
 
 SMOLLM2_TOKENS = 64
@@ -221,19 +222,29 @@ def test_sampling_parameters_follow_generate(smollm2, smollm2_cases):
     torch.manual_seed(3)
     assert goose.hf._sampling_options(seen["config"], seen["processors"], seed=None)["seed"] == first
     assert goose.hf._sampling_options(seen["config"], seen["processors"], seed=11)["seed"] == 11
-    assert goose.hf._sampling_options(GenerationConfig(do_sample=False), seen["processors"], seed=None) == {}
+    assert goose.hf._sampling_options(GenerationConfig(do_sample=False), seen["processors"], seed=None) == {
+        "temperature": 0.0}
 
-    def sampled(seed: int) -> torch.Tensor:
-        torch.manual_seed(seed)
-        return model.generate(**inputs, max_new_tokens=16, do_sample=True, temperature=0.7, top_k=20,
-                              custom_generate=goose.hf.generate)
 
-    try:
-        a = sampled(5)
-    except ValueError as error:  # the decoder does not sample yet: a clear error, never greedy output instead
-        assert "sampling" in str(error)
-        return
-    assert torch.equal(a, sampled(5))
+def test_seeded_sampling_equals_goose_autoregressive_sampler(smollm2, smollm2_cases):
+    """Goose samples by (seed, position) draws: the same seed gives its autoregressive sampler's tokens."""
+    model, _ = smollm2
+    inputs, _ = smollm2_cases[1]
+    prompt_ids = inputs["input_ids"][0].tolist()
+
+    def sampled(**options) -> torch.Tensor:
+        return model.generate(**inputs, max_new_tokens=24, do_sample=True, temperature=0.8, top_k=40, top_p=0.95,
+                              custom_generate=goose.hf.generate, **options)
+
+    out = sampled(goose_seed=1234)
+    eos = [model.generation_config.eos_token_id]
+    reference = AutoregressiveDecoder(model, None).generate(prompt_ids, 24, temperature=0.8, top_k=40, top_p=0.95,
+                                                            seed=1234, eos_token_ids=eos)
+    assert out[0, len(prompt_ids):].tolist() == reference.new_token_ids
+    torch.manual_seed(7)
+    first = sampled()
+    torch.manual_seed(7)
+    assert torch.equal(sampled(), first)
 
 
 class BanToken(LogitsProcessor):
@@ -253,6 +264,7 @@ class BanToken(LogitsProcessor):
     ({"output_logits": True, "return_dict_in_generate": True}, "output_logits"),
     ({"output_attentions": True, "return_dict_in_generate": True}, "output_attentions"),
     ({"goose_config": {"budget": 8, "bogus_field": 1}}, "bogus_field"),
+    ({"goose_config": {"temperature": 0.7}}, "temperature"),
 ])
 def test_what_goose_cannot_honour_is_a_value_error_naming_it(smollm2, options, named):
     model, tokenizer = smollm2
