@@ -102,13 +102,35 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             pytest.fail(f"goose serve did not come up:\n{log.read_text()[-3000:]}")
         time.sleep(0.5)
     yield running
-    process.send_signal(signal.SIGINT)
+    _stop_with_a_generation_in_flight(running)
+
+
+def _stop_with_a_generation_in_flight(server: Server) -> None:
+    """Ctrl-C while a stream runs and a request waits: both hear 503 at once and the server exits cleanly."""
+    ended: dict[str, Any] = {}
+
+    def waiting() -> None:
+        ended["waiting"] = server.post("/v1/completions", {"prompt": "Once", "max_tokens": 500, "ignore_eos": True})
+
+    body = {"prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=AUTH, timeout=120) as streamed:
+        lines = streamed.iter_lines()
+        next(lines)
+        second = threading.Thread(target=waiting)
+        second.start()
+        while server.get("/health").json()["waiting"] < 1:
+            time.sleep(0.02)
+        server.process.send_signal(signal.SIGINT)
+        rest = [line for line in lines if line]
+    second.join(timeout=60)
     try:
-        process.wait(timeout=30)
+        server.process.wait(timeout=30)
     except subprocess.TimeoutExpired:
-        process.kill()
+        server.process.kill()
         pytest.fail("goose serve did not shut down within 30 s of SIGINT")
-    assert process.returncode == 0, log.read_text()[-3000:]
+    assert server.process.returncode == 0, server.log.read_text()[-3000:]
+    assert rest[-1] == "data: [DONE]" and "shutting_down" in "".join(rest)  # the stream ends in-band
+    assert ended["waiting"].status_code == 503 and ended["waiting"].json()["error"]["code"] == "shutting_down"
 
 
 @pytest.fixture(scope="module")

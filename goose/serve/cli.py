@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import logging
 import os
@@ -33,7 +34,10 @@ def run(args: argparse.Namespace) -> int:
 
         from goose.serve.app import create_app
         from goose.serve.engine import Engine
+        from goose.serve.server import EngineServer
     except ImportError as error:
+        if (error.name or "").split(".")[0] not in {"fastapi", "starlette", "uvicorn", "prometheus_client"}:
+            raise
         raise ValueError(f"goose serve needs the serve extra ({error.name} is missing): "
                          "pip install 'goose-decoding[serve]'") from None
     if not 0 <= args.port <= 65535:
@@ -53,7 +57,10 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(engine, name, api_key=args.api_key)
     print(f"goose serve: {name} ({args.dtype}, {args.device}), sources {','.join(config.sources)}, topology "
           f"{config.topology}, budget {config.budget}; warming up", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    server = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it has shut down on
+        EngineServer(server, engine).run()
+    print("goose serve: stopped", file=sys.stderr)
     return 0
 
 

@@ -62,7 +62,7 @@ class Delta:
 
 @dataclass(frozen=True)
 class Finished:
-    finish_reason: str  # "stop", "length" or "cancelled"
+    finish_reason: str  # "stop" or "length"
     text: str
     prompt_tokens: int
     completion_tokens: int
@@ -106,6 +106,9 @@ class Job:
         self.cancelled.set()
 
 
+SHUTTING_DOWN = APIError(503, "the server is shutting down", kind="server_error", code="shutting_down")
+
+
 class QueueFullError(Exception):
     def __init__(self, retry_after_s: int) -> None:
         super().__init__(f"the queue is full; retry after {retry_after_s} s")
@@ -143,6 +146,7 @@ class Engine:
         self._worker: threading.Thread | None = None
         self._mean_job_s = 5.0  # a first guess for Retry-After until jobs have been timed
         self._running: Job | None = None
+        self._closing = False
         self.busy = False
 
     # event-loop side
@@ -157,7 +161,8 @@ class Engine:
         self._worker.start()
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Cancel what waits and what runs, and stop the worker."""
+        """Refuse new jobs, cancel what waits and what runs (their clients get a 503), and stop the worker."""
+        self._closing = True
         while True:
             try:
                 job = self._queue.get_nowait()
@@ -165,6 +170,7 @@ class Engine:
                 break
             if job is not None:
                 job.cancel()
+                job.deliver(Failed(SHUTTING_DOWN, started=False))
         self._current_cancel()
         if self._worker is not None and self._worker.is_alive():
             with contextlib.suppress(queue.Full):  # a request that slipped in since: the worker still stops
@@ -193,7 +199,9 @@ class Engine:
         return Decoding(tuple(config.sources), config.topology, config.budget)
 
     def submit(self, job: Job) -> None:
-        """Queue the job in arrival order, or raise QueueFullError at once."""
+        """Queue the job in arrival order, or raise QueueFullError at once (a 503 while shutting down)."""
+        if self._closing:
+            raise SHUTTING_DOWN
         try:
             self._queue.put_nowait(job)
         except queue.Full:
@@ -303,7 +311,10 @@ class Engine:
             finish_reason = FINISH_REASONS.get(result.stop_reason if result else "", "length")
         stats = _goose_stats(job, result, produced, cycles, started)
         self._record(job, finish_reason, produced, stats)
-        job.deliver(Finished(finish_reason, text, len(job.prompt_ids), produced, stats))
+        if finish_reason == "cancelled":  # the client has gone, or the server is stopping: tell whoever is left
+            job.deliver(Failed(SHUTTING_DOWN, started=True))
+        else:
+            job.deliver(Finished(finish_reason, text, len(job.prompt_ids), produced, stats))
 
     def _record(self, job: Job, finish_reason: str, produced: int, stats: GooseStats) -> None:
         m = self.metrics
