@@ -50,9 +50,11 @@ class AcceptanceEstimate:
         self.rate = clamp_probability(initial)
         self.coefficient = coefficient
         self.cycles = 0  # cycles that tested this source's nodes
+        self.contribution = 0.0  # running mean of the source's accepted tokens per cycle, every cycle counted
 
     def observe(self, tested: int, accepted: int) -> None:
         """Fold in one cycle: ``tested`` of the source's nodes were tested, ``accepted`` of them accepted."""
+        self.contribution += 0.1 * (accepted - self.contribution)
         if tested <= 0:
             return
         self.rate += self.coefficient * (accepted / tested - self.rate)

@@ -74,18 +74,21 @@ class SourceSet:
     """One decoder's live sources: their instances, their acceptance estimates, and guarded calls into them."""
 
     def __init__(self, names: list[str] | tuple[str, ...], config: GooseConfig, vocab_size: int,
-                 known: Registry | None = None, faults: FaultLog | None = None) -> None:
+                 known: Registry | None = None, faults: FaultLog | None = None,
+                 estimates: dict[str, AcceptanceEstimate] | None = None) -> None:
+        """``estimates``: acceptance estimates to share with other source sets (one per name is made if absent)."""
         known = known or registry()
         self.names: tuple[str, ...] = tuple(names)
         self.vocab_size = vocab_size
         self.faults = faults or FaultLog()
         self.instances: dict[str, Any] = {}
-        self.estimates: dict[str, AcceptanceEstimate] = {}
+        self.estimates = estimates if estimates is not None else {}
         for name in self.names:
             registration = known.source(name)
             self.instances[name] = registration.factory(config)
-            initial = config.initial_acceptance.get(name, registration.initial_acceptance)
-            self.estimates[name] = AcceptanceEstimate(name, initial, config.ema)
+            if name not in self.estimates:
+                initial = config.initial_acceptance.get(name, registration.initial_acceptance)
+                self.estimates[name] = AcceptanceEstimate(name, initial, config.ema)
         manager = _manager(self.instances)
         self._hooks = {hook: _implementations(manager, hook, self.names)
                        for hook in ("goose_reset", "goose_prefill", "goose_propose", "goose_auxiliary_rows",

@@ -1,12 +1,19 @@
-"""Hardware-aware budget: the tree size that maximises expected accepted tokens per second.
+"""Hardware-aware planning: every row of a verify pass is priced with the device's cost curve.
 
-Each cycle the decoder asks for the budget n maximising E[tau(n)] / (t(n + 1) + overhead), where
-t is the device's measured verify cost curve (:mod:`goose.cost`), E[tau(n)] the expected yield of
+**Tree size.** Each cycle the decoder asks for the budget n maximising
+E[tau(n)] / (t(n + 1 + a) + overhead), where t is the device's measured verify cost curve
+(:mod:`goose.cost`), a the auxiliary rows riding in the same pass, E[tau(n)] the expected yield of
 the best spine tree of n draft nodes under the sources' current acceptance estimates
-(:func:`goose.theory.best_spine_tree`), and overhead the decoder's own per-cycle time (drafting,
-planning, walking), tracked as a running mean. On a GPU t is flat and this picks the paper's
-large trees; on a CPU, where width costs, it picks small ones and long chains only when the
+(:func:`goose.allocation.best_spine_tree`), and overhead the decoder's own per-cycle time
+(drafting, planning, walking), tracked as a running mean. On a GPU t is flat and this picks the
+paper's large trees; on a CPU, where width costs, it picks small ones and long chains only when the
 context match is trusted.
+
+**Auxiliary rows** (a source's rows that ride in the pass without being drafted, such as
+Lookahead's Jacobi window) are priced by the same rule: they ride when the tokens per second of a
+pass with them, counting the source's measured contribution (its accepted tokens per cycle), beat
+the tokens per second without them. A source whose rows do not pay still drafts from what it has,
+and its rows ride now and then (``probe_every`` cycles) so that its contribution stays measured.
 """
 
 from __future__ import annotations
@@ -33,26 +40,45 @@ class BudgetPlanner:
         self.max_depth = max_depth
         self.candidates = tuple(n for n in CANDIDATE_BUDGETS if n <= max_budget) or (1,)
         self.overhead_s = 0.0005
+        self.tree_rows = 1.0  # running means of the tree's rows and of the tokens a cycle yields
+        self.tokens = 1.0
         self._choose = lru_cache(maxsize=4096)(self._best)
 
     def observe_overhead(self, seconds: float) -> None:
         """Fold one cycle's non-verify time into the running mean."""
         self.overhead_s += 0.1 * (seconds - self.overhead_s)
 
-    def budget(self, pool: CandidatePool, spine_lengths: SpineLengths) -> int:
+    def observe_cycle(self, tree_rows: int, tokens: int) -> None:
+        """Fold one cycle's tree size (anchor included) and yield into the running means rows are priced by."""
+        self.tree_rows += 0.1 * (tree_rows - self.tree_rows)
+        self.tokens += 0.1 * (tokens - self.tokens)
+
+    def rows_pay(self, rows: int, contribution: float, other_rows: int = 0) -> bool:
+        """Whether ``rows`` auxiliary rows that bring ``contribution`` tokens a cycle are worth their time.
+
+        Compares tokens per second of a typical pass (this decoder's running means of tree rows and
+        yield, plus ``other_rows`` already riding) with and without them.
+        """
+        base = self.tree_rows + other_rows
+        without = self.tokens / (float(self.curve(base)) + self.overhead_s)
+        with_rows = (self.tokens + contribution) / (float(self.curve(base + rows)) + self.overhead_s)
+        return with_rows > without
+
+    def budget(self, pool: CandidatePool, spine_lengths: SpineLengths, extra_rows: int = 0) -> int:
         """The budget for this cycle's pool: its best draft on the spine, its best brancher on the branches.
 
-        ``spine_lengths`` is the topology's hint (``goose_spine_lengths``) of the spine it will lay.
+        ``spine_lengths`` is the topology's hint (``goose_spine_lengths``) of the spine it will lay;
+        ``extra_rows`` the auxiliary rows riding in the same pass.
         """
         spine = pool.drafting[0] if pool.drafting else None
         branch = pool.branching[0] if pool.branching else None
         if spine is None or spine.draft is None:
-            return self.choose(0.0, 0, branch.acceptance if branch else 0.0)
+            return self.choose(0.0, 0, branch.acceptance if branch else 0.0, extra_rows=extra_rows)
         return self.choose(spine.depth_acceptance or spine.acceptance, len(spine.draft),
-                           branch.acceptance if branch else 0.0, spine_lengths(pool, self.candidates))
+                           branch.acceptance if branch else 0.0, spine_lengths(pool, self.candidates), extra_rows)
 
     def choose(self, spine_acceptance: float | Sequence[float], spine_length: int, branch_acceptance: float,
-               spine_caps: tuple[int, ...] | None = None) -> int:
+               spine_caps: tuple[int, ...] | None = None, extra_rows: int = 0) -> int:
         """Budget for a cycle whose best draft has ``spine_length`` tokens (0: no draft).
 
         ``spine_acceptance``: one rate, or per spine depth (the last value repeats).
@@ -63,20 +89,21 @@ class BudgetPlanner:
         caps = spine_caps if spine_caps is not None else (spine_length,) * len(self.candidates)
         spine_caps = tuple(min(cap, spine_length) for cap in caps)
         return self._choose(_per_depth_key(spine_acceptance, spine_length), spine_caps, _bucket(branch_acceptance),
-                            overhead_bucket)
+                            overhead_bucket, extra_rows)
 
     def expected_rate(self, budget: int, spine_acceptance: float | Sequence[float], spine_length: int,
-                      branch_acceptance: float) -> float:
+                      branch_acceptance: float, extra_rows: int = 0) -> float:
         """Expected tokens per second of a cycle with ``budget`` draft nodes and a spine of at most
-        ``spine_length`` of them (``spine_acceptance``: one rate or per depth)."""
+        ``spine_length`` of them (``spine_acceptance``: one rate or per depth), with ``extra_rows``
+        auxiliary rows in the same pass."""
         tau = best_spine_tree(spine_acceptance, branch_acceptance, budget, self.max_depth,
                               max_spine=spine_length).expected_tau
-        return tau / (float(self.curve(budget + 1)) + self.overhead_s)
+        return tau / (float(self.curve(budget + 1 + extra_rows)) + self.overhead_s)
 
     def _best(self, spine_acceptance: tuple[float, ...], spine_caps: tuple[int, ...], branch_acceptance: float,
-              overhead_bucket: float) -> int:
+              overhead_bucket: float, extra_rows: int) -> int:
         del overhead_bucket  # part of the cache key only: a new overhead level re-evaluates the choice
-        rates = [self.expected_rate(n, spine_acceptance, cap, branch_acceptance)
+        rates = [self.expected_rate(n, spine_acceptance, cap, branch_acceptance, extra_rows)
                  for n, cap in zip(self.candidates, spine_caps, strict=True)]
         return self.candidates[max(range(len(rates)), key=rates.__getitem__)]
 

@@ -59,6 +59,16 @@ class GooseConfig(BaseModel):
     branch_top_k: int = Field(default=10, ge=1, description="widest fan-out a branching source may give a node")
     isotropic_k: int = Field(default=3, ge=1, description="fan-out of the balanced k-ary tree (Iso(k))")
 
+    # pricing: every row of a pass against the cost curve (see goose.budget)
+    price_rows: bool = Field(
+        default=True,
+        description="auxiliary rows (Lookahead's window) ride in a pass only when the cost curve says the tokens "
+        "they bring pay for them; False: they always ride (the plain method)",
+    )
+    probe_every: int = Field(
+        default=16, ge=1, description="rows that do not pay still ride once in this many cycles, to stay measured"
+    )
+
     # sources' shared conventions
     ema: float = Field(default=0.3, gt=0.0, le=1.0, description="EMA coefficient of acceptance estimates")
     initial_acceptance: dict[str, float] = Field(

@@ -25,7 +25,7 @@ from goose.candidates import DecodeContext
 from goose.config import GooseConfig
 from goose.cost import CostCurve, load_or_measure
 from goose.detokenize import IncrementalText
-from goose.outcome import Harvest, VerifyOutcome
+from goose.outcome import AuxiliaryRows, Harvest, VerifyOutcome
 from goose.plugins import PluginError
 from goose.readout import greedy, greedy_and_top_k, read
 from goose.sampling import Sampler, SamplingParams, random_seed
@@ -47,7 +47,7 @@ class GenerationResult:
     prompt_ids: list[int]
     new_token_ids: list[int]
     text: str
-    stop_reason: str  # "eos", "max_new_tokens" or "context_full"
+    stop_reason: str  # "eos", "max_new_tokens", "context_full", or "stopped" (the stream's consumer stopped early)
     stats: GenerationStats
     seed: int | None = None
 
@@ -180,15 +180,20 @@ class _Decoding:
         stats = GenerationStats()
         started = time.perf_counter()
         text = IncrementalText(self.tokenizer)
-        for token_ids in self._cycles(request, stats):
-            stats.new_tokens = request.produced
-            piece = text.add(token_ids)
-            if request.stop_reason is not None:
-                piece += text.finish()
-            paused = time.perf_counter()
-            yield Chunk(token_ids, piece)
-            started += time.perf_counter() - paused  # time spent in the consumer is not decoding time
-        self.last_result = self._result(request, stats, started)
+        try:
+            for token_ids in self._cycles(request, stats):
+                stats.new_tokens = request.produced
+                piece = text.add(token_ids)
+                if request.stop_reason is not None:
+                    piece += text.finish()
+                paused = time.perf_counter()
+                yield Chunk(token_ids, piece)
+                started += time.perf_counter() - paused  # time spent in the consumer is not decoding time
+        except GeneratorExit:  # the consumer stopped early (a stop string, a client gone)
+            request.stop_reason = request.stop_reason or "stopped"
+            raise
+        finally:
+            self.last_result = self._result(request, stats, started)
 
     def generate(self, prompt: Prompt, max_new_tokens: int = 128, **options: Any) -> GenerationResult:
         """The whole output at once; ``options`` as for :meth:`stream`."""
@@ -266,11 +271,17 @@ class GooseDecoder(_Decoding):
         self.profile = profile
         self._cost_curve = cost_curve
         self._budget_planner: BudgetPlanner | None = None
+        self._cycles_unpriced: dict[str, int] = {}  # per source: cycles since its auxiliary rows last rode
 
     @property
     def budget_planner(self) -> BudgetPlanner | None:
-        """The automatic budget's planner (None with a fixed budget); its cost curve is loaded on first use."""
-        if self.config.budget != "auto":
+        """The planner that prices rows with the cost curve: for the automatic budget and for auxiliary rows.
+
+        None with a fixed budget and no row to price; its cost curve is loaded on first use.
+        """
+        prices_rows = self.config.price_rows and any(self.sources.implements(name, "goose_auxiliary_rows")
+                                                     for name in self.sources.names)
+        if self.config.budget != "auto" and not prices_rows:
             return None
         if self._budget_planner is None:
             curve = self._cost_curve if self._cost_curve is not None else load_or_measure(self.model)
@@ -301,10 +312,15 @@ class GooseDecoder(_Decoding):
             # auxiliary rows that would sit past the model's last position cannot ride this pass
             auxiliary = [(name, rows) for name, rows in auxiliary
                          if rows.tokens.shape[0] == 0 or int(rows.position_offsets.max()) <= room]
+            auxiliary = self._rows_that_pay(auxiliary, budget_planner)
             clock.lap("draft")
             # 2. topology: the candidate pool becomes a draft tree within the budget
-            budget = budget_planner.budget(pool, self.topology.spine_lengths) if budget_planner else config.budget
-            tree = self.topology.plan(pool, min(int(budget), room))
+            if config.budget == "auto" and budget_planner is not None:
+                riding = sum(int(rows.tokens.shape[0]) for _, rows in auxiliary)
+                budget = budget_planner.budget(pool, self.topology.spine_lengths, riding)
+            else:
+                budget = int(config.budget)
+            tree = self.topology.plan(pool, min(budget, room))
             clock.lap("plan")
             # 3. one verification pass over the whole tree (and any auxiliary rows), one read of its logits
             verify_started = time.perf_counter()
@@ -327,11 +343,34 @@ class GooseDecoder(_Decoding):
                 harvest=Harvest.of_tree(tree, pool.previous, readout.top_tokens, readout.top_scores),
             )
             counts = sources.observe(outcome, _split_auxiliary(auxiliary, readout.predictions[tree.size :]))
-            stats.record_step(len(kept), tree.size, walked.kind, counts)
+            stats.record_step(len(kept), tree.size, walked.kind, counts,
+                              sum(int(rows.tokens.shape[0]) for _, rows in auxiliary))
             clock.lap("observe")
             if budget_planner is not None:
                 budget_planner.observe_overhead(time.perf_counter() - cycle_started - verify_s)
+                budget_planner.observe_cycle(tree.size, len(kept))
             yield kept
+
+    def _rows_that_pay(self, auxiliary: list[tuple[str, AuxiliaryRows]],
+                       planner: BudgetPlanner | None) -> list[tuple[str, AuxiliaryRows]]:
+        """The auxiliary rows worth their time this cycle by the cost curve (``GooseConfig.price_rows``).
+
+        A source's rows are valued by the tokens it contributes a cycle; rows that do not pay still
+        ride once every ``probe_every`` cycles, so the contribution keeps being measured.
+        """
+        if planner is None or not self.config.price_rows:
+            return auxiliary
+        riding, kept = 0, []
+        for name, rows in auxiliary:
+            count = int(rows.tokens.shape[0])
+            waited = self._cycles_unpriced.get(name, 0) + 1
+            contribution = self.sources.estimates[name].contribution
+            if planner.rows_pay(count, contribution, riding) or waited >= self.config.probe_every:
+                kept.append((name, rows))
+                riding += count
+                waited = 0
+            self._cycles_unpriced[name] = waited
+        return kept
 
     def _context(self, request: _Request) -> DecodeContext:
         return DecodeContext(tokens=request.tokens, prompt_length=len(request.prompt_ids),

@@ -37,6 +37,7 @@ __all__ = [
     "EMBEDDED_MODELS",
     "ModelLoadError",
     "default_cache_dir",
+    "encode_chat",
     "encode_prompt",
     "has_chat_template",
     "load",
@@ -97,6 +98,18 @@ def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
+def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of a conversation through the tokenizer's chat template, then the assistant's generation prompt."""
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    # transformers 5 returns a BatchEncoding here; older versions returned the id list (maybe a batch of one)
+    ids = encoded["input_ids"] if not isinstance(encoded, list) else encoded
+    if isinstance(ids, torch.Tensor):
+        ids = ids.tolist()
+    if ids and isinstance(ids[0], list):
+        ids = ids[0]
+    return [int(i) for i in ids]
+
+
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, *, chat: bool = True) -> list[int]:
     """Token ids for ``prompt``.
 
@@ -105,18 +118,8 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, *, chat: bool
     special tokens (e.g. BOS) the tokenizer adds by itself.
     """
     if chat and has_chat_template(tokenizer):
-        encoded = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-        )
-        # transformers 5 returns a BatchEncoding here; older versions returned the id list.
-        ids = encoded["input_ids"] if not isinstance(encoded, list) else encoded
-    else:
-        ids = tokenizer.encode(prompt)
-    if isinstance(ids, torch.Tensor):
-        ids = ids.tolist()
-    if ids and isinstance(ids[0], list):  # a batch of one
-        ids = ids[0]
-    return [int(i) for i in ids]
+        return encode_chat(tokenizer, [{"role": "user", "content": prompt}])
+    return [int(i) for i in tokenizer.encode(prompt)]
 
 
 # --------------------------------------------------------------------------- GGUF sources

@@ -91,11 +91,13 @@ class Sampler:
 
     def draw(self, row: torch.Tensor, position: int) -> int:
         """The token at absolute ``position`` given the logits ``row`` [V] that predict it."""
-        probabilities = self.probabilities(row)
-        cumulative = torch.cumsum(probabilities, dim=-1)
-        # the first token whose cumulative mass exceeds u * total: never a token of zero probability
-        threshold = cumulative[-1] * uniform(self.seed, position)
-        index = int(torch.searchsorted(cumulative, threshold[None], right=True)[0])
-        if index >= row.shape[-1]:  # u * total rounded up to the total: the last token with any mass
-            index = int(torch.nonzero(probabilities).max())
-        return index
+        return int(inverse_cdf(self.probabilities(row), torch.tensor([uniform(self.seed, position)]))[0])
+
+
+def inverse_cdf(probabilities: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """For each u in ``uniforms``, the first token whose cumulative mass exceeds u * total (never one of zero mass)."""
+    cumulative = torch.cumsum(probabilities, dim=-1)
+    thresholds = cumulative[-1] * uniforms.to(cumulative.dtype).to(cumulative.device)
+    indices = torch.searchsorted(cumulative, thresholds, right=True)
+    last = int(torch.nonzero(probabilities).max())  # u * total rounded up to the total: the last token with mass
+    return torch.clamp(indices, max=last)

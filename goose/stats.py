@@ -17,6 +17,7 @@ class GenerationStats:
     verify_steps: int = 0
     accepted_lengths: list[int] = field(default_factory=list)
     tree_sizes: list[int] = field(default_factory=list)
+    auxiliary_rows: int = 0  # rows that rode in verify passes without being drafted (Lookahead's window)
     source_reached: Counter[str] = field(default_factory=Counter)
     source_accepted: Counter[str] = field(default_factory=Counter)
     path_kinds: Counter[str] = field(default_factory=Counter)
@@ -25,10 +26,11 @@ class GenerationStats:
     profile: Counter[str] = field(default_factory=Counter)  # seconds per cycle phase, when profiling
 
     def record_step(self, new_tokens: int, tree_size: int, kind: PathKind,
-                    per_source: dict[str, tuple[int, int]]) -> None:
+                    per_source: dict[str, tuple[int, int]], auxiliary_rows: int = 0) -> None:
         self.verify_steps += 1
         self.accepted_lengths.append(new_tokens)
         self.tree_sizes.append(tree_size)
+        self.auxiliary_rows += auxiliary_rows
         self.path_kinds[kind.value] += 1
         for name, (reached, accepted) in per_source.items():
             self.source_reached[name] += reached
@@ -60,6 +62,7 @@ class GenerationStats:
             "wall_s": round(self.wall_s, 4),
             "prefill_s": round(self.prefill_s, 4),
             "mean_tree_size": round(sum(self.tree_sizes) / len(self.tree_sizes), 2) if self.tree_sizes else 0.0,
+            "auxiliary_rows": self.auxiliary_rows,
             "source_acceptance": {k: round(v, 4) for k, v in self.source_acceptance.items()},
             "source_tested": dict(self.source_reached),
             "source_accepted": dict(self.source_accepted),

@@ -222,10 +222,8 @@ class RowDrafter:
 
     def __init__(self, names: Sequence[str], config: GooseConfig, *, vocab_size: int, eos_token_ids: frozenset[int],
                  tokenizer: Any, faults: FaultLog, estimates: dict[str, Any] | None) -> None:
-        self.sources = SourceSet(list(names), config, vocab_size, faults=faults)
-        if estimates is not None:
-            # one acceptance estimate per source for the whole engine, as one Goose decoder keeps across requests
-            self.sources.estimates = estimates
+        # one acceptance estimate per source for the whole engine, as one Goose decoder keeps across requests
+        self.sources = SourceSet(list(names), config, vocab_size, faults=faults, estimates=estimates)
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.tokenizer = tokenizer

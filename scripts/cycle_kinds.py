@@ -23,30 +23,39 @@ import torch
 
 from goose.bench.methods import METHODS
 from goose.bench.prompts import load_samples
-from goose.candidates import CandidatePool, DecodeContext
+from goose.budget import BudgetPlanner, SpineLengths
+from goose.candidates import CandidatePool
 from goose.cost import CostCurve
 from goose.decoder import GooseDecoder
 from goose.models import encode_prompt, load
 
 
-class RecordingDecoder(GooseDecoder):
-    """The Goose decoder, noting each cycle's spine draft and optionally forcing the no-draft budget."""
+class RecordingPlanner(BudgetPlanner):
+    """The automatic budget, noting each cycle's spine draft and optionally forcing the no-draft budget."""
 
-    def __init__(self, *args, no_draft_budget: int = 0, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, curve: CostCurve, no_draft_budget: int, max_depth: int) -> None:
+        super().__init__(curve, max_depth=max_depth)
         self.no_draft_budget = no_draft_budget
         self.draft_lengths: list[int] = []
 
-    def _candidate_pool(self, context: DecodeContext):
-        pool, auxiliary = super()._candidate_pool(context)
+    def budget(self, pool: CandidatePool, spine_lengths: SpineLengths) -> int:
         spine = pool.drafting[0] if pool.drafting else None
-        self.draft_lengths.append(len(spine.draft) if spine is not None else 0)
-        return pool, auxiliary
-
-    def _budget(self, pool: CandidatePool) -> int:
-        if self.no_draft_budget and not pool.drafting:
+        self.draft_lengths.append(len(spine.draft) if spine is not None and spine.draft is not None else 0)
+        if self.no_draft_budget and spine is None:
             return self.no_draft_budget
-        return super()._budget(pool)
+        return super().budget(pool, spine_lengths)
+
+
+class RecordingDecoder(GooseDecoder):
+    """The Goose decoder planning its budgets with a :class:`RecordingPlanner`."""
+
+    def __init__(self, *args, planner: RecordingPlanner, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.recording = planner
+
+    @property
+    def budget_planner(self) -> RecordingPlanner:
+        return self.recording
 
 
 def summary(label: str, cycles: list[tuple[int, int, int]]) -> None:
@@ -71,18 +80,19 @@ def main() -> None:
     torch.set_num_threads(2)
     model, tokenizer = load(args.model, dtype="float32", progress=False)
     curve = CostCurve.load(args.curve)  # the budget planner plans with the device curve too
-    decoder = RecordingDecoder(model, tokenizer, METHODS["goose"].config(), cost_curve=curve,
-                               no_draft_budget=args.no_draft_budget)
+    config = METHODS["goose"].config()
+    planner = RecordingPlanner(curve, args.no_draft_budget, config.max_depth)
+    decoder = RecordingDecoder(model, tokenizer, config, planner=planner)
 
     cycles: list[tuple[int, int, int]] = []  # (draft length, tokens gained, tree size)
     for dataset in args.datasets.split(","):
         for sample in load_samples(dataset, limit=args.limit):
-            decoder.draft_lengths.clear()
+            planner.draft_lengths.clear()
             with torch.inference_mode():
                 result = decoder.generate(encode_prompt(tokenizer, sample.turns[0]), args.max_new_tokens)
             decoder.verifier.reset()
             stats = result.stats
-            cycles += zip(decoder.draft_lengths, stats.accepted_lengths, stats.tree_sizes, strict=True)
+            cycles += zip(planner.draft_lengths, stats.accepted_lengths, stats.tree_sizes, strict=True)
 
     summary("all", cycles)
     summary("no draft", [c for c in cycles if c[0] == 0])

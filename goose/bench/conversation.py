@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
-from goose.models import encode_prompt, has_chat_template
+from goose.models import encode_chat, encode_prompt, has_chat_template
 
 PLAIN_SEPARATOR = "\n\n"
 
@@ -31,12 +31,7 @@ def turn_prompt_ids(
         for turn, answer in zip(turns, answers, strict=False):
             messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": answer}]
         messages.append({"role": "user", "content": turns[len(answers)]})
-        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        # transformers 5 returns a BatchEncoding; older versions a list (maybe a batch of one)
-        ids = encoded["input_ids"] if not isinstance(encoded, list) else encoded
-        if ids and isinstance(ids[0], list):
-            ids = ids[0]
-        return [int(i) for i in ids]
+        return encode_chat(tokenizer, messages)
     parts: list[str] = []
     for turn, answer in zip(turns, answers, strict=False):
         parts += [turn, answer]

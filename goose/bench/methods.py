@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from goose.cli import first_error
 from goose.config import GooseConfig
 from goose.plugins import PluginError, registry
 
@@ -35,8 +36,7 @@ class Method:
     """One benchmarked method.
 
     ``fields``: GooseConfig fields for ``kind="goose"``; extra ``model.generate`` keyword arguments
-    for ``kind="hf"``; nothing for ``kind="ar"``. ``needs`` says what a method is waiting for when
-    it can only run once the project gains it (shown when it is unavailable).
+    for ``kind="hf"``; nothing for ``kind="ar"``.
     """
 
     name: str
@@ -44,7 +44,6 @@ class Method:
     description: str
     group: str
     fields: Mapping[str, Any] = field(default_factory=dict)
-    needs: str = ""
 
     def config(self) -> GooseConfig:
         """The method's GooseConfig (raises pydantic's ValidationError for unknown or bad fields)."""
@@ -72,8 +71,8 @@ METHODS: dict[str, Method] = _table(
            {"sources": ["context_match"], "topology": "chain"}),
     Method("tr", "goose", "Token Recycling: unigram adjacency in TR's static tree", "source",
            {"sources": ["bigram_transition"], "topology": "transition_tree", "source_options": _UNIGRAM}),
-    Method("lookahead", "goose", "Lookahead: Jacobi n-gram pool, its trie laid isotropically", "source",
-           {"sources": ["lookahead"], **_TRIE}),
+    Method("lookahead", "goose", "Lookahead: Jacobi n-gram pool, its trie laid isotropically, its window in "
+           "every pass", "source", {"sources": ["lookahead"], "price_rows": False, **_TRIE}),
     Method("rest", "goose", "REST: retrieval from a datastore, its trie laid isotropically", "source",
            {"sources": ["rest"], **_TRIE}),
     Method("iso3", "goose", "Iso(3): context match + bigram transition in a balanced 3-ary tree", "topology",
@@ -96,10 +95,7 @@ ABLATIONS: dict[str, Method] = _table(
     Method("no_cm_spine", "goose", "w/o context-match spine (transition tree only)", "ablation",
            {"sources": ["bigram_transition"]}),
     Method("tr_spine_tokens", "goose", "w/o PLD tokens: shape kept, transition tokens on the spine", "ablation",
-           {"spine_tokens": "transition"},
-           needs="a GooseConfig field spine_tokens ('draft' | 'transition') honoured by the spine topology: "
-                 "keep the spine length the context match gives, fill it with the branching source's "
-                 "greedy successor chain"),
+           {"spine_tokens": "transition"}),
 )
 
 
@@ -147,29 +143,23 @@ def unavailable_reason(method: Method) -> str | None:
     """Why ``method`` cannot run in this installation (None when it can, as far as a static check tells)."""
     if method.kind != "goose":
         return None
-    hint = f"; needs {method.needs}" if method.needs else ""
     try:
         config = method.config()
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "config"
-        return f"config field {where}: {first['msg']}{hint}"
+        return f"config field {first_error(error)}"
     known = registry()
     for name in config.sources:
         if name not in known.sources:
-            return f"source {name!r} is not registered (its plugin is not written or failed to load){hint}"
+            return f"source {name!r} is not registered (its plugin is not installed or failed to load)"
     if config.topology not in known.topologies:
-        return f"topology {config.topology!r} is not registered (its plugin is not written or failed to load){hint}"
+        return f"topology {config.topology!r} is not registered (its plugin is not installed or failed to load)"
     return None
 
 
 def construction_problem(error: Exception, method: Method) -> str:
     """One line for an error raised while a method's decoder was built (bad source options, etc.)."""
-    hint = f"; needs {method.needs}" if method.needs else ""
     if isinstance(error, ValidationError):
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "options"
-        return f"options {where}: {first['msg']}{hint}"
+        return f"options {first_error(error, 'options')}"
     if isinstance(error, PluginError):
-        return f"{error}{hint}"
-    return f"{type(error).__name__}: {error}{hint}"
+        return str(error)
+    return f"{type(error).__name__}: {error}"

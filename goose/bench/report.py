@@ -117,7 +117,7 @@ def _peer_table(view: _View) -> str | None:
              _x(view.value(m, ALL, "speedup_vs_hf_ar"))] for m in view.methods]
     ar_speed = ["HF AR tok/s", *view.per_dataset(lambda d: _f(view.value("hf_ar", d, "tokens_per_s"), 1)), ""]
     header = ["method", *(_title(d) for d in view.datasets), "mean"]
-    return ("### Speedup over Hugging Face greedy `generate` (the yardstick of docs/measurements.md)\n\n"
+    return ("### Speedup over Hugging Face `generate` (the peer users call)\n\n"
             + _table(header, [ar_speed, *rows]))
 
 

@@ -1,0 +1,85 @@
+"""Per-cycle time outside the forward pass, at several prompt lengths: does Goose's own work grow with the context?
+
+Each cycle is a forward pass plus Goose's own work (drafting, planning, building the pass's inputs,
+reading the logits, walking, committing the cache, observing). The model's forward is timed with
+forward hooks (public torch API); what is left of a cycle is Goose's. Prompts of the given lengths
+are cut from the benchmark files (code and questions, plain text, no chat template), each
+generated ``--repeats`` times after a warm-up; medians are printed and written as JSON.
+
+    python scripts/cycle_overhead.py --model gemma3-270m --dtype bfloat16 --lengths 1024,4096,16384
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from goose import models
+from goose.bench.prompts import default_data_dir
+from goose.config import GooseConfig
+from goose.decoder import GooseDecoder
+
+
+def long_prompt(tokenizer, length: int, data_dir: Path) -> list[int]:
+    """The first ``length`` tokens of the benchmark files' prompts, concatenated."""
+    ids: list[int] = []
+    for name in ("classeval", "humaneval", "mbpp", "gsm8k"):
+        for line in (data_dir / f"{name}.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            text = record.get("skeleton") or record.get("prompt") or record.get("text") or record.get("question")
+            ids += tokenizer.encode(f"{text}\n\n", add_special_tokens=False)
+            if len(ids) >= length:
+                return ids[:length]
+    raise ValueError(f"the benchmark files hold fewer than {length} tokens")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="gemma3-270m")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--lengths", default="1024,4096,16384")
+    parser.add_argument("--tokens", type=int, default=64, help="new tokens per generation")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="JSON file for the per-run rows and the medians")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    model, tokenizer = models.load(args.model, dtype=args.dtype, progress=False)
+    started: list[float] = []
+    forward_s: list[float] = []
+    model.register_forward_pre_hook(lambda *_: started.append(time.perf_counter()))
+    model.register_forward_hook(lambda *_: forward_s.append(time.perf_counter() - started[-1]))
+    decoder = GooseDecoder(model, tokenizer, GooseConfig(), chat=False)
+    rows = []
+    for length in (int(value) for value in args.lengths.split(",")):
+        prompt = long_prompt(tokenizer, length, args.data_dir or default_data_dir())
+        for repeat in range(args.repeats + 1):
+            forward_s.clear()
+            with torch.inference_mode():
+                clock = time.perf_counter()
+                result = decoder.generate(prompt, args.tokens)
+                wall = time.perf_counter() - clock
+            decoder.verifier.reset()
+            if repeat == 0:
+                continue  # warm-up: one-off costs (kernels, allocations, the cost curve) land here
+            steps = max(1, result.stats.verify_steps)
+            cycle_forward = sum(forward_s[1:])  # the first forward is the prefill
+            row = {"length": length, "steps": steps, "tau": round(result.stats.tau, 2),
+                   "outside_ms": round(1000 * (wall - result.stats.prefill_s - cycle_forward) / steps, 2),
+                   "forward_ms": round(1000 * cycle_forward / steps, 2)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    medians = {length: {key: statistics.median(r[key] for r in rows if r["length"] == length)
+                        for key in ("outside_ms", "forward_ms")} for length in sorted({r["length"] for r in rows})}
+    print(json.dumps(medians))
+    if args.out:
+        args.out.write_text(json.dumps({"rows": rows, "medians": medians}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

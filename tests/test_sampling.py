@@ -1,0 +1,180 @@
+"""Sampling that stays lossless: the seeded draws, their distribution, and Goose equal to the seeded AR sampler.
+
+Real models in float32. The draw for the token at position t depends only on (seed, t) and the row
+of logits that predicts it, so Goose's sampled walk and the autoregressive sampler agree token for
+token, whatever was drafted; the draws follow the warped softmax transformers' warpers define.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from pydantic import ValidationError
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from goose.config import GooseConfig
+from goose.decoder import AutoregressiveDecoder, GooseDecoder
+from goose.sampling import Sampler, SamplingParams, inverse_cdf, uniform
+from tests.conftest import dataset_prompts
+
+SETTINGS = [  # (temperature, top_p, top_k): the three temperatures, with nucleus sampling and with top-k
+    (0.3, 0.9, 0), (0.7, 0.9, 0), (1.0, 0.9, 0), (0.3, 1.0, 50), (0.7, 1.0, 50), (1.0, 1.0, 50),
+]
+TOPOLOGIES = {
+    "spine": ["context_match", "bigram_transition"],
+    "chain": ["context_match"],
+    "multi_spine": ["context_match", "bigram_transition", "lookahead"],
+}
+NEW_TOKENS = 24
+
+
+# --- the draws ------------------------------------------------------------------------------------
+
+
+def test_uniform_depends_only_on_seed_and_position() -> None:
+    values = [uniform(7, position) for position in range(5000)]
+    assert values == [uniform(7, position) for position in range(5000)]  # a pure function
+    assert all(0.0 <= value < 1.0 for value in values)
+    assert uniform(7, 10) != uniform(8, 10) and uniform(7, 10) != uniform(7, 11)
+    # evenly spread: each tenth of [0, 1) holds about a tenth of the values (binomial sd ~ 21 of 500)
+    counts = np.bincount((np.array(values) * 10).astype(int), minlength=10)
+    assert counts.min() > 420 and counts.max() < 580
+
+
+def chi_square_passes(counts: np.ndarray, expected: np.ndarray) -> bool:
+    """Pearson's test at the 0.1% level, bins with fewer than 5 expected draws pooled (Wilson-Hilferty quantile)."""
+    small = expected < 5
+    observed = np.append(counts[~small], counts[small].sum())
+    wanted = np.append(expected[~small], expected[small].sum())
+    keep = wanted > 0
+    statistic = float((((observed - wanted) ** 2)[keep] / wanted[keep]).sum())
+    freedom = int(keep.sum()) - 1
+    if freedom == 0:  # one token holds all the mass: every draw must be it
+        return statistic == 0.0
+    z = 3.09  # the 99.9% point of the standard normal
+    critical = freedom * (1 - 2 / (9 * freedom) + z * math.sqrt(2 / (9 * freedom))) ** 3
+    return statistic < critical
+
+
+@pytest.mark.parametrize(("temperature", "top_p", "top_k"), [(0.7, 0.9, 0), (1.0, 1.0, 50), (0.3, 1.0, 0)])
+def test_the_sampler_draws_from_the_warped_softmax(smollm2, temperature: float, top_p: float, top_k: int) -> None:
+    """At fixed positions of a real model, the draws over a fixed list of seeds follow the warped distribution.
+
+    The warped distribution is built here from transformers' warpers in generate's order; the draws
+    are the sampler's rule (inverse CDF of ``uniform(seed, position)``), 20,000 seeds per position,
+    and ``Sampler.draw`` is checked to be that rule on the first hundred.
+    """
+    model, tokenizer = smollm2
+    ids = tokenizer(dataset_prompts("humaneval", 1)[0])["input_ids"][:40]
+    with torch.inference_mode():
+        rows = model(input_ids=torch.tensor([ids])).logits[0, [9, 24, 39]]
+    warpers = [TemperatureLogitsWarper(temperature)] + ([TopKLogitsWarper(top_k)] if top_k else []) + (
+        [TopPLogitsWarper(top_p)] if top_p < 1 else [])
+    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+    draws = 20_000
+    for position, row in zip((10, 25, 40), rows, strict=True):
+        warped = LogitsProcessorList(warpers)(torch.zeros((1, 0), dtype=torch.long), row.float()[None])[0]
+        probabilities = torch.softmax(warped, dim=-1)
+        assert torch.equal(Sampler(params, 0).probabilities(row), probabilities)
+        uniforms = torch.tensor([uniform(seed, position) for seed in range(draws)], dtype=torch.float64)
+        drawn = inverse_cdf(probabilities, uniforms).numpy()
+        assert [Sampler(params, seed).draw(row, position) for seed in range(100)] == drawn[:100].tolist()
+        expected = probabilities.double().numpy()
+        assert expected[drawn].min() > 0  # never a token the warpers removed
+        counts = np.bincount(drawn, minlength=expected.shape[0])
+        assert chi_square_passes(counts, expected * draws), (position, np.argsort(-counts)[:5])
+
+
+def test_sampling_parameters_are_validated() -> None:
+    for bad in ({"temperature": -0.1}, {"temperature": float("inf")}, {"top_p": 0.0}, {"top_p": 1.01},
+                {"top_k": -1}, {"seed": -1}, {"seed": 1.5}, {"temperature": "warm"}):
+        with pytest.raises(ValidationError):
+            SamplingParams(**bad)
+    with pytest.raises(ValidationError):
+        GooseConfig(temperature=-1)
+    assert SamplingParams().greedy and not SamplingParams(temperature=0.1).greedy
+
+
+# --- Goose equals the seeded autoregressive sampler ----------------------------------------------
+
+
+SMOLLM2_PROMPTS = (dataset_prompts("humaneval", 3) + dataset_prompts("gsm8k", 3) + dataset_prompts("mbpp", 2)
+                   + dataset_prompts("mt_bench", 2))
+GEMMA3_PROMPTS = dataset_prompts("humaneval", 1) + dataset_prompts("gsm8k", 1) + dataset_prompts("mbpp", 1)
+
+
+def assert_sampled_goose_equals_ar(model, tokenizer, prompt: str, chat: bool, seed: int) -> None:
+    """Every (temperature, top-p / top-k) setting and every topology, one seeded AR reference each."""
+    ar = AutoregressiveDecoder(model, tokenizer, chat=chat)
+    for temperature, top_p, top_k in SETTINGS:
+        options = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
+        reference = ar.generate(prompt, NEW_TOKENS, **options)
+        assert reference.seed == seed
+        for topology, sources in TOPOLOGIES.items():
+            decoder = GooseDecoder(model, tokenizer, GooseConfig(sources=sources, topology=topology), chat=chat)
+            result = decoder.generate(prompt, NEW_TOKENS, **options)
+            assert result.new_token_ids == reference.new_token_ids, (topology, options)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(SMOLLM2_PROMPTS)))
+def test_smollm2_sampled_goose_equals_the_seeded_sampler(smollm2, index: int) -> None:
+    model, tokenizer = smollm2
+    assert_sampled_goose_equals_ar(model, tokenizer, SMOLLM2_PROMPTS[index], chat=True, seed=1000 + index)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(GEMMA3_PROMPTS)))
+def test_gemma3_sampled_goose_equals_the_seeded_sampler(gemma3, index: int) -> None:
+    model, tokenizer = gemma3
+    assert_sampled_goose_equals_ar(model, tokenizer, GEMMA3_PROMPTS[index], chat=False, seed=2000 + index)
+
+
+def test_seeds_replay_and_a_missing_seed_is_picked_and_reported(smollm2) -> None:
+    model, tokenizer = smollm2
+    decoder = GooseDecoder(model, tokenizer, GooseConfig(temperature=0.8))  # sampling set in the config
+    prompt = "Write a short poem about the sea."
+    first = decoder.generate(prompt, NEW_TOKENS)
+    assert first.seed is not None and first.to_dict()["seed"] == first.seed
+    assert decoder.generate(prompt, NEW_TOKENS, seed=first.seed).new_token_ids == first.new_token_ids
+    other = decoder.generate(prompt, NEW_TOKENS, seed=first.seed + 1)
+    assert other.new_token_ids != first.new_token_ids  # another seed, another text (24 tokens at T=0.8)
+    greedy = decoder.generate(prompt, NEW_TOKENS, temperature=0.0)  # a call overrides the config
+    assert greedy.seed is None
+    assert greedy.new_token_ids == AutoregressiveDecoder(model, tokenizer).generate(prompt, NEW_TOKENS).new_token_ids
+
+
+def test_temperature_zero_is_the_greedy_path(smollm2) -> None:
+    model, tokenizer = smollm2
+    prompt = dataset_prompts("gsm8k", 1)[0]
+    reference = AutoregressiveDecoder(model, tokenizer).generate(prompt, 32).new_token_ids
+    explicit = GooseDecoder(model, tokenizer).generate(prompt, 32, temperature=0.0, top_p=0.5, seed=4)
+    assert explicit.new_token_ids == reference and explicit.seed is None
+
+
+def test_bad_sampling_values_are_refused_by_the_decoder(smollm2) -> None:
+    model, tokenizer = smollm2
+    decoder = GooseDecoder(model, tokenizer)
+    for bad in ({"temperature": -1.0}, {"top_p": 0.0}, {"top_k": -5}, {"seed": -2}):
+        with pytest.raises(ValueError):
+            decoder.generate("hi", 4, **bad)
+    with pytest.raises(TypeError, match="unknown generation option"):
+        decoder.generate("hi", 4, temprature=0.5)
+
+
+@pytest.mark.slow
+def test_cli_sampled_run_is_identical_to_the_seeded_sampler() -> None:
+    """The contract: --temperature 0.7 --top-p 0.9 --seed 3 --compare-ar --json reports identical_to_ar and seed 3."""
+    run = subprocess.run(
+        [sys.executable, "-m", "goose", "generate", "Write a haiku about geese.", "--temperature", "0.7",
+         "--top-p", "0.9", "--seed", "3", "--dtype", "float32", "--compare-ar", "--json", "--max-new-tokens", "32"],
+        capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["identical_to_ar"] is True and report["seed"] == 3 and report["temperature"] == 0.7
