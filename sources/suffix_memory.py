@@ -1,0 +1,296 @@
+"""Suffix memory: draft what followed the context's longest suffix in earlier requests and in this one.
+
+Repeated and agentic workloads (the same tool calls, the same code shapes, request after request)
+repeat across requests what context match can only see within one. In the spirit of
+SuffixDecoding's global tree (Oliaro et al., 2024), this source keeps a memory of earlier
+requests' outputs (:class:`goose.ngram_memory.NgramMemory`: bounded by ``capacity`` tokens,
+oldest requests evicted first, optionally saved to a file) together with the current prompt and
+output, and each cycle:
+
+1. **Longest suffix.** Finds the longest of ``ngram_sizes`` whose last tokens of the context
+   occurred before, in this request or an earlier one (one dict probe and one binary search per
+   size).
+2. **Frequency tree.** Reads what followed its ``max_occurrences`` newest occurrences, cut at
+   EOS and at document ends, and merges them into a trie with counts
+   (:func:`goose.sources.rest.frequency_trie`): each node's empirical probability is
+   count(node) / count(parent), P(token | matched suffix + path). Not one chain: a memory of
+   many requests knows several ways a shape goes on.
+3. **Depth by match length.** As in SuffixDecoding, a draft goes at most
+   ``depth_per_match_token`` tokens deep per matched token (and ``max_depth``): a 2-token match
+   says little about the tenth token after it, a 24-token match a lot.
+4. **Pruning.** Nodes whose path probability (product of empirical probabilities from the
+   anchor) falls below ``min_probability`` are dropped, then the ``max_nodes`` most frequent are
+   kept (ancestors always kept, so the trie stays connected).
+
+**Scores and the acceptance estimate.** A node's score is its empirical probability times this
+source's estimate for its *match depth*: how many tokens the context shares with the
+occurrences when the token is due (the matched length for the first draft token, one more per
+draft token before it). Empirical probabilities from a handful of occurrences are overconfident
+(one occurrence gives 1.0), and how far a match goes on depends on how long it already is, so
+the source learns acceptance per bin of match depth from its own tested tokens, with the same
+estimator context match uses (:class:`goose.sources.context_match.CopyDepthEstimate`), and
+reports the best root path's scores per depth (``Draft.depth_acceptance``), which the automatic
+budget sizes the spine by. The estimates are kept across requests; the decoder's shared estimate
+(an EMA over every draft) ranks the source as a whole.
+
+**Across requests.** When a request ends (the next ``goose_reset`` or ``goose_prefill``), its
+output, led in by the prompt's last ``lead_in`` tokens so that the first cycles of a similar
+request can match, joins the memory. With ``path`` the memory is loaded from that file when the
+decoder is made and written back after every request and at exit; a file written for another
+tokenizer is refused (and left untouched).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import weakref
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+import goose
+from goose.allocation import without_trailing_repeats
+from goose.candidates import DecodeContext, Draft
+from goose.config import GooseConfig
+from goose.datastore import tokenizer_identity
+from goose.hookspecs import Register
+from goose.ngram_memory import MemoryFileError, NgramMemory
+from goose.outcome import VerifyOutcome
+from goose.sources.context_match import CopyDepthEstimate
+from goose.sources.rest import FrequencyTrie, frequency_trie
+
+NAME = "suffix_memory"
+
+logger = logging.getLogger("goose.sources.suffix_memory")
+
+
+class SuffixMemoryOptions(BaseModel):
+    """Options of the suffix-memory source (``GooseConfig.source_options["suffix_memory"]``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ngram_sizes: tuple[int, ...] = Field(
+        default=(32, 24, 16, 12, 8, 6, 4, 3, 2),
+        description="suffix lengths searched, longest first: the longest one that occurred before drafts")
+    capacity: int = Field(
+        default=200_000, ge=0,
+        description="tokens of earlier requests kept (oldest requests evicted first); 0: only the current request")
+    search_current: bool = Field(
+        default=True, description="also draft from the current prompt and output (False: earlier requests only, "
+        "for a decoder whose context match covers the current request)")
+    lead_in: int = Field(default=8, ge=0, description="prompt tokens kept before each remembered output")
+    max_occurrences: int = Field(default=64, ge=1, description="newest occurrences of the suffix merged into the tree")
+    max_depth: int = Field(default=16, ge=1, description="deepest draft token")
+    depth_per_match_token: float = Field(
+        default=1.0, gt=0.0, description="draft depth allowed per matched suffix token (SuffixDecoding's factor)")
+    max_nodes: int = Field(default=32, ge=1, description="most draft nodes (the most frequent are kept)")
+    min_probability: float = Field(
+        default=0.1, ge=0.0, le=1.0, description="drop nodes whose empirical path probability is below this")
+    depth_prior: float = Field(
+        default=0.5, ge=0.0, le=1.0, description="acceptance every match-depth bin starts from")
+    depth_edges: tuple[int, ...] = Field(
+        default=(3, 4, 6, 8, 12, 16, 24, 32, 48),
+        description="match-depth bin edges: one acceptance estimate per bin of how many tokens the context shares "
+        "with the occurrences when a draft token is due")
+    depth_memory: float = Field(
+        default=50.0, ge=1.0, description="tokens of evidence each match-depth bin remembers (older ones fade)")
+    path: Path | None = Field(
+        default=None, description="memory file (.npz): loaded when the decoder is made, written after each request")
+
+    @field_validator("ngram_sizes")
+    @classmethod
+    def _longest_first(cls, sizes: tuple[int, ...]) -> tuple[int, ...]:
+        if not sizes or min(sizes) < 1:
+            raise ValueError("ngram_sizes must be a non-empty list of lengths >= 1")
+        return tuple(sorted(set(sizes), reverse=True))
+
+    @field_validator("depth_edges")
+    @classmethod
+    def _increasing(cls, edges: tuple[int, ...]) -> tuple[int, ...]:
+        if not edges or list(edges) != sorted(set(edges)) or edges[0] < 1:
+            raise ValueError("depth_edges must be strictly increasing lengths >= 1")
+        return tuple(edges)
+
+
+class MemoryDraft:
+    """A pruned frequency trie with per-node scores: what the source turns into a ``Draft``."""
+
+    def __init__(self, trie: FrequencyTrie, match_size: int, estimate: CopyDepthEstimate,
+                 min_probability: float) -> None:
+        m = len(trie)
+        depths = np.zeros(m, dtype=np.int64)
+        path_probability = np.ones(m)
+        for node, parent in enumerate(trie.parents.tolist()):  # parents come first; a few dozen nodes
+            if parent >= 0:
+                depths[node] = depths[parent] + 1
+                path_probability[node] = path_probability[parent] * trie.scores[node]
+            else:
+                depths[node] = 1
+                path_probability[node] = trie.scores[node]
+        keep = path_probability >= min_probability  # non-increasing along paths: ancestors are kept
+        renumber = np.cumsum(keep) - 1
+        parents = trie.parents[keep]
+        self.tokens = trie.tokens[keep]
+        self.parents = np.where(parents >= 0, renumber[np.maximum(parents, 0)], -1)
+        self.depths = depths[keep]
+        rates = estimate.rates[estimate.bins(match_size + self.depths - 1)]
+        self.scores = np.minimum(1.0, trie.scores[keep] * rates)
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def to_draft(self) -> Draft:
+        """The trie as a ``Draft`` whose per-depth estimates are the scores along its most valuable root path."""
+        draft = Draft(tokens=self.tokens.astype(np.int64), parents=self.parents.astype(np.int64), scores=self.scores)
+        _, reach = draft.best_path  # products of scores from the anchor: back to one score per depth
+        scores = reach / np.concatenate([[1.0], reach[:-1]])
+        return replace(draft, depth_acceptance=without_trailing_repeats(scores.tolist()))
+
+
+def cut_at_stops(rows: np.ndarray, eos: frozenset[int], vocab_size: int) -> np.ndarray:
+    """Each row ended (-1 from there on) at its first negative entry, EOS, or id outside the vocabulary.
+
+    Drafting EOS never raises the yield (when every token before it is accepted, the bonus token
+    is that EOS for free), and what follows an EOS or a document end is not a continuation.
+    """
+    stop = (rows < 0) | (rows >= vocab_size)
+    for token in eos:  # one or two ids: comparisons beat np.isin's sort
+        stop |= rows == token
+    return np.where(np.cumsum(stop, axis=1) > 0, -1, rows)
+
+
+class SuffixMemorySource:
+    """Frequency-weighted trie drafts from a memory of earlier requests and the current one; one per decoder."""
+
+    name = NAME
+
+    def __init__(self, config: GooseConfig) -> None:
+        self.config = config
+        self.options = options = SuffixMemoryOptions.model_validate(config.options_for(NAME))
+        self.memory = NgramMemory(options.ngram_sizes, options.capacity, options.search_current)
+        self._file_tokenizer: dict[str, Any] | None = None  # whom the loaded file was written for
+        if options.path is not None and options.path.exists():
+            self.memory, header = NgramMemory.load(options.path, options.ngram_sizes, options.capacity,
+                                                   options.search_current)
+            self._file_tokenizer = header.get("tokenizer")
+        self._tokenizer: dict[str, Any] | None = None  # the model's, once seen
+        self._saving = options.path is not None
+        self.by_depth = CopyDepthEstimate(options.depth_edges, options.depth_prior, options.depth_memory)
+        self._prompt_length: int | None = None  # of the request in progress; None: none
+        self._match_size = 0  # this cycle's match; 0: nothing drafted
+        # statistics, for benchmarks and debugging
+        self.proposals = 0
+        self.matched = 0
+        self.remembered_requests = 0
+        self.last_match_size = 0
+        self.last_occurrences = 0
+        if self._saving:  # the last request of a process is only finished at exit
+            reference = weakref.ref(self)
+            atexit.register(lambda: (source := reference()) is not None and source.flush())
+
+    # --- hooks --------------------------------------------------------------------------------
+
+    @goose.hookimpl
+    def goose_reset(self) -> None:
+        self._finish_request()
+
+    @goose.hookimpl
+    def goose_prefill(self, context: DecodeContext) -> None:
+        self._finish_request()  # a new prompt ends the previous request even without goose_reset
+        self._prompt_length = context.prompt_length
+        self.memory.follow(context.tokens)
+        self._check_file(context)
+
+    @goose.hookimpl
+    def goose_propose(self, context: DecodeContext) -> Draft | None:
+        self.memory.follow(context.tokens)
+        self.proposals += 1
+        self._match_size = 0
+        match = self.memory.longest_match()
+        self.last_match_size = match.size if match is not None else 0
+        self.last_occurrences = match.count if match is not None else 0
+        if match is None:
+            return None
+        options = self.options
+        depth = min(options.max_depth, max(1, math.ceil(options.depth_per_match_token * match.size)))
+        rows = cut_at_stops(self.memory.continuations(match, options.max_occurrences, depth),
+                            context.eos_token_ids, context.vocab_size)
+        trie = frequency_trie(rows, options.max_nodes)
+        if not len(trie):
+            return None
+        draft = MemoryDraft(trie, match.size, self.by_depth, options.min_probability)
+        if not len(draft):
+            return None
+        self.matched += 1
+        self._match_size = match.size
+        return draft.to_draft()
+
+    @goose.hookimpl
+    def goose_observe(self, outcome: VerifyOutcome, own_nodes: np.ndarray) -> None:
+        self.memory.extend(outcome.new_tokens)  # the request's last tokens arrive here, not in a context
+        if not self._match_size:
+            return
+        tested = own_nodes & outcome.reached
+        depths = outcome.tree.depths[tested]  # a draft token at depth d sits at tree depth d
+        self.by_depth.observe(self._match_size + depths - 1, outcome.accepted[tested])
+
+    # --- the memory across requests -----------------------------------------------------------
+
+    def flush(self) -> None:
+        """Finish the request in progress: its output joins the memory (and the file, with ``path``)."""
+        self._finish_request()
+
+    def _finish_request(self) -> None:
+        if self._prompt_length is not None and self.memory.live.shape[0] > self._prompt_length:
+            lead_in = max(0, self._prompt_length - self.options.lead_in)
+            self.memory.remember(self.memory.live[lead_in:].copy())
+            self.remembered_requests += 1
+            self._save()
+        self.memory.start_request()
+        self._prompt_length = None
+        self._match_size = 0
+
+    def _save(self) -> None:
+        if not self._saving or self.options.path is None or self._tokenizer is None:
+            return
+        try:
+            self.memory.save(self.options.path, {"tokenizer": self._tokenizer})
+        except OSError as error:
+            self._saving = False
+            logger.warning("suffix_memory: cannot write %s (%s); the memory is no longer saved", self.options.path,
+                           error)
+
+    def _check_file(self, context: DecodeContext) -> None:
+        """Refuse a loaded memory written for another tokenizer: its ids mean other tokens here.
+
+        Raises once (the decoder logs it and goes on; this source drafts from the current requests
+        only), and never writes over that file.
+        """
+        if self._tokenizer is not None or self.options.path is None:
+            return
+        tokenizer = context.tokenizer
+        self._tokenizer = (tokenizer_identity(tokenizer) if tokenizer is not None
+                           else {"name": "", "vocab_size": context.vocab_size, "fingerprint": ""})
+        written = self._file_tokenizer
+        if written is None or (written.get("fingerprint") == self._tokenizer["fingerprint"]
+                               and written.get("vocab_size") == self._tokenizer["vocab_size"]):
+            return
+        self.memory.clear()
+        self._saving = False
+        raise MemoryFileError(
+            f"suffix_memory: {self.options.path} was written for tokenizer {written.get('name')!r} (vocabulary "
+            f"{written.get('vocab_size')}), not this model's {self._tokenizer['name']!r} (vocabulary "
+            f"{self._tokenizer['vocab_size']}); token ids differ between tokenizers, so it is not used and not "
+            "overwritten: give another path for this model")
+
+
+@goose.hookimpl
+def goose_register_sources(register: Register) -> None:
+    register(NAME, SuffixMemorySource,
+             description="SuffixDecoding-style memory: frequency trie of what followed the suffix, across requests",
+             initial_acceptance=0.5)
