@@ -5,8 +5,7 @@
 Every row builds a fresh GooseDecoder from ``GooseConfig`` fields (switching plugins on and off is
 the ``sources`` list; the ablation switches are config fields or a source's options) and prints
 tau, speed, the change against full Goose, and whether the output is token-for-token plain greedy
-decoding (it must always be). The paper's "w/o PLD tokens" row needs a source that puts transition
-tokens on the spine; it is not a switch. On a CPU keep the budget small: width costs time there.
+decoding (it must always be). On a CPU keep the budget small: width costs time there.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "w/o bigram adjacency (unigram)": {"source_options": {"bigram_transition": {"unigram_only": True}}},
     "w/o consensus bypass": {"consensus_bypass": False},
     "w/o context-match spine": {"sources": ["bigram_transition"]},
+    "w/o PLD tokens (shape kept)": {"spine_tokens": "transition"},
     "Iso(3), same sources": {"topology": "isotropic"},
     "PLD alone (chain)": {"sources": ["context_match"], "topology": "chain"},
     "TR alone (transition tree)": {"sources": ["bigram_transition"], "topology": "transition_tree"},

@@ -4,7 +4,7 @@
 
 Runs the two-source spine tree and the multi-level ``multi_spine`` tree on the same prompts and
 prints tau, accepted-path kinds and per-source acceptance, next to the expected tau the acceptance
-model (``goose.theory``) gives for the final estimates if every source drafted every cycle (real
+model (``goose.allocation``) gives for the final estimates if every source drafted every cycle (real
 sources draft only when they find a match, so measured tau sits below it). REST's default datastore is the Python
 standard library, built once (about half a minute) and cached; ``--sources`` swaps in another
 drafter, e.g. ``context_match,lookahead,bigram_transition``.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from goose import GooseConfig, models, theory
+from goose import GooseConfig, allocation, models
 from goose.decoder import GooseDecoder
 
 PROMPTS = [
@@ -40,10 +40,10 @@ def main() -> None:
         tau = sum(sum(r.stats.accepted_lengths) for r in results) / sum(r.stats.verify_steps for r in results)
         kinds = {k: sum(r.stats.path_kinds[k] for r in results) for k in results[0].stats.to_dict()["path_kinds"]}
         # the model's view of the final estimates: main spine (20-token draft), side spines (6), branches
-        estimates = {s: getattr(decoder.sources.instances[s], "acceptance", 0.0) for s in config.sources}
+        estimates = {s: decoder.sources.estimates[s].rate for s in config.sources}
         drafters, p_t = list(estimates.values())[:-1], estimates[config.sources[-1]]
-        spines = [theory.SpineSpec((p,), 20 if k == 0 else 6) for k, p in enumerate(drafters)]
-        predicted = theory.multi_spine_allocation(spines, p_t, args.budget).expected_tau
+        spines = [allocation.SpineSpec((p,), 20 if k == 0 else 6) for k, p in enumerate(drafters)]
+        predicted = allocation.multi_spine_allocation(spines, p_t, args.budget).expected_tau
         print(f"{name}: tau {tau:.2f} (model, if every source drafted every cycle: {predicted:.2f}), paths {kinds}")
         print("   acceptance:", {s: round(p, 3) for s, p in estimates.items()})
 

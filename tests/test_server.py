@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from goose import cli
 from goose.decoder import AutoregressiveDecoder
-from goose.models import encode_prompt
+from goose.models import encode_chat, encode_prompt
 from goose.serve.stop import StopScanner
 
 REPO = Path(__file__).resolve().parents[1]
@@ -146,8 +146,7 @@ class Reference:
         self.decoder = AutoregressiveDecoder(model, tokenizer, chat=False)
 
     def chat(self, messages: list[dict[str, str]], max_tokens: int) -> tuple[str, int, str]:
-        encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return self._run(list(encoded if isinstance(encoded, list) else encoded["input_ids"]), max_tokens)
+        return self._run(encode_chat(self.tokenizer, messages), max_tokens)
 
     def completion(self, prompt: str, max_tokens: int) -> tuple[str, int, str]:
         return self._run(self.ids(prompt), max_tokens)
@@ -306,18 +305,20 @@ def test_stop_scanner_catches_stops_split_across_chunks(pieces: list[str]) -> No
 # --- sampling parameters --------------------------------------------------------------------------
 
 
-def test_sampling_parameters_are_forwarded(server: Server, client: openai.OpenAI) -> None:
-    body = {"messages": [{"role": "user", "content": "Name a bird."}], "max_tokens": 8, "temperature": 0.8,
-            "top_p": 0.9, "seed": 7}
-    first = server.post("/v1/chat/completions", body)
-    if first.status_code == 400:  # the decoder refuses sampling until the sampled walk lands: a 400 saying so
-        error = first.json()["error"]
-        assert error["param"] == "temperature" and "temperature" in error["message"]
-        pytest.skip(f"sampling not available in this build: {error['message']}")
-    assert first.status_code == 200, first.text
-    again = server.post("/v1/chat/completions", body)
-    assert again.json()["choices"][0]["message"]["content"] == first.json()["choices"][0]["message"]["content"]
-    assert first.json()["goose"]["seed"] == 7
+def test_sampled_requests_replay_by_seed_and_equal_the_seeded_sampler(client: openai.OpenAI,
+                                                                         reference: Reference) -> None:
+    messages = [{"role": "user", "content": "Name three birds and say one thing about each."}]
+    options = {"temperature": 0.8, "top_p": 0.9, "seed": 7}
+    first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, **options)
+    again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, **options)
+    assert first.choices[0].message.content == again.choices[0].message.content
+    assert _goose(first)["seed"] == 7
+    # float32: the server's sampled text is the seeded autoregressive sampler's
+    ids = encode_chat(reference.tokenizer, messages)
+    expected = reference.decoder.generate(ids, 24, **options)
+    assert first.choices[0].message.content == expected.text
+    streamed = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, stream=True, **options)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices) == expected.text
 
 
 # --- errors -------------------------------------------------------------------------------------

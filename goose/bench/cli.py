@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from goose.cli import add_model_arguments, register_command
+from goose.cli import add_model_arguments, add_sampling_arguments, register_command
 
 QUICK_LIMIT = 2
 QUICK_MAX_NEW_TOKENS = 64
@@ -33,13 +33,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", default=None,
                         help="comma-separated methods (default: the main table; see --list-methods); "
                              "ar is always run, as the baseline")
-    parser.add_argument("--suite", choices=("ablation", "sweep"), default=None,
-                        help="add the paper's ablations or the B/D/r/rho sweeps (with goose as reference)")
+    parser.add_argument("--suite", choices=("ablation", "sweep", "three-source"), default=None,
+                        help="add the paper's ablations, the B/D/r/rho sweeps (with goose as reference), or the "
+                             "three-source study (every pair and triple of sources under spine, multi_spine and "
+                             "isotropic at an equal budget)")
     parser.add_argument("--limit", type=int, default=None, help="the first N prompts of each dataset")
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help=f"per turn (default {DEFAULT_MAX_NEW_TOKENS}; --quick: {QUICK_MAX_NEW_TOKENS})")
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default ./{DEFAULT_OUT})")
-    parser.add_argument("--seed", type=int, default=0)
+    add_sampling_arguments(parser)
+    parser.set_defaults(seed=0)  # sampled runs: sample i of the run draws with seed + i, for every method
     parser.add_argument("--data-dir", default=None,
                         help="folder of the benchmark JSONL files (default $GOOSE_DATA, else ../shared/data "
                              "next to the repository)")
@@ -47,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"smoke run: the paper's five datasets, {QUICK_LIMIT} prompts each, "
                              f"{QUICK_MAX_NEW_TOKENS} tokens, methods ar,pld,goose,hf_pld (explicit flags win)")
     parser.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
+    parser.add_argument("--warm-sources", action="store_true",
+                        help="one decoder per method for all prompts, in order, so sources keep what they learned "
+                             "(estimates, tables, suffix_memory's earlier outputs); default: a fresh decoder per "
+                             "prompt")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--list-methods", action="store_true", help="print every method and whether it can run")
     parser.set_defaults(run=run_command)
@@ -79,6 +86,7 @@ def run_command(args: argparse.Namespace) -> int:
         return _list_methods()
     from goose.bench.methods import resolve_methods
     from goose.bench.prompts import PAPER_DATASETS, default_data_dir
+    from goose.sampling import SamplingParams
 
     max_new_tokens = args.max_new_tokens or (QUICK_MAX_NEW_TOKENS if args.quick else DEFAULT_MAX_NEW_TOKENS)
     limit = args.limit if args.limit is not None else (QUICK_LIMIT if args.quick else None)
@@ -101,10 +109,14 @@ def run_command(args: argparse.Namespace) -> int:
     from goose.bench.runner import RESULTS_FILE, Bench, BenchSettings
 
     out = Path(args.out).expanduser()
+    sampling = SamplingParams(temperature=args.temperature or 0.0, top_p=args.top_p if args.top_p is not None else 1.0,
+                              top_k=args.top_k or 0)  # bad values: a one-line error, before any model loads
+    if args.seed < 0:
+        raise ValueError(f"--seed must be a non-negative integer, got {args.seed}")
     settings = BenchSettings(
         models=model_names, datasets=datasets, methods=methods, out=out, data_dir=data_dir, limit=limit,
         max_new_tokens=max_new_tokens, dtype=args.dtype, device=args.device, seed=args.seed, threads=args.threads,
-        chat=not args.no_chat, progress=not args.no_progress,
+        chat=not args.no_chat, progress=not args.no_progress, warm_sources=args.warm_sources, sampling=sampling,
         extra={"quick": args.quick, "suite": args.suite},
     )
     bench = Bench(settings)  # reads the datasets: a missing file fails before any model is loaded
@@ -119,7 +131,10 @@ def run_command(args: argparse.Namespace) -> int:
                 print(main_table(summary))
                 for name, reason in summary["unavailable"].items():
                     print(f"- {name}: unavailable: {reason}")
-            print("\nwrote " + ", ".join(str(p) for p in [out / RESULTS_FILE, *written]))
+            state = "warm (one decoder per method, prompts in order)" if args.warm_sources else \
+                "cold (a fresh decoder per prompt)"
+            print(f"\nsources: {state}")
+            print("wrote " + ", ".join(str(p) for p in [out / RESULTS_FILE, *written]))
     return 0
 
 

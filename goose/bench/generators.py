@@ -5,6 +5,11 @@ The clock covers exactly the call that turns prompt ids into new token ids (pref
 ``model.generate`` for the Hugging Face peers. Prompt encoding happens before the clock starts,
 for every kind alike. Every call runs under ``torch.inference_mode`` (as Spec-Bench does), so no
 method pays autograd bookkeeping that another does not.
+
+Sampling (a :class:`goose.sampling.SamplingParams` with temperature > 0) reaches every method with
+the same seed for the same prompt: our decoders draw by (seed, position), so every lossless method
+reproduces ``ar``'s text; the Hugging Face peers sample with ``do_sample=True`` and the same warpers
+from torch's generator seeded with that seed (their texts are their own).
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from goose.bench.methods import Method
 from goose.decoder import AutoregressiveDecoder, GooseDecoder
+from goose.sampling import SamplingParams
 
 # GenerationStats.to_dict() keys kept per turn (the per-step lists are kept separately)
-_STATS_KEYS = ("source_tested", "source_accepted", "path_kinds", "prefill_s", "mean_tree_size")
+_STATS_KEYS = ("source_tested", "source_accepted", "path_kinds", "prefill_s", "mean_tree_size", "auxiliary_rows")
 
 
 @dataclass
@@ -35,6 +41,7 @@ class TurnOutput:
     stop_reason: str
     # None where the method does not count verification steps (the Hugging Face peers)
     accepted_lengths: list[int] | None = None
+    tree_sizes: list[int] | None = None  # rows of every verify pass (anchor included), for cost-curve predictions
     stats: dict[str, Any] | None = None
 
     @property
@@ -51,7 +58,8 @@ def _synchronize(device: torch.device) -> None:
 class Generator(Protocol):
     method: Method
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> TurnOutput: ...
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams | None = None
+                 ) -> TurnOutput: ...
 
 
 class DecoderGenerator:
@@ -65,11 +73,13 @@ class DecoderGenerator:
             self.decoder = GooseDecoder(model, tokenizer, method.config())
         self.device = next(model.parameters()).device
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> TurnOutput:
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams | None = None
+                 ) -> TurnOutput:
+        options = (sampling or SamplingParams()).model_dump()
         with torch.inference_mode():
             _synchronize(self.device)
             started = time.perf_counter()
-            result = self.decoder.generate(prompt_ids, max_new_tokens)
+            result = self.decoder.generate(prompt_ids, max_new_tokens, **options)
             _synchronize(self.device)
             wall_s = time.perf_counter() - started
             # the finished request's KV cache is dead weight; with a dozen decoders it adds up
@@ -78,12 +88,14 @@ class DecoderGenerator:
         return TurnOutput(
             prompt_tokens=len(prompt_ids), new_token_ids=result.new_token_ids, text=result.text, wall_s=wall_s,
             stop_reason=result.stop_reason, accepted_lengths=list(result.stats.accepted_lengths),
+            tree_sizes=list(result.stats.tree_sizes) if isinstance(self.decoder, GooseDecoder)
+            else [1] * result.stats.verify_steps,
             stats={key: full[key] for key in _STATS_KEYS},
         )
 
 
 class HuggingFaceGenerator:
-    """The peers: ``model.generate`` greedy, optionally with its own speculative options."""
+    """The peers: ``model.generate`` (greedy, or sampling), optionally with its own speculative options."""
 
     def __init__(self, method: Method, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                  eos_ids: frozenset[int]) -> None:
@@ -96,9 +108,16 @@ class HuggingFaceGenerator:
         self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
         self.device = next(model.parameters()).device
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> TurnOutput:
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams | None = None
+                 ) -> TurnOutput:
         input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         attention_mask = torch.ones_like(input_ids)
+        sampling = sampling or SamplingParams()
+        decoding: dict[str, Any] = {"do_sample": False}
+        if not sampling.greedy:  # the same warpers as ours; top_k 0 and top_p 1 switch them off in generate too
+            decoding = {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
+                        "top_k": sampling.top_k}
+            torch.manual_seed(sampling.seed or 0)
         # a model's generation_config may carry sampling defaults that greedy decoding ignores;
         # transformers warns about each of them on every call
         with warnings.catch_warnings(), torch.inference_mode():
@@ -106,8 +125,8 @@ class HuggingFaceGenerator:
             _synchronize(self.device)
             started = time.perf_counter()
             output = self.model.generate(
-                input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=max_new_tokens,
-                eos_token_id=self.eos_ids or None, pad_token_id=self.pad_id, **dict(self.method.fields),
+                input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+                eos_token_id=self.eos_ids or None, pad_token_id=self.pad_id, **decoding, **dict(self.method.fields),
             )
             _synchronize(self.device)
             wall_s = time.perf_counter() - started

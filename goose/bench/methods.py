@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from goose.bench.study import study_configs
 from goose.cli import first_error
 from goose.config import GooseConfig
 from goose.plugins import PluginError, registry
@@ -118,13 +119,17 @@ def _sweep() -> dict[str, Method]:
 
 
 SWEEP: dict[str, Method] = _sweep()
-ALL_METHODS: dict[str, Method] = {**METHODS, **ABLATIONS, **SWEEP}
+# The three-source study (goose.bench.study): every pair and triple of sources under three shapes
+STUDY: dict[str, Method] = _table(*(Method(name, "goose", f"study: {name.replace('@', ' in ')}", "study", fields)
+                                    for name, fields in study_configs().items()))
+ALL_METHODS: dict[str, Method] = {**METHODS, **ABLATIONS, **SWEEP, **STUDY}
 
 MAIN_METHODS: tuple[str, ...] = tuple(METHODS)
 QUICK_METHODS: tuple[str, ...] = ("ar", "pld", "goose", "hf_pld")
 SUITES: dict[str, tuple[str, ...]] = {
     "ablation": ("goose", *ABLATIONS),
     "sweep": ("goose", *SWEEP),
+    "three-source": ("goose", "goose3", *STUDY),
 }
 
 

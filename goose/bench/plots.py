@@ -138,7 +138,32 @@ def _sweep(plt: Any, summary: dict[str, Any], path: Path) -> bool:
     return True
 
 
-PLOTS = (("speedup", _speedup), ("tau_topology", _topology), ("acceptance", _acceptance), ("sweep", _sweep))
+def _study(plt: Any, summary: dict[str, Any], path: Path) -> bool:
+    """Mean tau and the predicted H200 speedup of every study configuration, one colour per shape."""
+    study = summary.get("study")
+    if not study or not study["rows"]:
+        return False
+    rows = sorted(study["rows"], key=lambda r: (r["topology"], len(r["sources"]), r["method"]))
+    colours = {"spine": "tab:blue", "multi_spine": "tab:orange", "isotropic": "tab:green"}
+    figure, axes = plt.subplots(1, 2, figsize=(13, max(4.0, 0.28 * len(rows))), sharey=True)
+    positions = list(range(len(rows)))
+    for axis, key, title in ((axes[0], "tau", "mean tau (tokens per pass)"),
+                             (axes[1], "predicted_h200", "predicted speedup on the H200 curve")):
+        values = [(r[key]["all"] if key == "tau" else r[key]) or 0.0 for r in rows]
+        axis.barh(positions, values, color=[colours.get(r["topology"], "grey") for r in rows])
+        axis.set_title(title)
+        axis.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks(positions, [r["method"] for r in rows], fontsize=7)
+    axes[0].invert_yaxis()
+    figure.suptitle(f"{summary['model']}: three-source study (blue spine, orange multi_spine, green isotropic)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True
+
+
+PLOTS = (("speedup", _speedup), ("tau_topology", _topology), ("acceptance", _acceptance), ("sweep", _sweep),
+         ("study", _study))
 
 
 def write_plots(summary: dict[str, Any], out: Path, suffix: str = "") -> list[str]:

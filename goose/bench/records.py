@@ -7,9 +7,11 @@ and the flat per-step ``accept_lengths`` over all turns.
 
 Ours, all over the whole sample (every turn): ``model``, ``method``, ``dataset``, ``new_tokens``,
 ``wall_s``, ``tokens_per_s``, ``verify_steps``, ``tau``, per-source ``source_tested`` /
-``source_accepted`` / ``source_acceptance``, ``path_kinds``, ``new_token_ids`` (per turn, for
-auditing losslessness), and, filled in once every method has run on the sample, ``speedup`` (over
-``ar`` on the same prompt), ``speedup_vs_hf_ar`` and ``identical_to_ar`` (token ids, every turn).
+``source_accepted`` / ``source_acceptance``, ``path_kinds``, ``tree_sizes`` (rows of every verify
+pass, for time predicted from a cost curve), ``auxiliary_rows``, ``seed`` (of a sampled run),
+``new_token_ids`` (per turn, for auditing losslessness), and, filled in once every method has run on
+the sample, ``speedup`` (over ``ar`` on the same prompt), ``speedup_vs_hf_ar`` and
+``identical_to_ar`` (token ids, every turn).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ def _summed(outputs: Sequence[TurnOutput], key: str) -> dict[str, Any]:
     return dict(total)
 
 
-def build_record(model: str, method: str, sample: Sample, outputs: Sequence[TurnOutput]) -> Record:
+def build_record(model: str, method: str, sample: Sample, outputs: Sequence[TurnOutput],
+                 seed: int | None = None) -> Record:
     """The record of ``method`` on ``sample`` (speedup fields still None: see :func:`compare`)."""
     counted = all(o.accepted_lengths is not None for o in outputs)
     accept_lengths = [n for o in outputs for n in (o.accepted_lengths or [])]
@@ -71,6 +74,9 @@ def build_record(model: str, method: str, sample: Sample, outputs: Sequence[Turn
         "source_accepted": accepted,
         "source_acceptance": {name: accepted.get(name, 0) / n for name, n in sorted(tested.items()) if n},
         "path_kinds": _summed(outputs, "path_kinds"),
+        "tree_sizes": [n for o in outputs for n in (o.tree_sizes or [])] if counted else None,
+        "auxiliary_rows": sum((o.stats or {}).get("auxiliary_rows", 0) for o in outputs),
+        "seed": seed,
         "stop_reasons": [o.stop_reason for o in outputs],
         "new_token_ids": [o.new_token_ids for o in outputs],
         "speedup": None,

@@ -16,6 +16,7 @@ from typing import Any
 from goose.bench.aggregate import ALL, Row, lookup
 from goose.bench.methods import STANDALONE_SOURCES, TOPOLOGY_BASELINES
 from goose.bench.prompts import DATASET_TITLES
+from goose.bench.study import REFERENCE
 
 SPINE_SOURCE, BRANCH_SOURCE = "context_match", "bigram_transition"
 PATH_KINDS = ("pure_spine", "spine_continuation", "pure_branch", "bonus_only")
@@ -253,9 +254,40 @@ def _definitions(view: _View) -> str | None:
         ["method", "kind", "fields", "description"], rows)
 
 
+def _study_tables(view: _View) -> str | None:
+    """The three-source study: tau per configuration against the two-source spine, yields, predicted speedups."""
+    study = view.summary.get("study")
+    if not study or not study["rows"]:
+        return None
+    rows = sorted(study["rows"], key=lambda r: (r["topology"], len(r["sources"]), r["method"]))
+    reference = next((r for r in rows if r["method"] == REFERENCE), None)
+    datasets = [d for d in view.datasets if any(d in r["tau"] for r in rows)]
+    header = ["configuration", *(_title(d) for d in datasets), "mean tau", f"vs {REFERENCE}",
+              "pred. CPU", "pred. H200", "measured", "yield per pass"]
+    table = []
+    for row in rows:
+        gains = [_gain(row["tau"].get(d), reference["tau"].get(d) if reference else None) for d in datasets]
+        yields = ", ".join(f"{name} {value:.2f}" for name, value in row["yield_per_pass"].items())
+        table.append([f"`{row['method']}`", *(_f(row["tau"].get(d)) for d in datasets), _f(row["tau"]["all"]),
+                      _pct(_gain(row["tau"]["all"], reference["tau"]["all"] if reference else None))
+                      + f" ({sum(g is not None and g >= 0.10 for g in gains)}/{len(datasets)} >= +10%)",
+                      _x(row["predicted_device"]), _x(row["predicted_h200"]), _x(row["speedup"]), yields])
+    lost: dict[tuple[str, str], list[float]] = {}
+    for item in study["tokens_lost_without"]:
+        lost.setdefault((item["source"], item["triple"].split("@")[1]), []).append(item["tau_lost"])
+    lost_rows = [[f"`{source}`", f"`{topology}`", _f(sum(values) / len(values), 3), str(len(values))]
+                 for (source, topology), values in sorted(lost.items())]
+    text = ("### Three-source study (equal budget; tau per dataset, predicted speedup over one token a pass "
+            "from this device's cost curve and from the H200's)\n\n" + _table(header, table))
+    if lost_rows:
+        text += ("\n\n#### Tokens per pass lost without each source (mean over the triples holding it)\n\n"
+                 + _table(["source", "shape", "tau lost", "triples"], lost_rows))
+    return text
+
+
 SECTIONS: tuple[Callable[[_View], str | None], ...] = (
     _header, _main_table, _peer_table, _topology_table, _synergy_table, _acceptance_table, _path_table,
-    _category_tables, _ablation_table, _sweep_table, _unavailable, _definitions,
+    _category_tables, _ablation_table, _sweep_table, _study_tables, _unavailable, _definitions,
 )
 
 

@@ -9,6 +9,14 @@ Fair timing on a noisy machine:
   method always runs right after the same neighbour;
 - speedups are per prompt, against ``ar`` on that same prompt in the same pass.
 
+Sources are cold by default: every Goose method gets a fresh decoder for each sample, so what a
+source learns on one prompt (acceptance estimates, tables, a memory of earlier outputs) never
+carries to the next and a sample's figures do not depend on the prompts before it. With
+``warm_sources`` (``--warm-sources``) each method keeps one decoder for all samples, in dataset
+order, which is how a long-lived server runs and what cross-request memory (``suffix_memory``)
+needs to show; the warm-up then uses a prompt of its own, so no sample's answer is learned before
+that sample is timed.
+
 A method that cannot be built (plugin not registered, unknown config field) or that raises
 mid-run is reported as unavailable with the reason; the others go on. Records are appended to
 ``results.jsonl`` after each prompt, so an interrupted run keeps what it measured, and the
@@ -42,11 +50,16 @@ from goose.bench.generators import DecoderGenerator, Generator, TurnOutput, make
 from goose.bench.methods import BASELINE, Method, construction_problem, resolve_methods, unavailable_reason
 from goose.bench.prompts import Sample, load_samples
 from goose.bench.records import Record, build_record, compare
+from goose.bench.study import study_rows, tokens_lost_without
+from goose.cost import CostCurve, load_or_measure
+from goose.sampling import SamplingParams
 from goose.verifier import ContextOverflowError
 
 logger = logging.getLogger("goose.bench")
 
 RESULTS_FILE = "results.jsonl"
+# With warm sources the warm-up must not show any sample's answer to a decoder that keeps it
+WARMUP_TURNS = ("Say hello in one short sentence.",)
 
 
 @dataclass
@@ -66,6 +79,8 @@ class BenchSettings:
     threads: int | None = None
     chat: bool = True
     warmup_tokens: int = 8
+    warm_sources: bool = False  # one decoder per method for all samples (else a fresh one per sample)
+    sampling: SamplingParams = field(default_factory=SamplingParams)  # greedy unless temperature > 0
     progress: bool = True
     extra: dict[str, Any] = field(default_factory=dict)  # recorded in the summary's settings as is
 
@@ -80,10 +95,11 @@ class ModelRun:
     methods: list[Method]
     unavailable: dict[str, str] = field(default_factory=dict)
     records: list[Record] = field(default_factory=list)
+    cost_curve: CostCurve | None = None  # this device's verify cost curve, for time predicted from tree sizes
 
 
 def _set_seed(seed: int) -> None:
-    # decoding is greedy; seeds only pin whatever a plugin might randomise
+    # pins whatever a plugin might randomise; sampled decoding draws by its own per-sample seed
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -104,12 +120,12 @@ def _cpu_name() -> str:
 
 
 def run_sample(generator: Generator, tokenizer: Any, sample: Sample, max_new_tokens: int,
-               chat: bool) -> list[TurnOutput]:
+               chat: bool, sampling: SamplingParams | None = None) -> list[TurnOutput]:
     """Every turn of ``sample``; turn k's prompt carries this method's own answers to turns < k."""
     outputs: list[TurnOutput] = []
     for _ in sample.turns:
         prompt_ids = turn_prompt_ids(tokenizer, sample.turns, [o.text for o in outputs], chat=chat)
-        outputs.append(generator.generate(prompt_ids, max_new_tokens))
+        outputs.append(generator.generate(prompt_ids, max_new_tokens, sampling))
     return outputs
 
 
@@ -118,8 +134,6 @@ def _described(method: Method) -> dict[str, Any]:
     (so a changed default, such as the budget, shows in the results it produced)."""
     entry: dict[str, Any] = {"kind": method.kind, "group": method.group, "description": method.description,
                              "fields": dict(method.fields)}
-    if method.needs:
-        entry["needs"] = method.needs
     if method.kind == "goose" and unavailable_reason(method) is None:
         entry["config"] = method.config().model_dump(mode="json")
     return entry
@@ -164,20 +178,25 @@ class Bench:
         device = _device(settings.device)
         bar.set_postfix_str(f"loading {name}")
         model, tokenizer = models.load(name, dtype=settings.dtype, device=device, progress=False)
-        run = ModelRun(name, device, settings.dtype, self.methods)
+        run = ModelRun(name, device, settings.dtype, self.methods, cost_curve=load_or_measure(model))
         self.runs.append(run)
         generators = self._generators(run, model, tokenizer, bar)
         self._warm_up(run, generators, tokenizer, bar)
         order = [m.name for m in self.methods if m.name in generators]
         for index, sample in enumerate(self.samples):
+            if not settings.warm_sources:
+                self._fresh_decoders(run, generators, model, tokenizer, index, bar)
             active = [m for m in order if m in generators]
             measured: dict[str, Record] = {}
             skipped = False
+            # sampled runs: one seed per sample, the same for every method (settings.seed + sample index)
+            sampling = None if settings.sampling.greedy else settings.sampling.model_copy(
+                update={"seed": settings.seed + index})
             for method in _rotated(active, index):
                 bar.set_postfix_str(f"{name} {sample.dataset}:{sample.question_id} {method}", refresh=False)
                 try:
                     outputs = run_sample(generators[method], tokenizer, sample, settings.max_new_tokens,
-                                         settings.chat)
+                                         settings.chat, sampling)
                 except Exception as error:
                     if method != BASELINE:
                         problem = f"failed on {sample.dataset}:{sample.question_id} (after {index} samples): "
@@ -190,7 +209,7 @@ class Bench:
                     logger.warning("skipping %s:%s: %s", sample.dataset, sample.question_id, error)
                     skipped = True
                     break
-                measured[method] = build_record(name, method, sample, outputs)
+                measured[method] = build_record(name, method, sample, outputs, sampling.seed if sampling else None)
                 bar.update(1)
             if skipped:
                 bar.update(sum(1 for m in active if m in generators) - len(measured))  # its slots are spent
@@ -218,8 +237,22 @@ class Bench:
                 self._unavailable(run, method.name, reason, len(self.samples), bar)
         return generators
 
+    def _fresh_decoders(self, run: ModelRun, generators: dict[str, Generator], model: Any, tokenizer: Any,
+                        index: int, bar: tqdm) -> None:
+        """Cold sources: a new decoder for every Goose method before sample ``index`` (built before any clock)."""
+        eos_ids = generators[BASELINE].decoder.eos_ids  # type: ignore[attr-defined]
+        for name, generator in list(generators.items()):
+            if generator.method.kind != "goose":
+                continue
+            try:
+                generators[name] = make_generator(generator.method, model, tokenizer, eos_ids)
+            except Exception as error:
+                self._drop(run, generators, name, f"failed to build for sample {index}: {type(error).__name__}: "
+                           f"{error}", index, bar)
+
     def _warm_up(self, run: ModelRun, generators: dict[str, Generator], tokenizer: Any, bar: tqdm) -> None:
-        prompt_ids = turn_prompt_ids(tokenizer, self.samples[0].turns, [], chat=self.settings.chat)
+        turns = WARMUP_TURNS if self.settings.warm_sources else self.samples[0].turns
+        prompt_ids = turn_prompt_ids(tokenizer, turns, [], chat=self.settings.chat)
         for name, generator in list(generators.items()):
             bar.set_postfix_str(f"{run.model} warm-up {name}")
             try:
@@ -254,6 +287,9 @@ class Bench:
             "threads": torch.get_num_threads(),
             "chat_template": settings.chat,
             "warmup_tokens": settings.warmup_tokens,
+            "warm_sources": settings.warm_sources,
+            "sampling": settings.sampling.model_dump(exclude={"seed"}) | {"seeds": "seed + sample index"}
+            if not settings.sampling.greedy else "greedy",
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "cpu": _cpu_name(),
@@ -262,5 +298,12 @@ class Bench:
             **settings.extra,
         }
         described = {m.name: _described(m) for m in self.methods}
-        return [build_summary(run.model, run.device, run.dtype, run.records, described, run.unavailable, common)
-                for run in self.runs]
+        summaries = []
+        for run in self.runs:
+            summary = build_summary(run.model, run.device, run.dtype, run.records, described, run.unavailable,
+                                    common | {"cost_curve": run.cost_curve.to_dict() if run.cost_curve else None})
+            if any(m.group == "study" for m in self.methods):
+                rows = study_rows(run.records, run.cost_curve)
+                summary["study"] = {"rows": rows, "tokens_lost_without": tokens_lost_without(rows)}
+            summaries.append(summary)
+        return summaries

@@ -13,7 +13,7 @@ import threading
 from jinja2.exceptions import TemplateError
 from transformers import PreTrainedTokenizerBase
 
-from goose.models import encode_prompt, has_chat_template
+from goose.models import encode_chat, encode_prompt, has_chat_template
 from goose.serve.errors import bad_request
 from goose.serve.schemas import ChatMessage
 
@@ -43,13 +43,10 @@ class PromptEncoder:
         conversation = [{"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in messages]
         try:
             with self._lock:
-                encoded = self._tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+                ids = encode_chat(self._tokenizer, conversation)
         except TemplateError as error:  # e.g. a template that insists on alternating user/assistant turns
             raise bad_request(f"the model's chat template rejects these messages: {error}", param="messages") from None
-        ids = encoded if isinstance(encoded, list) else encoded["input_ids"]
-        if ids and isinstance(ids[0], list):
-            ids = ids[0]
-        return self._fits([int(i) for i in ids], "messages")
+        return self._fits(ids, "messages")
 
     def completion(self, prompt: str | list[str] | list[int]) -> list[int]:
         """Ids of a raw-text prompt (the tokenizer's own special tokens, no chat template) or the ids given."""
