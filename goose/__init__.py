@@ -21,3 +21,12 @@ __all__ = [
     "hookimpl",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """``goose.hf`` after a plain ``import goose``: ``model.generate(custom_generate=goose.hf.generate)``."""
+    if name == "hf":
+        import goose.hf
+
+        return goose.hf
+    raise AttributeError(f"module 'goose' has no attribute {name!r}")

@@ -28,7 +28,9 @@ from goose.bench.outputs import write_outputs
 from goose.bench.prompts import KNOWN_DATASETS, DatasetError, Sample, load_samples
 from goose.bench.records import build_record, compare
 from goose.bench.report import build_report
+from goose.bench.study import H200_BF16, predicted_speedup, study_configs, study_rows, tokens_lost_without
 from goose.config import GooseConfig
+from goose.cost import CostCurve
 
 from .conftest import DATA_DIR
 
@@ -255,7 +257,7 @@ def test_report_has_the_papers_tables(recorded: list[dict], tmp_path: Path) -> N
     assert "### Synergy" in report and "`pld` 1.25" in report
     assert "p_s/p_t" in report and "10.0x" in report  # 0.5 / 0.05
     assert "- `rest`: source 'rest' is not registered" in report
-    assert "Speedup over Hugging Face greedy" in report
+    assert "Speedup over Hugging Face `generate`" in report
     assert "67%" in report  # goose identical on 2 of 3 samples
 
     written = write_outputs([summary], tmp_path)
@@ -328,3 +330,63 @@ def test_bench_end_to_end_on_smollm2(tmp_path: Path) -> None:
         assert row["tau"] >= 1.0 and row["speedup"] > 0
     assert lookup(summary["results"], "hf_pld", "humaneval")["samples"] == 1
     assert "| `goose` |" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_sampled_study_run_on_smollm2(tmp_path: Path) -> None:
+    """A sampled run of study configurations: same seed per sample for every method, lossless in float32,
+    the study's tables and plot written."""
+    methods = "goose,hf_pld,cm+bt@spine,cm+bt+la@multi_spine"
+    status = cli.main(["bench", "--model", "smollm2-135m", "--datasets", "humaneval,gsm8k", "--limit", "1",
+                       "--max-new-tokens", "16", "--methods", methods, "--dtype", "float32", "--temperature", "0.7",
+                       "--top-p", "0.9", "--seed", "5", "--out", str(tmp_path), "--no-progress"])
+    assert status == 0
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    for record in records:
+        assert record["seed"] == 5 + (0 if record["dataset"] == "humaneval" else 1)
+        if record["method"] != "hf_pld":  # ours sample by (seed, position): every text is ar's
+            assert record["identical_to_ar"] is True, record["method"]
+            assert len(record["tree_sizes"]) == record["verify_steps"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["settings"]["sampling"]["temperature"] == 0.7 and summary["settings"]["cost_curve"]["sizes"]
+    study = {row["method"]: row for row in summary["study"]["rows"]}
+    assert set(study) == {"cm+bt@spine", "cm+bt+la@multi_spine"}
+    assert all(row["predicted_h200"] > 0 and row["tau"]["all"] >= 1.0 for row in study.values())
+    assert "### Three-source study" in (tmp_path / "report.md").read_text()
+    assert (tmp_path / "study.png").stat().st_size > 0
+
+
+def _study_record(method: str, dataset: str, lengths: list[int], sizes: list[int],
+                  accepted: dict[str, int]) -> dict:
+    record = build_record("tiny", method, Sample(dataset, 1, ("p",)),
+                          [_turn(list(range(sum(lengths) + 1)), 1.0, lengths)])
+    record.update(tree_sizes=sizes, auxiliary_rows=0, source_accepted=accepted, identical_to_ar=True, speedup=1.5)
+    return record
+
+
+def test_study_rows_tokens_lost_and_predicted_speedups() -> None:
+    curve = CostCurve((1, 4, 16), (1.0, 2.0, 4.0))  # a steep curve: four rows cost two tokens' time
+    records = [
+        _study_record("cm+bt@spine", "mbpp", [3, 1], [4, 4], {"context_match": 2}),
+        _study_record("cm+bt+la@spine", "mbpp", [4, 2], [4, 16], {"context_match": 2, "lookahead": 2}),
+    ]
+    rows = {row["method"]: row for row in study_rows(records, curve)}
+    assert rows["cm+bt@spine"]["tau"] == {"mbpp": 2.0, "all": 2.0}
+    assert rows["cm+bt+la@spine"]["yield_per_pass"] == {"cm": 1.0, "la": 1.0}
+    # 5 tokens (4 accepted + the prefill's) in t(4) + t(4) = 4: 1.25x one token a pass; 7 in 2 + 4: 1.17x
+    assert rows["cm+bt@spine"]["predicted_device"] == pytest.approx(5 / 4)
+    assert rows["cm+bt+la@spine"]["predicted_device"] == pytest.approx(7 / 6)
+    assert tokens_lost_without(list(rows.values())) == [
+        {"triple": "cm+bt+la@spine", "source": "la", "tau_lost": pytest.approx(1.0)}]
+    assert predicted_speedup(records[:1], H200_BF16) == pytest.approx(5 / (2 * 1.06))
+
+
+def test_the_study_suite_is_every_pair_and_triple_under_three_shapes() -> None:
+    configs = study_configs()
+    assert len(configs) == (10 + 10) * 3  # C(5, 2) + C(5, 3) source sets, three topologies
+    assert configs["cm+bt@spine"] == {"sources": ["context_match", "bigram_transition"], "topology": "spine",
+                                      "budget": 16}
+    assert all(config["budget"] == 16 for config in configs.values())  # equal budgets
+    assert set(SUITES["three-source"]) == {"goose", "goose3", *configs}
+    for name in configs:
+        assert unavailable_reason(ALL_METHODS[name]) is None, name  # every source and topology is registered
