@@ -283,7 +283,7 @@ def _load_command_modules() -> None:
     """Modules with subcommands of their own register them on import."""
     import importlib
 
-    for module in ("goose.bench.cli", "goose.datastore", "goose.serve.cli"):
+    for module in ("goose.bench.cli", "goose.sources.rest.cli", "goose.serve.cli"):
         importlib.import_module(module)
 
 

@@ -32,6 +32,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from goose.folders import publish
+
 __all__ = [
     "DEFAULT_MODEL",
     "EMBEDDED_MODELS",
@@ -287,27 +289,13 @@ def _cached_dequantized(source: _GgufSource, cache_root: Path) -> Path:
         (staging / "model" / _CACHE_MARKER).write_text(
             json.dumps({"name": source.name, "cache_key": source.cache_key, "dtype": "float32"}) + "\n"
         )
-        _publish(staging / "model", final)
+        publish(staging / "model", final, _CACHE_MARKER)
     except OSError as exc:
         raise ModelLoadError(f"could not write the model cache under {final.parent}: {_one_line(exc)}") from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     logger.info("dequantized %s in %.0f s", source.name, time.perf_counter() - started)
     return final
-
-
-def _publish(built: Path, final: Path) -> None:
-    """Move the finished folder ``built`` to ``final`` in one rename."""
-    if (final / _CACHE_MARKER).is_file():
-        return  # another process finished the same cache meanwhile; theirs is as good as ours
-    if final.exists():
-        shutil.rmtree(final)  # a marker-less leftover, e.g. an older layout
-    try:
-        os.rename(built, final)
-    except OSError:
-        # Lost a race to another process between the check and the rename.
-        if not (final / _CACHE_MARKER).is_file():
-            raise
 
 
 def _from_gguf(folder: Path, gguf_file: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

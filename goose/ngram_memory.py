@@ -20,7 +20,7 @@ memory must stay bounded. Its layout:
   (each followed by a separator, -1, so no continuation runs into the next document). Per size
   the table is a sorted uint64 array of keys with the global continuation starts beside it, so
   a lookup is one ``np.searchsorted`` per size, whatever the memory's size (a binary search over
-  a suffix array, as ``goose.datastore.SuffixIndex`` does for the static REST corpus, costs
+  a suffix array, as ``goose.sources.rest.suffix_index.SuffixIndex`` does for the static REST corpus, costs
   log2(N) rounds of NumPy calls per cycle instead, and must be rebuilt to take in a document).
   A new document's keys are computed vectorised and merged in with ``np.insert``; within one key
   the starts stay in text order, so the newest occurrences are the last entries.
@@ -29,11 +29,13 @@ memory must stay bounded. Its layout:
   keeps its last ``capacity`` tokens). Eviction drops the evicted documents' entries by a
   mask over each table (starts are global positions that never change, so nothing is renumbered)
   and the store's head; memory is ``len(sizes)`` table entries (16 bytes) and one token per token kept.
-* **The current request: incremental dictionaries.** The request's tokens (prompt, then output)
-  only grow by appending, so each new position is indexed once, under the same keys, in a dict
-  per size; the keys come from prefix hashes (one multiply-add per token), so each position
-  costs one dict operation per size. Only continuation starts up to the last token are indexed:
-  the context's own suffix never matches itself.
+* **The current request: hash chains.** The request's tokens (prompt, then output) only grow by
+  appending, so each new position is indexed once, under the same keys: per size a dict from key
+  to the newest start and a list holding, for every start, the previous start with the same key
+  (zlib's head/next chains). The keys come from prefix hashes (one multiply-add per token), so a
+  position costs one dict update per size, and no per-key container is made (thousands of small
+  lists would cost the garbage collector more than the indexing). Only continuation starts up to
+  the last token are indexed: the context's own suffix never matches itself.
 * **Hashes.** A key is the n-gram's polynomial hash mod 2**64 with an odd base, computed by
   Horner's rule over the n-gram (vectorised, for documents) or as a difference of prefix hashes
   (incremental, for the current request), which are equal mod 2**64. A collision (about
@@ -48,7 +50,7 @@ from __future__ import annotations
 import json
 import os
 import zipfile
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,8 +83,9 @@ def ngram_keys(tokens: np.ndarray, n: int) -> np.ndarray:
 class Match:
     """The longest indexed suffix of the current request: its length and where it occurred.
 
-    ``live``: continuation starts in the current request, oldest first; ``lo:hi``: the range of
-    the memory's table for ``size`` holding the earlier requests' occurrences (oldest first).
+    ``live``: the newest continuation starts in the current request (at most the search's
+    ``limit``), oldest first; ``lo:hi``: the range of the memory's table for ``size`` holding the
+    earlier requests' occurrences (oldest first).
     """
 
     size: int
@@ -119,8 +122,9 @@ class NgramMemory:
         self._live = np.zeros(1024, dtype=np.int64)
         self._length = 0
         self._hashes: list[int] = [0]  # prefix hashes: _hashes[i] is the hash of _live[:i]
-        self._live_index: dict[int, defaultdict[int, list[int]]] = {n: defaultdict(list) for n in self.sizes}
-        self._indexed = 0  # continuation starts below this are in _live_index
+        self._newest: dict[int, dict[int, int]] = {n: {} for n in self.sizes}  # key -> newest start
+        self._previous: dict[int, list[int]] = {n: [] for n in self.sizes}  # start -> previous start, same key
+        self._indexed = 0  # continuation starts below this are indexed
 
     # --- earlier requests ---------------------------------------------------------------------
 
@@ -201,8 +205,9 @@ class NgramMemory:
         """Forget the current request's tokens (the earlier requests stay)."""
         self._length = 0
         self._hashes = [0]
-        for table in self._live_index.values():
-            table.clear()
+        for n in self.sizes:
+            self._newest[n].clear()
+            self._previous[n].clear()
         self._indexed = 0
 
     def extend(self, tokens: Sequence[int] | np.ndarray) -> None:
@@ -245,26 +250,35 @@ class NgramMemory:
 
     def _index_live(self) -> None:
         """Index continuation starts up to the last token: start s under the key of the n tokens before it."""
-        hashes = self._hashes
+        hashes, indexed, length = self._hashes, self._indexed, self._length
+        self._indexed = length
         if not self.search_current:
-            self._indexed = self._length
             return
-        for n, table in self._live_index.items():
-            power, starts = self._powers[n], range(max(self._indexed, n), self._length)
-            for key, start in zip([(hashes[s] - hashes[s - n] * power) & _MASK for s in starts], starts, strict=True):
-                table[key].append(start)
-        self._indexed = self._length
+        for n in self.sizes:
+            newest, previous, power = self._newest[n], self._previous[n], self._powers[n]
+            previous.extend([-1] * (min(n, length) - indexed))  # starts before n have no n tokens before them
+            for start in range(max(indexed, n), length):
+                key = (hashes[start] - hashes[start - n] * power) & _MASK
+                previous.append(newest.get(key, -1))
+                newest[key] = start
 
     # --- search -------------------------------------------------------------------------------
 
-    def longest_match(self) -> Match | None:
-        """The longest of ``sizes`` whose last tokens of the current request occurred before, here or earlier."""
+    def longest_match(self, limit: int = 1 << 30) -> Match | None:
+        """The longest of ``sizes`` whose last tokens of the current request occurred before, here or earlier.
+
+        Of the current request's occurrences the newest ``limit`` are collected (the chain is
+        walked from the newest back).
+        """
         length, hashes = self._length, self._hashes
         for n in self.sizes:
             if n > length:
                 continue
             key = (hashes[length] - hashes[length - n] * self._powers[n]) & _MASK
-            live = self._live_index[n].get(key)
+            live, start, previous = [], self._newest[n].get(key, -1), self._previous[n]
+            while start >= 0 and len(live) < limit:
+                live.append(start)
+                start = previous[start]
             keys = self._keys[n]
             lo = hi = 0
             if keys.shape[0]:
@@ -272,7 +286,7 @@ class NgramMemory:
                 lo = int(np.searchsorted(keys, probe, side="left"))
                 hi = int(np.searchsorted(keys, probe, side="right"))
             if live or hi > lo:
-                return Match(n, np.asarray(live or (), dtype=np.int64), lo, hi)
+                return Match(n, np.asarray(live[::-1], dtype=np.int64), lo, hi)
         return None
 
     def continuations(self, match: Match, limit: int, length: int) -> np.ndarray:

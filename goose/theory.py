@@ -1,18 +1,8 @@
-"""Expected yield of speculation trees under the paper's acceptance model, and the budget split that maximises it.
+"""The paper's closed forms for the expected yield of a spine tree, and a Monte-Carlo check of the acceptance model.
 
-**Acceptance model** (arXiv 2604.02047, "Acceptance model and expected yield"). Every draft token is
-correct with a fixed probability given that its parent was accepted, independently of everything
-else: ``p_s`` for a spine (drafting-source) token, ``p_t`` for a transition (branch) token. The
-walker goes down from the anchor and at every node follows the *first* correct child in priority
-order (the spine child first, then the branches, best ranked first; that is the tree's index
-order). tau = accepted draft tokens + 1 bonus token.
-
-Under this model a node v lies on the accepted path with probability
-
-    value(v) = value(parent) * q_v * prod_{earlier siblings s of v} (1 - q_s)        (value(anchor) = 1)
-
-and, since the accepted nodes form one path, E[tau] = 1 + sum_v value(v) *exactly*
-(:func:`expected_tau_tree`). Everything below is that sum for particular shapes.
+The acceptance model, and the exact expectation E[tau] = 1 + sum_v value(v) of any tree under it,
+are described in :mod:`goose.allocation` (:func:`goose.allocation.expected_tau_tree`); below are the
+paper's special cases.
 
 **The paper's bound** (:func:`expected_tau_spine`), spine of length m, w_i branches at spine node i
 (node 0 = the anchor)::

@@ -57,12 +57,12 @@ import goose
 from goose.allocation import without_trailing_repeats
 from goose.candidates import DecodeContext, Draft
 from goose.config import GooseConfig
-from goose.datastore import tokenizer_identity
 from goose.hookspecs import Register
 from goose.ngram_memory import MemoryFileError, NgramMemory
 from goose.outcome import VerifyOutcome
 from goose.sources.context_match import CopyDepthEstimate
 from goose.sources.rest import FrequencyTrie, frequency_trie
+from goose.tokenizer_identity import tokenizer_identity
 
 NAME = "suffix_memory"
 
@@ -87,7 +87,8 @@ class SuffixMemoryOptions(BaseModel):
     max_occurrences: int = Field(default=64, ge=1, description="newest occurrences of the suffix merged into the tree")
     max_depth: int = Field(default=16, ge=1, description="deepest draft token")
     depth_per_match_token: float = Field(
-        default=1.0, gt=0.0, description="draft depth allowed per matched suffix token (SuffixDecoding's factor)")
+        default=4.0, gt=0.0, description="draft depth allowed per matched suffix token (SuffixDecoding's factor; "
+        "the match-depth estimates, not this cap, decide how much of a draft is verified)")
     max_nodes: int = Field(default=32, ge=1, description="most draft nodes (the most frequent are kept)")
     min_probability: float = Field(
         default=0.1, ge=0.0, le=1.0, description="drop nodes whose empirical path probability is below this")
@@ -148,7 +149,8 @@ class MemoryDraft:
         """The trie as a ``Draft`` whose per-depth estimates are the scores along its most valuable root path."""
         draft = Draft(tokens=self.tokens.astype(np.int64), parents=self.parents.astype(np.int64), scores=self.scores)
         _, reach = draft.best_path  # products of scores from the anchor: back to one score per depth
-        scores = reach / np.concatenate([[1.0], reach[:-1]])
+        before = np.concatenate([[1.0], reach[:-1]])
+        scores = np.divide(reach, before, out=np.zeros_like(reach), where=before > 0)
         return replace(draft, depth_acceptance=without_trailing_repeats(scores.tolist()))
 
 
@@ -170,7 +172,6 @@ class SuffixMemorySource:
     name = NAME
 
     def __init__(self, config: GooseConfig) -> None:
-        self.config = config
         self.options = options = SuffixMemoryOptions.model_validate(config.options_for(NAME))
         self.memory = NgramMemory(options.ngram_sizes, options.capacity, options.search_current)
         self._file_tokenizer: dict[str, Any] | None = None  # whom the loaded file was written for
@@ -211,7 +212,7 @@ class SuffixMemorySource:
         self.memory.follow(context.tokens)
         self.proposals += 1
         self._match_size = 0
-        match = self.memory.longest_match()
+        match = self.memory.longest_match(self.options.max_occurrences)
         self.last_match_size = match.size if match is not None else 0
         self.last_occurrences = match.count if match is not None else 0
         if match is None:

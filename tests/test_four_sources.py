@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from goose.config import GooseConfig
-from goose.datastore import build
 from goose.decoder import AutoregressiveDecoder, GooseDecoder
+from goose.sources.rest.corpus import build
 from tests.conftest import dataset_prompts
 from tests.test_rest import stdlib_sample
 

@@ -193,12 +193,17 @@ class CompletionChoice(BaseModel):
     finish_reason: Literal["stop", "length"] | None
 
 
-class Completion(BaseModel):
+class _Envelope(BaseModel):
+    """What every completion object and chunk starts with."""
+
     id: str
-    object: Literal["text_completion"] = "text_completion"
     created: int
     model: str
     system_fingerprint: str | None = None
+
+
+class Completion(_Envelope):
+    object: Literal["text_completion"] = "text_completion"
     choices: list[CompletionChoice]
     usage: Usage | None = None
     goose: GooseStats | None = None
@@ -216,12 +221,8 @@ class ChatChoice(BaseModel):
     finish_reason: Literal["stop", "length"]
 
 
-class ChatCompletion(BaseModel):
-    id: str
+class ChatCompletion(_Envelope):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    system_fingerprint: str | None = None
     choices: list[ChatChoice]
     usage: Usage
     goose: GooseStats
@@ -244,12 +245,8 @@ class ChatChunkChoice(BaseModel):
     finish_reason: Literal["stop", "length"] | None = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(_Envelope):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    system_fingerprint: str | None = None
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     goose: GooseStats | None = None

@@ -2,7 +2,8 @@
 
 Context match copies from the prompt and the output; REST (He et al., "REST: Retrieval-Based
 Speculative Decoding", 2023) copies from a *datastore*: a corpus tokenized in the target's
-tokenizer with a suffix array (:mod:`goose.datastore`). Each cycle:
+tokenizer with a suffix array (:mod:`goose.sources.rest.datastore`, built by
+:mod:`goose.sources.rest.corpus`, ``goose datastore build``). Each cycle:
 
 1. **Longest suffix.** The longest suffix of the context, ``max_span`` down to ``min_span``
    tokens, that occurs in the datastore (one vectorised binary search for all spans at once).
@@ -22,7 +23,7 @@ The datastore is opened (memory-mapped) once per decoder, at the first ``goose_p
 checked against the model's tokenizer (``DecodeContext.tokenizer``): a datastore built for
 another tokenizer is refused with a message that says how to rebuild it. Without a
 ``datastore`` option the default one, the Python standard library, is built on first use and
-cached (see :func:`goose.datastore.default_datastore`); no benchmark answers are in it.
+cached (see :func:`goose.sources.rest.corpus.default_datastore`); no benchmark answers are in it.
 
 ``learn_outputs`` adds a small in-memory side store: when a request ends, its output (led in by
 the prompt's last ``max_span`` tokens, so the first cycles of a similar request can match) joins
@@ -46,9 +47,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 import goose
 from goose.candidates import DecodeContext, Draft
 from goose.config import GooseConfig
-from goose.datastore import Datastore, DatastoreError, Match, SuffixIndex, default_datastore
 from goose.hookspecs import Register
 from goose.outcome import VerifyOutcome
+from goose.sources.rest.corpus import default_datastore
+from goose.sources.rest.datastore import Datastore
+from goose.sources.rest.suffix_index import DatastoreError, Match, SuffixIndex
 
 NAME = "rest"
 
