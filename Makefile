@@ -43,7 +43,7 @@ demo: $(STAMP)
 	$(VENV)/bin/goose generate "Write a Python function that merges two sorted lists." --compare-ar
 
 test: $(STAMP) $(VLLM_STAMP)
-	$(VENV)/bin/ruff check goose sources topologies tests examples plugins scripts/vllm_bench.py
+	$(VENV)/bin/ruff check goose sources topologies tests examples plugins scripts
 	$(PY) -m pytest -q tests --ignore=tests/vllm
 	$(VLLM_PY) -m pytest -q tests/vllm
 
