@@ -22,16 +22,19 @@ output, and each cycle:
    anchor) falls below ``min_probability`` are dropped, then the ``max_nodes`` most frequent are
    kept (ancestors always kept, so the trie stays connected).
 
-**Scores and the acceptance estimate.** A node's score is its empirical probability times this
-source's estimate for its *match depth*: how many tokens the context shares with the
-occurrences when the token is due (the matched length for the first draft token, one more per
-draft token before it). Empirical probabilities from a handful of occurrences are overconfident
-(one occurrence gives 1.0), and how far a match goes on depends on how long it already is, so
-the source learns acceptance per bin of match depth from its own tested tokens, with the same
-estimator context match uses (:class:`goose.sources.context_match.CopyDepthEstimate`), and
-reports the best root path's scores per depth (``Draft.depth_acceptance``), which the automatic
-budget sizes the spine by. The estimates are kept across requests; the decoder's shared estimate
-(an EMA over every draft) ranks the source as a whole.
+**Scores and the acceptance estimate.** Empirical probabilities from a handful of occurrences
+are overconfident (one occurrence gives 1.0), and how far a match goes on depends on how long it
+already is, so the source learns acceptance per bin of *match depth* (how many tokens the
+context shares with the occurrences when a draft token is due: the matched length for the first
+draft token, one more per draft token before it) from its own tested tokens, with the estimator
+context match uses (:class:`goose.sources.context_match.CopyDepthEstimate`). The most frequent
+child of a node scores its bin's rate, and a sibling the rate times its count relative to the
+most frequent one: the topologies verify mostly the most valuable root path, so the rates are
+learned on most-frequent children, and multiplying them by the empirical probability as well
+would count the same doubt twice (measured: lower tau). The draft's best root path's scores are
+reported per depth (``Draft.depth_acceptance``), which the automatic budget sizes the spine by.
+The estimates are kept across requests; the decoder's shared estimate (an EMA over every draft)
+ranks the source as a whole.
 
 **Across requests.** When a request ends (the next ``goose_reset`` or ``goose_prefill``), its
 output, led in by the prompt's last ``lead_in`` tokens so that the first cycles of a similar
@@ -140,7 +143,11 @@ class MemoryDraft:
         self.parents = np.where(parents >= 0, renumber[np.maximum(parents, 0)], -1)
         self.depths = depths[keep]
         rates = estimate.rates[estimate.bins(match_size + self.depths - 1)]
-        self.scores = np.minimum(1.0, trie.scores[keep] * rates)
+        # the most frequent child of a node scores its bin's rate, a sibling its share relative to it
+        probability = trie.scores[keep].astype(np.float64)
+        most = np.zeros(len(self.tokens) + 1)
+        np.maximum.at(most, self.parents + 1, probability)
+        self.scores = np.minimum(1.0, rates * probability / most[self.parents + 1])
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])

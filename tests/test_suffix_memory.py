@@ -157,7 +157,7 @@ def test_draft_stops_before_eos_and_is_frequency_weighted() -> None:
     memory.goose_prefill(context(tokens, prompt_length=7))
     draft = memory.goose_propose(context(tokens, prompt_length=7))
     assert draft is not None and draft.tokens.tolist() == [7, 8] and draft.parents.tolist() == [-1, 0]
-    # three earlier requests continued (1, 2) with 3, 3 and 4: a two-way tree, 3 twice as likely
+    # three earlier requests continued (1, 2) with 3, 3 and 4: a two-way tree, 3 twice as frequent
     memory = source(ngram_sizes=[2], lead_in=0)
     for output in ([1, 2, 3], [1, 2, 3], [1, 2, 4]):
         memory.goose_prefill(context([0, *output], prompt_length=1))
@@ -167,8 +167,8 @@ def test_draft_stops_before_eos_and_is_frequency_weighted() -> None:
     draft = memory.goose_propose(context([50, 1, 2], prompt_length=2))
     assert draft is not None and sorted(draft.tokens.tolist()) == [3, 4] and draft.parents.tolist() == [-1, -1]
     scores = dict(zip(draft.tokens.tolist(), draft.scores.tolist(), strict=True))
-    assert scores[3] == pytest.approx(2 * scores[4]) and scores[3] == pytest.approx(2 / 3 * 0.5)  # prior 0.5
-    assert draft.depth_acceptance == pytest.approx((2 / 3 * 0.5,))  # along the best root path
+    assert scores[3] == pytest.approx(0.5) and scores[4] == pytest.approx(0.25)  # the bin's prior; half as frequent
+    assert draft.depth_acceptance == pytest.approx((0.5,))  # along the best root path
     assert memory.last_match_size == 2 and memory.last_occurrences == 3
     # a path probability below min_probability is cut
     memory = source(ngram_sizes=[2], lead_in=0, min_probability=0.5)
@@ -189,7 +189,7 @@ def test_memory_file_through_the_source(tmp_path: Path, smollm2, gemma3) -> None
     again = source(path=str(path), lead_in=2)
     assert [d.tolist() for d in again.memory.document_tokens()] == [[11, 12, 13, 14, 15]]
     again.goose_prefill(context([7, 11, 12], prompt_length=3, tokenizer=tokenizer))
-    assert again.goose_propose(context([7, 11, 12], prompt_length=3)).tokens.tolist() == [13, 14]
+    assert again.goose_propose(context([7, 11, 12], prompt_length=3)).tokens.tolist() == [13, 14, 15]
     # a file written for another tokenizer is refused, not used, and not overwritten
     before = path.read_bytes()
     other = source(path=str(path))
