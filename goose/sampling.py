@@ -99,5 +99,6 @@ def inverse_cdf(probabilities: torch.Tensor, uniforms: torch.Tensor) -> torch.Te
     cumulative = torch.cumsum(probabilities, dim=-1)
     thresholds = cumulative[-1] * uniforms.to(cumulative.dtype).to(cumulative.device)
     indices = torch.searchsorted(cumulative, thresholds, right=True)
-    last = int(torch.nonzero(probabilities).max())  # u * total rounded up to the total: the last token with mass
-    return torch.clamp(indices, max=last)
+    if bool((indices >= probabilities.shape[-1]).any()):  # u * total rounded up to the total (rare)
+        indices = torch.clamp(indices, max=int(torch.nonzero(probabilities).max()))  # the last token with mass
+    return indices
