@@ -8,8 +8,10 @@ is enforced by the mask), which keeps rollback to the accepted path an index cop
 axis.
 
 Per cycle the tree crosses to the model's device once: one host array holding the tokens, the
-positions and the tree's ancestor block. The context part of the mask (everything the tree may
-see of the cache) is built on the device.
+positions and the tree's ancestor block, and the accepted rows of the previous pass when they must
+move in the cache (a commit that is not a plain cut is applied at the start of the next pass, from
+that same copy). The context part of the mask (everything the tree may see of the cache) is built
+on the device.
 """
 
 from __future__ import annotations
@@ -70,12 +72,15 @@ class GrowingLayer(DynamicLayer):
         self.keys = self._keys[..., :length, :]
         self.values = self._values[..., :length, :]
 
-    def keep(self, start: int, rows: torch.Tensor) -> None:
-        """Keep ``rows`` (offsets from ``start``, ascending) of the rows after ``start`` and drop the rest."""
-        kept = start + rows.shape[0]
-        self._keys[..., start:kept, :] = self._keys.index_select(-2, start + rows)
-        self._values[..., start:kept, :] = self._values.index_select(-2, start + rows)
-        self._cut(kept)
+    def move(self, start: int, rows: torch.Tensor) -> None:
+        """Move the rows at ``start + rows`` (ascending) to ``start, start + 1, ...``.
+
+        The storage past the cut keeps a pass's rows until the next pass writes there, so a commit can
+        cut first and move the kept rows later, before that write.
+        """
+        end = start + rows.shape[0]
+        self._keys[..., start:end, :] = self._keys.index_select(-2, start + rows)
+        self._values[..., start:end, :] = self._values.index_select(-2, start + rows)
 
     def truncate(self, length: int) -> None:
         if self.is_initialized:
@@ -111,6 +116,7 @@ class Verifier:
     def reset(self) -> None:
         self.cache = Cache(layer_class_to_replicate=GrowingLayer)
         self.past_length = 0  # tokens whose key/values are in the cache and belong to the context
+        self._pending: tuple[int, np.ndarray] | None = None  # (start, kept rows) of a commit still to move
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: list[int], logits_to_keep: int = 1) -> torch.Tensor:
@@ -143,11 +149,18 @@ class Verifier:
         if int(positions.max()) >= self.max_positions:
             raise ContextOverflowError(f"context reached the model's limit of {self.max_positions} positions")
         rows = tokens.shape[0]
-        # the one host-to-device copy of the cycle: tokens, positions and the ancestor block together
-        packed = torch.from_numpy(np.concatenate([tokens, positions, block.ravel()])).to(self.device,
-                                                                                         non_blocking=True)
+        moved = self._pending[1] if self._pending is not None else np.zeros(0, dtype=np.int64)
+        # the one host-to-device copy of the cycle: tokens, positions, the ancestor block, and the rows
+        # the previous commit keeps
+        packed = torch.from_numpy(np.concatenate([tokens, positions, block.ravel(), moved])).to(self.device,
+                                                                                                non_blocking=True)
         tokens_on_device, positions_on_device = packed[:rows], packed[rows : 2 * rows]
-        block_on_device = packed[2 * rows :].view(rows, rows).bool()
+        block_on_device = packed[2 * rows : 2 * rows + rows * rows].view(rows, rows).bool()
+        if self._pending is not None:
+            start = self._pending[0]
+            for layer in self.cache.layers:
+                layer.move(start, packed[2 * rows + rows * rows :])
+            self._pending = None
         output = self.model(
             input_ids=tokens_on_device[None],
             attention_mask=self._masks(past, positions_on_device, block_on_device),
@@ -176,19 +189,17 @@ class Verifier:
     def commit(self, path: np.ndarray) -> None:
         """Keep the anchor and the accepted draft nodes ``path`` of the last pass; drop every other row.
 
-        The kept rows move to the front of the pass's slots (an index copy on the sequence axis) and
-        the cache is cut after them. A chain-shaped path is already in place: a plain cut.
+        The cache is cut after the kept rows at once. A chain-shaped path is already in place; other
+        kept rows move to the front of the pass's slots (an index copy on the sequence axis) at the
+        start of the next pass, which carries their indices in its one host-to-device copy.
         """
         keep = np.concatenate([[0], np.asarray(path, dtype=np.int64)])
         start = self.past_length
         kept = int(keep.shape[0])
-        if (keep == np.arange(kept)).all():
-            for layer in self.cache.layers:
-                layer.truncate(start + kept)
-        else:
-            rows = torch.from_numpy(keep).to(self.device)
-            for layer in self.cache.layers:
-                layer.keep(start, rows)
+        for layer in self.cache.layers:
+            layer.truncate(start + kept)
+        if not (keep == np.arange(kept)).all():
+            self._pending = (start, keep)
         self.past_length = start + kept
 
     def discard(self) -> None:

@@ -197,7 +197,8 @@ class WrongHintPlugin:
 
 def test_a_faulty_budget_hint_is_skipped_and_output_is_unchanged(smollm2, caplog) -> None:
     registrations = plugins.register(WrongHintPlugin(), origin="tests")
-    prompt = "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox"
+    # the output repeats the prompt, so every cycle has a draft whatever budget the cost curve picks
+    prompt = "Count in words: one, two, three, one, two, three, one, two, three, one, two, three, one,"
     _, _, warnings = decode_beside_ar(smollm2, GooseConfig(topology="wrong_hint_spine", budget="auto"), prompt, 40,
                                       caplog)
     plugins.unregister(registrations)

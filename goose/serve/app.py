@@ -199,6 +199,7 @@ class _Events:
         self.job = job
         self.request = request
         self._pending: asyncio.Task[Event] | None = None
+        self._next_check = time.monotonic() + DISCONNECT_POLL_S
 
     async def next(self) -> Event:
         return await self.job.events.get()
@@ -207,13 +208,17 @@ class _Events:
         # one get() task, polled, so that an event is never lost to a timeout
         self._pending = self._pending or asyncio.ensure_future(self.job.events.get())
         while True:
+            # checked by the clock, not only when no event comes: a request that is not streamed gets an
+            # event every cycle and would otherwise never look
+            if time.monotonic() >= self._next_check:
+                self._next_check = time.monotonic() + DISCONNECT_POLL_S
+                if await self.request.is_disconnected():
+                    self.close()
+                    raise ClientGone()
             done, _ = await asyncio.wait({self._pending}, timeout=DISCONNECT_POLL_S)
             if done:
                 event, self._pending = self._pending.result(), None
                 return event
-            if await self.request.is_disconnected():
-                self.close()
-                raise ClientGone()
 
     def close(self) -> None:
         self.job.cancel()

@@ -147,7 +147,10 @@ class Engine:
         self._mean_job_s = 5.0  # a first guess for Retry-After until jobs have been timed
         self._running: Job | None = None
         self._closing = False
-        self.busy = False
+        # jobs submitted and not yet finished or skipped; with the queue's size it tells whether the worker
+        # holds one, without a gap between taking a job off the queue and starting it
+        self._outstanding = 0
+        self._outstanding_lock = threading.Lock()
 
     # event-loop side
 
@@ -171,6 +174,7 @@ class Engine:
             if job is not None:
                 job.cancel()
                 job.deliver(Failed(SHUTTING_DOWN, started=False))
+                self._done()
         self._current_cancel()
         if self._worker is not None and self._worker.is_alive():
             with contextlib.suppress(queue.Full):  # a request that slipped in since: the worker still stops
@@ -202,15 +206,27 @@ class Engine:
         """Queue the job in arrival order, or raise QueueFullError at once (a 503 while shutting down)."""
         if self._closing:
             raise SHUTTING_DOWN
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            raise QueueFullError(self.retry_after_s()) from None
+        with self._outstanding_lock:
+            try:
+                self._queue.put_nowait(job)
+            except queue.Full:
+                raise QueueFullError(self.retry_after_s()) from None
+            self._outstanding += 1
         self.metrics.queue_depth.set(self._queue.qsize())
 
     @property
     def waiting(self) -> int:
         return self._queue.qsize()
+
+    @property
+    def busy(self) -> bool:
+        """Whether the worker holds a job (running it, or just taken off the queue)."""
+        with self._outstanding_lock:
+            return self._outstanding > self._queue.qsize()
+
+    def _done(self) -> None:
+        with self._outstanding_lock:
+            self._outstanding -= 1
 
     @property
     def alive(self) -> bool:
@@ -231,8 +247,9 @@ class Engine:
                 return
             if job.cancelled.is_set():
                 self.metrics.generations.labels(job.endpoint, "cancelled").inc()
+                self._done()
                 continue
-            self._running, self.busy = job, True
+            self._running = job
             self.metrics.busy.set(1)
             started = time.perf_counter()
             try:
@@ -241,9 +258,10 @@ class Engine:
                 logger.exception("generation failed")
                 job.deliver(Failed(APIError(500, "internal error during generation"), started=True))
             finally:
-                self._running, self.busy = None, False
+                self._running = None
                 self.metrics.busy.set(0)
                 self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * (time.perf_counter() - started)
+                self._done()
 
     def _current_cancel(self) -> None:
         running = self._running
