@@ -15,8 +15,8 @@ from tests.conftest import dataset_prompts
 TOPOLOGIES = ["spine", "chain", "isotropic", "transition_tree"]
 NEW_TOKENS = 128
 
-SMOLLM2_PROMPTS = dataset_prompts("humaneval", 7) + dataset_prompts("gsm8k", 7) + dataset_prompts("mt_bench", 6)
-GEMMA3_PROMPTS = dataset_prompts("humaneval", 2) + dataset_prompts("gsm8k", 2) + dataset_prompts("mt_bench", 1)
+SMOLLM2_PROMPTS = dataset_prompts("humaneval", 4) + dataset_prompts("gsm8k", 4) + dataset_prompts("mt_bench", 4)
+GEMMA3_PROMPTS = dataset_prompts("humaneval", 2) + dataset_prompts("gsm8k", 1) + dataset_prompts("mt_bench", 1)
 
 
 def first_difference(result, reference) -> str:
