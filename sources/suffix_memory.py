@@ -63,7 +63,7 @@ from goose.config import GooseConfig
 from goose.hookspecs import Register
 from goose.ngram_memory import MemoryFileError, NgramMemory
 from goose.outcome import VerifyOutcome
-from goose.sources.context_match import CopyDepthEstimate
+from goose.sources.context_match import CopyDepthEstimate, increasing_edges, longest_first
 from goose.sources.rest import FrequencyTrie, frequency_trie
 from goose.tokenizer_identity import tokenizer_identity
 
@@ -106,19 +106,9 @@ class SuffixMemoryOptions(BaseModel):
     path: Path | None = Field(
         default=None, description="memory file (.npz): loaded when the decoder is made, written after each request")
 
-    @field_validator("ngram_sizes")
-    @classmethod
-    def _longest_first(cls, sizes: tuple[int, ...]) -> tuple[int, ...]:
-        if not sizes or min(sizes) < 1:
-            raise ValueError("ngram_sizes must be a non-empty list of lengths >= 1")
-        return tuple(sorted(set(sizes), reverse=True))
-
-    @field_validator("depth_edges")
-    @classmethod
-    def _increasing(cls, edges: tuple[int, ...]) -> tuple[int, ...]:
-        if not edges or list(edges) != sorted(set(edges)) or edges[0] < 1:
-            raise ValueError("depth_edges must be strictly increasing lengths >= 1")
-        return tuple(edges)
+    _longest_first = field_validator("ngram_sizes")(staticmethod(lambda sizes: longest_first(sizes)))
+    _increasing = field_validator("depth_edges")(
+        staticmethod(lambda edges: increasing_edges(edges, allow_empty=False)))
 
 
 class MemoryDraft:
