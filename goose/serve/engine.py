@@ -155,13 +155,20 @@ class Engine:
     # event-loop side
 
     def start(self, warm_up: bool = True) -> None:
-        """Build the default decoder (loading the cost curve), warm the model up, start the worker."""
-        decoder = self._decoder(self.default_decoding)
-        if warm_up:
-            decoder.generate([int(t) for t in self.tokenizer.encode("Hello")] or [0], 2)
-            decoder.verifier.reset()
-        self._worker = threading.Thread(target=self._work, name="goose-serve-worker", daemon=True)
+        """Start the worker; it builds the default decoder (loading the cost curve) and warms the model up.
+
+        Returns when the worker is ready, and raises what it raised if it could not get ready. All the
+        model's work runs in the worker thread, warm-up included: a CPU build of torch keeps one
+        OpenMP thread team per thread that runs operators, and a second team (the event loop's) on
+        the same cores slows every cycle.
+        """
+        ready, failed = threading.Event(), []
+        self._worker = threading.Thread(target=self._work, args=(warm_up, ready, failed), name="goose-serve-worker",
+                                        daemon=True)
         self._worker.start()
+        ready.wait()
+        if failed:
+            raise failed[0]
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Refuse new jobs, cancel what waits and what runs (their clients get a 503), and stop the worker."""
@@ -238,8 +245,18 @@ class Engine:
 
     # worker side
 
-    def _work(self) -> None:
+    def _work(self, warm_up: bool, ready: threading.Event, failed: list[BaseException]) -> None:
         torch.set_num_threads(self._threads)  # intra-op threads as the server was started with
+        try:
+            decoder = self._decoder(self.default_decoding)
+            if warm_up:
+                decoder.generate([int(t) for t in self.tokenizer.encode("Hello")] or [0], 2)
+                decoder.verifier.reset()
+        except BaseException as error:  # start() raises it in the caller's thread
+            failed.append(error)
+            return
+        finally:
+            ready.set()
         while True:
             job = self._queue.get()
             self.metrics.queue_depth.set(self._queue.qsize())
