@@ -15,7 +15,7 @@ from tests.conftest import dataset_prompts
 TOPOLOGIES = ["spine", "chain", "isotropic", "transition_tree"]
 NEW_TOKENS = 128
 
-SMOLLM2_PROMPTS = dataset_prompts("humaneval", 4) + dataset_prompts("gsm8k", 4) + dataset_prompts("mt_bench", 4)
+SMOLLM2_PROMPTS = dataset_prompts("humaneval", 3) + dataset_prompts("gsm8k", 3) + dataset_prompts("mt_bench", 3)
 GEMMA3_PROMPTS = dataset_prompts("humaneval", 2) + dataset_prompts("gsm8k", 1) + dataset_prompts("mt_bench", 1)
 
 
