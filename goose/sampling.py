@@ -99,6 +99,6 @@ def inverse_cdf(probabilities: torch.Tensor, uniforms: torch.Tensor) -> torch.Te
     cumulative = torch.cumsum(probabilities, dim=-1)
     thresholds = cumulative[-1] * uniforms.to(cumulative.dtype).to(cumulative.device)
     indices = torch.searchsorted(cumulative, thresholds, right=True)
-    if bool((indices >= probabilities.shape[-1]).any()):  # u * total rounded up to the total (rare)
-        indices = torch.clamp(indices, max=int(torch.nonzero(probabilities).max()))  # the last token with mass
-    return indices
+    # u * total can round up to the total (rare); then the draw is the first token where the mass reaches
+    # the total, which has mass of its own. A minimum on the device, so no draw waits on a host check.
+    return torch.minimum(indices, torch.searchsorted(cumulative, cumulative[-1:], right=False))

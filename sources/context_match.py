@@ -34,6 +34,20 @@ NAME = "context_match"
 _FINGERPRINT = 16
 
 
+def longest_first(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """n-gram lengths (a non-empty list of lengths >= 1), longest first: the order matches are tried in."""
+    if not sizes or min(sizes) < 1:
+        raise ValueError("ngram_sizes must be a non-empty list of lengths >= 1")
+    return tuple(sorted(set(sizes), reverse=True))
+
+
+def increasing_edges(edges: tuple[int, ...]) -> tuple[int, ...]:
+    """Match-depth bin edges: strictly increasing lengths >= 1 (empty: one bin)."""
+    if list(edges) != sorted(set(edges)) or (edges and edges[0] < 1):
+        raise ValueError("depth_edges must be strictly increasing lengths >= 1")
+    return tuple(edges)
+
+
 class ContextMatchOptions(BaseModel):
     """Options of the context-match source (``GooseConfig.source_options["context_match"]``)."""
 
@@ -76,8 +90,8 @@ class ContextMatchOptions(BaseModel):
         "per new one, so the estimates follow a change of task",
     )
 
-    _longest_first = field_validator("ngram_sizes")(staticmethod(lambda sizes: longest_first(sizes)))
-    _increasing = field_validator("depth_edges")(staticmethod(lambda edges: increasing_edges(edges)))
+    _longest_first = field_validator("ngram_sizes")(staticmethod(longest_first))
+    _increasing = field_validator("depth_edges")(staticmethod(increasing_edges))
 
 
 class NgramIndex:
@@ -170,20 +184,6 @@ def match_depth(tokens: np.ndarray, start: int, cap: int) -> int:
     recent = tokens[tokens.shape[0] - span :][::-1]
     differ = np.flatnonzero(earlier != recent)
     return int(differ[0]) if differ.size else span
-
-
-def longest_first(sizes: tuple[int, ...]) -> tuple[int, ...]:
-    """n-gram lengths (a non-empty list of lengths >= 1), longest first: the order matches are tried in."""
-    if not sizes or min(sizes) < 1:
-        raise ValueError("ngram_sizes must be a non-empty list of lengths >= 1")
-    return tuple(sorted(set(sizes), reverse=True))
-
-
-def increasing_edges(edges: tuple[int, ...], allow_empty: bool = True) -> tuple[int, ...]:
-    """Match-depth bin edges: strictly increasing lengths >= 1 (empty: one bin, where allowed)."""
-    if (not edges and not allow_empty) or list(edges) != sorted(set(edges)) or (edges and edges[0] < 1):
-        raise ValueError("depth_edges must be strictly increasing lengths >= 1")
-    return tuple(edges)
 
 
 class CopyDepthEstimate:

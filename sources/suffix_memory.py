@@ -98,7 +98,7 @@ class SuffixMemoryOptions(BaseModel):
     depth_prior: float = Field(
         default=0.5, ge=0.0, le=1.0, description="acceptance every match-depth bin starts from")
     depth_edges: tuple[int, ...] = Field(
-        default=(3, 4, 6, 8, 12, 16, 24, 32, 48),
+        default=(3, 4, 6, 8, 12, 16, 24, 32, 48), min_length=1,
         description="match-depth bin edges: one acceptance estimate per bin of how many tokens the context shares "
         "with the occurrences when a draft token is due")
     depth_memory: float = Field(
@@ -106,9 +106,8 @@ class SuffixMemoryOptions(BaseModel):
     path: Path | None = Field(
         default=None, description="memory file (.npz): loaded when the decoder is made, written after each request")
 
-    _longest_first = field_validator("ngram_sizes")(staticmethod(lambda sizes: longest_first(sizes)))
-    _increasing = field_validator("depth_edges")(
-        staticmethod(lambda edges: increasing_edges(edges, allow_empty=False)))
+    _longest_first = field_validator("ngram_sizes")(staticmethod(longest_first))
+    _increasing = field_validator("depth_edges")(staticmethod(increasing_edges))
 
 
 class MemoryDraft:

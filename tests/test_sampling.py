@@ -90,6 +90,12 @@ def test_the_sampler_draws_from_the_warped_softmax(smollm2, temperature: float, 
         assert chi_square_passes(counts, expected * draws), (position, np.argsort(-counts)[:5])
 
 
+def test_a_draw_at_the_very_top_of_the_mass_is_a_token_with_mass() -> None:
+    probabilities = torch.tensor([0.25, 0.0, 0.75, 0.0, 0.0])  # the warpers zeroed the tail
+    uniforms = torch.tensor([0.0, 0.2, 0.3, 0.99, 1.0])  # 1.0: u * total rounded up to the total
+    assert inverse_cdf(probabilities, uniforms).tolist() == [0, 0, 2, 2, 2]
+
+
 def test_sampling_parameters_are_validated() -> None:
     for bad in ({"temperature": -0.1}, {"temperature": float("inf")}, {"top_p": 0.0}, {"top_p": 1.01},
                 {"top_k": -1}, {"seed": -1}, {"seed": 1.5}, {"temperature": "warm"}):
