@@ -14,12 +14,18 @@ own) are applied one token at a time inside each Goose cycle, so generation stop
 token where plain ``generate`` stops; in float32 greedy output is token-identical to it. Goose
 options go through one keyword, ``goose_config=`` (a :class:`GooseConfig` or a dict of its fields).
 
-transformers 5.24 hands a ``custom_generate`` callable neither the ``streamer`` nor the
-``tokenizer`` passed to ``generate`` (``_extract_generation_mode_kwargs`` replaces them by the
-callable's own keywords). So a streamer goes in as ``goose_streamer=`` and a tokenizer as
-``goose_tokenizer=`` (only needed when the model's folder has none), and stop strings as
-``stopping_criteria=[StopStringCriteria(tokenizer, [...])]``, the criterion ``stop_strings=``
-builds. Should a later transformers pass ``streamer``/``tokenizer`` on, they are honoured too.
+transformers (5.16 to 5.24 at least) hands a ``custom_generate`` callable neither the ``streamer``
+nor the ``tokenizer`` passed to ``generate`` (``_extract_generation_mode_kwargs`` replaces them by
+the callable's own keywords), so ``streamer=`` and ``stop_strings=`` with ``tokenizer=`` cannot
+reach the callable. Two ways around it, both through transformers' public doors:
+
+- the folder door, ``custom_generate=goose.hf.FOLDER, trust_remote_code=True``: transformers gives
+  a ``custom_generate`` *folder* every argument of ``generate``, so there ``streamer=``,
+  ``stop_strings=`` and ``tokenizer=`` work as they do in plain ``generate``;
+- with the callable, a streamer goes in as ``goose_streamer=``, a tokenizer as ``goose_tokenizer=``
+  and stop strings as ``stopping_criteria=[StopStringCriteria(tokenizer, [...])]``.
+
+Should a later transformers pass ``streamer``/``tokenizer`` to the callable, they are honoured too.
 
 Whatever Goose cannot honour (a batch, beams, several return sequences, assisted decoding, a
 logits processor that is not a pure temperature/top-k/top-p warper, padding, per-step scores or
@@ -28,8 +34,10 @@ attentions) is a ``ValueError`` that names the option, never a silent fallback.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,6 +48,7 @@ from transformers.generation import (
     LogitNormalization,
     LogitsProcessorList,
     StoppingCriteriaList,
+    StopStringCriteria,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -49,7 +58,10 @@ from transformers.generation.streamers import BaseStreamer
 from goose.config import GooseConfig
 from goose.decoder import GooseDecoder
 
-__all__ = ["generate"]
+__all__ = ["FOLDER", "generate", "generate_from_folder"]
+
+# The custom_generate folder: model.generate(..., custom_generate=goose.hf.FOLDER, trust_remote_code=True).
+FOLDER = str(Path(__file__).with_name("hf_folder"))
 
 logger = logging.getLogger("goose.hf")
 
@@ -134,6 +146,39 @@ def generate(
         # no cache comes back: Goose's cache is its own (tree rows, full history), not one generate can resume
         return GenerateDecoderOnlyOutput(sequences=sequence)
     return sequence
+
+
+def generate_from_folder(
+    model: PreTrainedModel,
+    streamer: BaseStreamer | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    stop_strings: str | list[str] | None = None,
+    stopping_criteria: StoppingCriteriaList | None = None,
+    generation_config: GenerationConfig | None = None,
+    goose_streamer: BaseStreamer | None = None,
+    **arguments: Any,
+) -> torch.LongTensor | GenerateDecoderOnlyOutput:
+    """The folder door's entry: ``generate``'s own arguments, ``streamer`` and ``tokenizer`` included.
+
+    It hands them to :func:`generate` under the names that reach a callable: the streamer as
+    ``goose_streamer``, the tokenizer as ``goose_tokenizer``, stop strings (the keyword or the
+    generation config's) as the ``StopStringCriteria`` that ``stop_strings=`` builds in plain
+    ``generate``; then it runs ``model.generate(..., custom_generate=generate)``.
+    """
+    if streamer is not None and goose_streamer is not None:
+        raise ValueError("pass the streamer once: streamer= or goose_streamer=, not both")
+    if stop_strings is None and generation_config is not None and generation_config.stop_strings is not None:
+        stop_strings, generation_config = generation_config.stop_strings, copy.deepcopy(generation_config)
+        generation_config.stop_strings = None
+    criteria = StoppingCriteriaList(stopping_criteria or [])
+    if stop_strings is not None:
+        if tokenizer is None:
+            raise ValueError("stop_strings needs the tokenizer: pass tokenizer= to generate as well")
+        criteria.append(StopStringCriteria(tokenizer, stop_strings))
+    if tokenizer is not None:
+        arguments["goose_tokenizer"] = tokenizer
+    return model.generate(custom_generate=generate, stopping_criteria=criteria, generation_config=generation_config,
+                          goose_streamer=streamer if streamer is not None else goose_streamer, **arguments)
 
 
 def _decode(

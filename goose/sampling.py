@@ -20,7 +20,7 @@ from typing import Annotated
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
-from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 # The sampling fields, defined once: GooseConfig and SamplingParams share them.
 Temperature = Annotated[float, Field(ge=0.0, allow_inf_nan=False,
@@ -67,31 +67,81 @@ def uniform(seed: int, position: int) -> float:
 
 
 class Sampler:
-    """Draws the target's token at a row: transformers' warpers, then inverse-CDF with ``uniform(seed, position)``."""
+    """Draws the target's token at a row: transformers' warpers, then inverse-CDF with ``uniform(seed, position)``.
+
+    The warpers run on the warped distribution's support only, found with ``torch.topk`` rather than a
+    sort of the whole vocabulary (top-p's sort of every drawn row is what makes sampling slow on a
+    large vocabulary). This is exact, not an approximation:
+
+    - top-k: ``TopKLogitsWarper`` (a ``topk``, no sort) leaves the support; top-p then sees exactly
+      the values it would see.
+    - top-p alone: the candidates are the m largest logits (ties included), m growing until they hold
+      mass M >= top_p. Every other token is then removed by top-p (its ascending cumulative mass is at
+      most 1 - M <= 1 - top_p), and top-p over the whole vocabulary removes a candidate exactly when
+      top-p with threshold top_p / M over the candidates renormalised does.
+    - temperature alone: the support is the whole vocabulary.
+
+    Goose's walk and the autoregressive sampler both draw here, so they stay token-identical.
+    """
 
     def __init__(self, params: SamplingParams, seed: int) -> None:
         if params.greedy:
             raise ValueError("a Sampler needs temperature > 0; temperature 0 is greedy decoding")
         self.params = params
         self.seed = seed
-        warpers: list[object] = []
-        if params.temperature != 1.0:
-            warpers.append(TemperatureLogitsWarper(params.temperature))
-        if params.top_k:
-            warpers.append(TopKLogitsWarper(top_k=params.top_k))
-        if params.top_p < 1.0:
-            warpers.append(TopPLogitsWarper(top_p=params.top_p))
-        self.warpers = LogitsProcessorList(warpers)
+        self.temperature = TemperatureLogitsWarper(params.temperature) if params.temperature != 1.0 else None
+        self.top_k = TopKLogitsWarper(top_k=params.top_k) if params.top_k else None
         self._no_ids = torch.zeros((1, 0), dtype=torch.long)
+
+    def support(self, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens the warpers keep for one row of logits [V] (ascending ids) and their probabilities."""
+        no_ids = self._no_ids.to(row.device)
+        scaled = row.float()[None]
+        if self.temperature is not None:
+            scaled = self.temperature(no_ids, scaled)
+        if self.top_k is not None:
+            scaled = self.top_k(no_ids, scaled)
+        scaled = scaled[0]
+        top_p = self.params.top_p
+        if self.top_k is not None:
+            ids = torch.nonzero(scaled > -torch.inf).flatten()
+        elif top_p < 1.0:
+            ids, top_p = _nucleus_candidates(scaled, top_p)
+        else:
+            ids = torch.arange(scaled.shape[0], device=scaled.device)
+        warped = scaled[ids][None]
+        if top_p < 1.0:
+            warped = TopPLogitsWarper(top_p=top_p)(no_ids, warped)
+        return ids, torch.softmax(warped[0], dim=-1)
 
     def probabilities(self, row: torch.Tensor) -> torch.Tensor:
         """The warped distribution [V] of one row of logits, in float32."""
-        warped = self.warpers(self._no_ids.to(row.device), row.float()[None])
-        return torch.softmax(warped[0], dim=-1)
+        ids, probabilities = self.support(row)
+        return torch.zeros(row.shape[-1], device=row.device).index_copy_(0, ids, probabilities)
 
     def draw(self, row: torch.Tensor, position: int) -> int:
         """The token at absolute ``position`` given the logits ``row`` [V] that predict it."""
-        return int(inverse_cdf(self.probabilities(row), torch.tensor([uniform(self.seed, position)]))[0])
+        ids, probabilities = self.support(row)
+        return int(ids[inverse_cdf(probabilities, torch.tensor([uniform(self.seed, position)]))[0]])
+
+
+def _largest_with_ties(scores: torch.Tensor, count: int) -> torch.Tensor:
+    """Ascending ids of the ``count`` largest scores and of every score tied with the smallest of them."""
+    smallest_kept = torch.topk(scores, min(count, scores.shape[0])).values[-1]
+    return torch.nonzero(scores >= smallest_kept).flatten()
+
+
+def _nucleus_candidates(scaled: torch.Tensor, top_p: float) -> tuple[torch.Tensor, float]:
+    """Candidates holding mass M >= ``top_p`` and the threshold (``top_p / M``) that top-p needs over them alone."""
+    total = torch.logsumexp(scaled, dim=0)
+    count = 64
+    while count < scaled.shape[0]:
+        ids = _largest_with_ties(scaled, count)
+        mass = float(torch.exp(torch.logsumexp(scaled[ids], dim=0) - total))
+        if mass >= top_p:
+            return ids, min(top_p / mass, 1.0)
+        count *= 4
+    return torch.arange(scaled.shape[0], device=scaled.device), top_p
 
 
 def inverse_cdf(probabilities: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

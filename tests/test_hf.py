@@ -4,7 +4,8 @@ Greedy output equals plain ``model.generate`` token for token; stopping criteria
 same token; streamers get exactly the generated text; what Goose cannot honour is a ValueError
 naming the option. Two transformers 5.24 gaps (``streamer=`` and ``tokenizer=`` never reach a
 ``custom_generate`` callable) are pinned as strict xfails: when transformers forwards them, the
-tests turn red and the workaround in docs/hf.md can go.
+tests turn red and the workaround in docs/hf.md can go. The folder door
+(``custom_generate=goose.hf.FOLDER``) receives both and is tested like plain generate.
 """
 
 from __future__ import annotations
@@ -201,6 +202,52 @@ def test_streamer_keyword(smollm2, smollm2_cases):
     streamer = RecordingStreamer(tokenizer)
     out = model.generate(**inputs, max_new_tokens=6, custom_generate=goose.hf.generate, streamer=streamer)
     assert streamer.ended and streamer.text == tokenizer.decode(out[0, inputs["input_ids"].shape[1]:])
+
+
+# --- the folder door: custom_generate=goose.hf.FOLDER hands Goose every argument generate was given ------
+
+
+def test_folder_door_takes_streamer_stop_strings_and_tokenizer_as_plain_generate_does(smollm2, smollm2_cases):
+    model, tokenizer = smollm2
+    inputs, plain = smollm2_cases[2]
+    prompt_length = inputs["input_ids"].shape[1]
+    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=600)
+    text, out = collect(streamer, lambda: model.generate(
+        **inputs, max_new_tokens=SMOLLM2_TOKENS, custom_generate=goose.hf.FOLDER, trust_remote_code=True,
+        streamer=streamer))
+    assert torch.equal(out, plain)
+    assert text == tokenizer.decode(plain[0, prompt_length:], skip_special_tokens=True)
+
+    recording = RecordingStreamer(tokenizer)
+    model.generate(**inputs, max_new_tokens=6, custom_generate=goose.hf.FOLDER, trust_remote_code=True,
+                   streamer=recording)
+    assert recording.ended and recording.text == tokenizer.decode(plain[0, prompt_length:prompt_length + 6])
+
+    inputs, full = smollm2_cases[0]
+    stop = "(" if "(" in tokenizer.decode(full[0, inputs["input_ids"].shape[1] + 4 :]) else "\n"
+    cut = model.generate(**inputs, max_new_tokens=SMOLLM2_TOKENS, stop_strings=[stop], tokenizer=tokenizer)
+    assert cut.shape[1] < full.shape[1]
+    out = model.generate(**inputs, max_new_tokens=SMOLLM2_TOKENS, stop_strings=[stop], tokenizer=tokenizer,
+                         custom_generate=goose.hf.FOLDER, trust_remote_code=True)
+    assert torch.equal(out, cut)
+    config = GenerationConfig(max_new_tokens=SMOLLM2_TOKENS, stop_strings=stop, do_sample=False)
+    out = model.generate(**inputs, generation_config=config, tokenizer=tokenizer,
+                         custom_generate=goose.hf.FOLDER, trust_remote_code=True)
+    assert torch.equal(out, cut) and config.stop_strings == stop  # the caller's config is left as it was
+
+
+def test_folder_door_errors_and_options(smollm2, smollm2_cases):
+    model, _ = smollm2
+    inputs, plain = smollm2_cases[1]
+    with pytest.raises(ValueError, match="stop_strings needs the tokenizer"):
+        model.generate(**inputs, max_new_tokens=8, stop_strings=["\n"], custom_generate=goose.hf.FOLDER,
+                       trust_remote_code=True)
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        model.generate(**inputs, max_new_tokens=8, repetition_penalty=1.2, custom_generate=goose.hf.FOLDER,
+                       trust_remote_code=True)
+    out = model.generate(**inputs, max_new_tokens=SMOLLM2_TOKENS, custom_generate=goose.hf.FOLDER,
+                         trust_remote_code=True, goose_config={"topology": "chain"}, return_dict_in_generate=True)
+    assert isinstance(out, GenerateDecoderOnlyOutput) and torch.equal(out.sequences, plain)
 
 
 def test_sampling_parameters_follow_generate(smollm2, smollm2_cases):
