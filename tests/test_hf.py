@@ -148,13 +148,18 @@ def collect(streamer: TextIteratorStreamer, run) -> tuple[str, object]:
     return text, result["value"]
 
 
+def stream(model, tokenizer, inputs, streamer_keyword: str, **door) -> tuple[str, object]:
+    """Generate with a TextIteratorStreamer passed as ``streamer_keyword``; the streamed text and the output."""
+    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=600)
+    return collect(streamer, lambda: model.generate(**inputs, max_new_tokens=SMOLLM2_TOKENS,
+                                                    **{streamer_keyword: streamer}, **door))
+
+
 def test_text_iterator_streamer_gets_exactly_the_generated_text(smollm2, smollm2_cases):
     model, tokenizer = smollm2
     inputs, plain = smollm2_cases[2]
     prompt_length = inputs["input_ids"].shape[1]
-    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=600)
-    text, out = collect(streamer, lambda: model.generate(
-        **inputs, max_new_tokens=SMOLLM2_TOKENS, custom_generate=goose.hf.generate, goose_streamer=streamer))
+    text, out = stream(model, tokenizer, inputs, "goose_streamer", custom_generate=goose.hf.generate)
     assert torch.equal(out, plain)
     assert text == tokenizer.decode(plain[0, prompt_length:], skip_special_tokens=True)
     plain_streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=600)
@@ -211,10 +216,7 @@ def test_folder_door_takes_streamer_stop_strings_and_tokenizer_as_plain_generate
     model, tokenizer = smollm2
     inputs, plain = smollm2_cases[2]
     prompt_length = inputs["input_ids"].shape[1]
-    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=600)
-    text, out = collect(streamer, lambda: model.generate(
-        **inputs, max_new_tokens=SMOLLM2_TOKENS, custom_generate=goose.hf.FOLDER, trust_remote_code=True,
-        streamer=streamer))
+    text, out = stream(model, tokenizer, inputs, "streamer", custom_generate=goose.hf.FOLDER, trust_remote_code=True)
     assert torch.equal(out, plain)
     assert text == tokenizer.decode(plain[0, prompt_length:], skip_special_tokens=True)
 
