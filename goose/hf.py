@@ -121,10 +121,8 @@ def generate(
     generator, so ``torch.manual_seed`` before ``generate`` makes a sampled call reproducible).
     """
     # transformers has already put the prompt into its own streamer; ours gets it below, as generate does
-    stream_to = streamer if streamer is not None else goose_streamer
     try:
-        if streamer is not None and goose_streamer is not None:
-            raise ValueError("pass the streamer once: streamer= or goose_streamer=, not both")
+        stream_to = _one_streamer(streamer, goose_streamer)
         _check_supported(input_ids, generation_config, synced_gpus, model_kwargs)
         sampling = _sampling_options(generation_config, logits_processor, goose_seed)
         config = _goose_config(goose_config)
@@ -165,8 +163,7 @@ def generate_from_folder(
     generation config's) as the ``StopStringCriteria`` that ``stop_strings=`` builds in plain
     ``generate``; then it runs ``model.generate(..., custom_generate=generate)``.
     """
-    if streamer is not None and goose_streamer is not None:
-        raise ValueError("pass the streamer once: streamer= or goose_streamer=, not both")
+    stream_to = _one_streamer(streamer, goose_streamer)
     if stop_strings is None and generation_config is not None and generation_config.stop_strings is not None:
         stop_strings, generation_config = generation_config.stop_strings, copy.deepcopy(generation_config)
         generation_config.stop_strings = None
@@ -178,7 +175,14 @@ def generate_from_folder(
     if tokenizer is not None:
         arguments["goose_tokenizer"] = tokenizer
     return model.generate(custom_generate=generate, stopping_criteria=criteria, generation_config=generation_config,
-                          goose_streamer=streamer if streamer is not None else goose_streamer, **arguments)
+                          goose_streamer=stream_to, **arguments)
+
+
+def _one_streamer(streamer: BaseStreamer | None, goose_streamer: BaseStreamer | None) -> BaseStreamer | None:
+    """The streamer given, under either name; both at once is a ValueError."""
+    if streamer is not None and goose_streamer is not None:
+        raise ValueError("pass the streamer once: streamer= or goose_streamer=, not both")
+    return streamer if streamer is not None else goose_streamer
 
 
 def _decode(

@@ -239,7 +239,7 @@ def test_folder_door_takes_streamer_stop_strings_and_tokenizer_as_plain_generate
 
 
 def test_folder_door_errors_and_options(smollm2, smollm2_cases):
-    model, _ = smollm2
+    model, tokenizer = smollm2
     inputs, plain = smollm2_cases[1]
     with pytest.raises(ValueError, match="stop_strings needs the tokenizer"):
         model.generate(**inputs, max_new_tokens=8, stop_strings=["\n"], custom_generate=goose.hf.FOLDER,
@@ -247,6 +247,9 @@ def test_folder_door_errors_and_options(smollm2, smollm2_cases):
     with pytest.raises(ValueError, match="repetition_penalty"):
         model.generate(**inputs, max_new_tokens=8, repetition_penalty=1.2, custom_generate=goose.hf.FOLDER,
                        trust_remote_code=True)
+    with pytest.raises(ValueError, match="pass the streamer once"):
+        model.generate(**inputs, max_new_tokens=8, custom_generate=goose.hf.FOLDER, trust_remote_code=True,
+                       streamer=TextStreamer(tokenizer), goose_streamer=TextStreamer(tokenizer))
     out = model.generate(**inputs, max_new_tokens=SMOLLM2_TOKENS, custom_generate=goose.hf.FOLDER,
                          trust_remote_code=True, goose_config={"topology": "chain"}, return_dict_in_generate=True)
     assert isinstance(out, GenerateDecoderOnlyOutput) and torch.equal(out.sequences, plain)
