@@ -283,8 +283,9 @@ class NgramMemory:
             lo = hi = 0
             if keys.shape[0]:
                 probe = np.uint64(key)
-                lo = int(np.searchsorted(keys, probe, side="left"))
-                hi = int(np.searchsorted(keys, probe, side="right"))
+                lo = hi = int(keys.searchsorted(probe, side="left"))
+                if lo < keys.shape[0] and keys[lo] == probe:  # most probes miss: the second search only on a hit
+                    hi = int(keys.searchsorted(probe, side="right"))
             if live or hi > lo:
                 return Match(n, np.asarray(live[::-1], dtype=np.int64), lo, hi)
         return None

@@ -6,9 +6,13 @@ Run with the vLLM environment (``make vllm-setup`` builds it)::
     .venv-vllm/bin/python scripts/vllm_bench.py --limit 1 --max-tokens 64 --batch 1   # a quick look
 
 Every method decodes the same prompts (the first user turn of each sample, chat template applied)
-greedily on one engine per method (``max_num_seqs`` = ``--batch``), first one request at a time,
-then all prompts submitted together, so that vLLM decodes ``--batch`` of them at once and admits the
-next whenever one ends (continuous batching). Reported
+greedily, first one request at a time, then all prompts submitted together with ``max_num_seqs`` =
+``--batch``, so that vLLM decodes ``--batch`` of them at once and admits the next whenever one ends
+(continuous batching). Each (method, concurrency) gets a fresh engine, warmed up on a prompt that is
+not in the benchmark: Goose's suffix memory remembers earlier requests' outputs, and must never
+have seen the outputs of the prompts it is timed on. ``goose`` is the proposer's default
+configuration (context match and the cross-request suffix memory), ``goose_cm`` context match
+alone. Reported
 per (method, concurrency): output tokens per second (all output tokens over the wall time),
 tau (output tokens per engine step of a request: output / (output - accepted draft tokens)), vLLM's
 own mean acceptance length (1 + accepted / drafts, over steps that drafted) and the share of
@@ -33,7 +37,9 @@ from typing import Any
 # a fixed KV cache (GiB) instead of vLLM's default share of all memory, which fails on a busy machine
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
-METHODS = ("none", "ngram", "goose")
+METHODS = ("none", "ngram", "goose", "goose_cm")
+GOOSE_METHODS = {"goose": None, "goose_cm": '{"sources": ["context_match"]}'}  # GOOSE_VLLM_CONFIG of each
+WARMUP_PROMPT = "Name three colours."  # not a benchmark prompt: the warm-up must teach no answer
 PAPER_DATASETS = ("humaneval", "mbpp", "classeval", "gsm8k", "mt_bench")
 COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
             "vllm:spec_decode_num_accepted_tokens": "accepted_tokens"}
@@ -56,6 +62,7 @@ class Run:
     outputs: list[list[int]]
     seconds: list[float | None]  # per prompt, one request at a time only
     counters: dict[str, int] = field(default_factory=dict)
+    repeat: int = 0  # which of the --repeat rounds
 
     @property
     def output_tokens(self) -> int:
@@ -91,7 +98,11 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--num-speculative-tokens", type=int, default=16, help="K, for ngram and goose alike")
     parser.add_argument("--ngram-min", type=int, default=3, help="vLLM ngram prompt_lookup_min (Goose matches 3-5)")
     parser.add_argument("--ngram-max", type=int, default=5, help="vLLM ngram prompt_lookup_max")
-    parser.add_argument("--goose-config", default=None, help="GOOSE_VLLM_CONFIG for the goose method (JSON or path)")
+    parser.add_argument("--goose-config", default=None,
+                        help="GOOSE_VLLM_CONFIG for the goose method (JSON or path; default: the proposer's defaults)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="rounds of every (method, concurrency), interleaved; the tables show each one's median "
+                        "run (by tok/s) and every round's tok/s")
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--out", default="bench-results/vllm", help="folder for results.json and report.md")
     parser.add_argument("--data-dir", default=None, help="benchmark data (default: $GOOSE_DATA or ../shared/data)")
@@ -104,6 +115,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         parser.error("the 'none' method is the reference every output is compared with; keep it in --methods")
     if args.batch < 1:
         parser.error("--batch must be >= 1")
+    if args.repeat < 1:
+        parser.error("--repeat must be >= 1")
     args.concurrency = sorted({1, args.batch})
     return args
 
@@ -123,6 +136,14 @@ def load_prompts(args: argparse.Namespace, model_path: str) -> list[Prompt]:
     return prompts
 
 
+def warmup_prompt(model_path: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    from goose.models import encode_prompt
+
+    return encode_prompt(AutoTokenizer.from_pretrained(model_path), WARMUP_PROMPT)
+
+
 def default_model() -> str:
     from goose import models
 
@@ -138,7 +159,7 @@ def speculative_config(method: str, args: argparse.Namespace) -> dict[str, Any] 
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": args.num_speculative_tokens,
                 "prompt_lookup_min": args.ngram_min, "prompt_lookup_max": args.ngram_max}
-    if method == "goose":
+    if method in GOOSE_METHODS:
         return {"method": "custom_class", "model": "goose.vllm.GooseProposer",
                 "num_speculative_tokens": args.num_speculative_tokens}
     return None
@@ -148,45 +169,46 @@ def counters(llm: Any) -> dict[str, int]:
     return {COUNTERS[m.name]: int(m.value) for m in llm.get_metrics() if m.name in COUNTERS}
 
 
-def run_method(method: str, args: argparse.Namespace, model_path: str, prompts: list[Prompt]) -> list[Run]:
-    """One engine for ``method``; every concurrency in turn; the engine is shut down before returning."""
+def run_method(method: str, concurrency: int, args: argparse.Namespace, model_path: str, prompts: list[Prompt],
+               warmup_ids: list[int], repeat: int = 0) -> Run:
+    """A fresh engine for ``method`` decoding every prompt at ``concurrency``; it is shut down before returning."""
     import vllm
 
-    if method == "goose" and args.goose_config:
-        os.environ["GOOSE_VLLM_CONFIG"] = args.goose_config
+    goose_config = args.goose_config if method == "goose" else GOOSE_METHODS.get(method)
+    if goose_config:
+        os.environ["GOOSE_VLLM_CONFIG"] = goose_config
     llm = vllm.LLM(model=model_path, dtype=args.dtype, max_model_len=args.max_model_len,
-                   max_num_seqs=max(args.concurrency), enforce_eager=True, seed=0, disable_log_stats=False,
+                   max_num_seqs=concurrency, enforce_eager=True, seed=0, disable_log_stats=False,
                    speculative_config=speculative_config(method, args))
     greedy = vllm.SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     requests = [{"prompt_token_ids": prompt.ids} for prompt in prompts]
-    runs = []
     try:
-        llm.generate(requests[:1], vllm.SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False)  # warm-up
-        for concurrency in args.concurrency:
-            before = counters(llm)
-            started = time.perf_counter()
-            if concurrency == 1:
-                outputs, seconds = [], []
-                for request in requests:
-                    began = time.perf_counter()
-                    outputs.append(list(llm.generate([request], greedy, use_tqdm=False)[0].outputs[0].token_ids))
-                    seconds.append(time.perf_counter() - began)
-            else:
-                # all prompts at once: vLLM keeps up to max_num_seqs of them decoding, admitting the next as one ends
-                results = llm.generate(requests, greedy, use_tqdm=False)
-                outputs, seconds = [list(r.outputs[0].token_ids) for r in results], [None] * len(requests)
-            wall = time.perf_counter() - started
-            after = counters(llm)
-            runs.append(Run(method, concurrency, wall, outputs, seconds,
-                            {key: after.get(key, 0) - before.get(key, 0) for key in after}))
-            print(f"  {method:>6} x{concurrency}: {runs[-1].output_tokens} tokens in {wall:.1f} s "
-                  f"({runs[-1].tokens_per_s:.1f} tok/s), tau {runs[-1].tau:.2f}", flush=True)
+        llm.generate([{"prompt_token_ids": warmup_ids}], vllm.SamplingParams(temperature=0.0, max_tokens=16),
+                     use_tqdm=False)
+        before = counters(llm)
+        started = time.perf_counter()
+        if concurrency == 1:
+            outputs, seconds = [], []
+            for request in requests:
+                began = time.perf_counter()
+                outputs.append(list(llm.generate([request], greedy, use_tqdm=False)[0].outputs[0].token_ids))
+                seconds.append(time.perf_counter() - began)
+        else:
+            # all prompts at once: vLLM keeps up to max_num_seqs of them decoding, admitting the next as one ends
+            results = llm.generate(requests, greedy, use_tqdm=False)
+            outputs, seconds = [list(r.outputs[0].token_ids) for r in results], [None] * len(requests)
+        wall = time.perf_counter() - started
+        after = counters(llm)
+        run = Run(method, concurrency, wall, outputs, seconds,
+                  {key: after.get(key, 0) - before.get(key, 0) for key in after}, repeat)
+        print(f"  {method:>8} x{concurrency}: {run.output_tokens} tokens in {wall:.1f} s "
+              f"({run.tokens_per_s:.1f} tok/s), tau {run.tau:.2f}", flush=True)
+        return run
     finally:
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
         os.environ.pop("GOOSE_VLLM_CONFIG", None)
-    return runs
 
 
 def identical_rate(run: Run, reference: Run) -> float:
@@ -194,28 +216,41 @@ def identical_rate(run: Run, reference: Run) -> float:
     return same / len(run.outputs)
 
 
+def median_runs(runs: list[Run]) -> dict[tuple[str, int], Run]:
+    """Per (method, concurrency), the round with the median tok/s (the lower one of an even count)."""
+    rounds: dict[tuple[str, int], list[Run]] = {}
+    for run in runs:
+        rounds.setdefault((run.method, run.concurrency), []).append(run)
+    return {key: sorted(found, key=lambda r: r.tokens_per_s)[(len(found) - 1) // 2] for key, found in rounds.items()}
+
+
 def report(runs: list[Run], prompts: list[Prompt], args: argparse.Namespace, conditions: dict[str, Any]) -> str:
-    reference = next(r for r in runs if r.method == "none" and r.concurrency == min(args.concurrency))
+    by_key = median_runs(runs)
+    reference = by_key[("none", min(args.concurrency))]
+    repeated = args.repeat > 1
     lines = [f"vLLM {conditions['vllm']} CPU, {conditions['model_name']} {args.dtype}, {len(prompts)} prompts "
              f"({args.datasets}, --limit {args.limit}), {args.max_tokens} tokens, K={args.num_speculative_tokens}, "
-             f"ngram n={args.ngram_min}..{args.ngram_max}", "",
+             f"ngram n={args.ngram_min}..{args.ngram_max}"
+             + (f"; {args.repeat} rounds, each row the round with the median tok/s" if repeated else ""), "",
              "| method | concurrency | output tok/s | vs none | vs ngram | tau | vLLM mean acceptance length | "
-             "identical to none x1 | identical to none, same concurrency |", "|---|---|---|---|---|---|---|---|---|"]
-    by_key = {(r.method, r.concurrency): r for r in runs}
-    for run in runs:
-        none = by_key.get(("none", run.concurrency))
-        ngram = by_key.get(("ngram", run.concurrency))
+             "identical to none x1 | identical to none, same concurrency |"
+             + (" tok/s of each round |" if repeated else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|" if repeated else "")]
+    for (method, concurrency), run in by_key.items():
+        none = by_key.get(("none", concurrency))
+        ngram = by_key.get(("ngram", concurrency))
         length = run.mean_acceptance_length
+        each = " / ".join(f"{r.tokens_per_s:.1f}" for r in runs if (r.method, r.concurrency) == (method, concurrency))
         lines.append(
-            f"| `{run.method}` | {run.concurrency} | {run.tokens_per_s:.1f} | "
+            f"| `{method}` | {concurrency} | {run.tokens_per_s:.1f} | "
             f"{run.tokens_per_s / none.tokens_per_s:.2f}x | "
             f"{f'{run.tokens_per_s / ngram.tokens_per_s:.2f}x' if ngram else '-'} | {run.tau:.2f} | "
             f"{f'{length:.2f}' if length else '-'} | {identical_rate(run, reference):.0%} | "
-            f"{identical_rate(run, none):.0%} |")
+            f"{identical_rate(run, none):.0%} |" + (f" {each} |" if repeated else ""))
     datasets = list(dict.fromkeys(p.dataset for p in prompts))
     lines += ["", "Output tok/s per dataset, one request at a time:", "",
               "| method | " + " | ".join(datasets) + " |", "|---|" + "---|" * len(datasets)]
-    for run in runs:
+    for run in by_key.values():
         if run.concurrency != 1:
             continue
         cells = []
@@ -233,14 +268,17 @@ def main(argv: list[str] | None = None) -> int:
 
     model_path = args.model or default_model()
     prompts = load_prompts(args, model_path)
+    warmup_ids = warmup_prompt(model_path)
     conditions = {"vllm": vllm.__version__, "model": model_path, "model_name": Path(model_path).name.split("-")[0],
                   "processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                   "load_average_before": os.getloadavg(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                   "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
     print(f"{len(prompts)} prompts, methods {args.methods}, concurrency {args.concurrency}", flush=True)
     runs: list[Run] = []
-    for method in ["none", *[m for m in args.methods if m != "none"]]:
-        runs += run_method(method, args, model_path, prompts)
+    for repeat in range(args.repeat):  # rounds interleaved, so that a slow spell of the machine hits every method
+        for method in ["none", *[m for m in args.methods if m != "none"]]:
+            for concurrency in args.concurrency:
+                runs.append(run_method(method, concurrency, args, model_path, prompts, warmup_ids, repeat))
     conditions["load_average_after"] = os.getloadavg()
     text = report(runs, prompts, args, conditions)
     out = Path(args.out)

@@ -126,7 +126,7 @@ def test_turn_prompts_carry_the_earlier_answer(smollm2) -> None:
 
 def test_method_table_defines_the_papers_methods_as_config() -> None:
     assert set(MAIN_METHODS) == {"ar", "hf_ar", "hf_pld", "pld", "tr", "lookahead", "rest", "iso3", "iso5",
-                                 "goose", "goose3"}
+                                 "goose", "goose3", "goose4"}
     assert METHODS["pld"].fields == {"sources": ["context_match"], "topology": "chain"}
     tr = METHODS["tr"].config()
     assert (tr.sources, tr.topology, tr.options_for("bigram_transition")) == (
@@ -134,9 +134,12 @@ def test_method_table_defines_the_papers_methods_as_config() -> None:
     assert (METHODS["iso3"].config().isotropic_k, METHODS["iso5"].config().isotropic_k) == (3, 5)
     assert METHODS["iso5"].config().sources == GooseConfig().sources  # equal sources: a topology comparison
     assert METHODS["goose"].config() == GooseConfig()
-    goose3 = METHODS["goose3"].fields
-    assert goose3["topology"] == "multi_spine"
-    assert set(goose3["sources"]) == {"context_match", "bigram_transition", "rest", "lookahead"}
+    goose3 = METHODS["goose3"].config()  # the default config and one more source, nothing else changed
+    assert goose3 == GooseConfig(sources=[*GooseConfig().sources, "suffix_memory"],
+                                 source_options={"suffix_memory": {"search_current": False}})
+    goose4 = METHODS["goose4"].fields
+    assert goose4["topology"] == "multi_spine"
+    assert set(goose4["sources"]) == {"context_match", "bigram_transition", "rest", "lookahead"}
     assert METHODS["hf_pld"].fields == {"prompt_lookup_num_tokens": 10}
     assert [m.kind for m in (METHODS["ar"], METHODS["hf_ar"], METHODS["goose"])] == ["ar", "hf", "goose"]
 
@@ -386,6 +389,9 @@ def test_the_study_suite_is_every_pair_and_triple_under_three_shapes() -> None:
     assert len(configs) == (10 + 10) * 3  # C(5, 2) + C(5, 3) source sets, three topologies
     assert configs["cm+bt@spine"] == {"sources": ["context_match", "bigram_transition"], "topology": "spine",
                                       "budget": 16}
+    # beside context match the suffix memory remembers earlier requests only (no duplicate copies)
+    assert configs["cm+bt+sm@spine"]["source_options"] == {"suffix_memory": {"search_current": False}}
+    assert "source_options" not in configs["bt+rest+sm@spine"]
     assert all(config["budget"] == 16 for config in configs.values())  # equal budgets
     assert set(SUITES["three-source"]) == {"goose", "goose3", *configs}
     for name in configs:

@@ -163,6 +163,17 @@ def test_frequency_trie_counts_and_conditional_scores() -> None:
     assert (6, -1, 7) not in nodes and (6, 7) not in nodes  # a row ends at its first -1
 
 
+def test_frequency_trie_of_one_continuation_is_its_chain() -> None:
+    """One live row (the fast path) gives what the general merge gives: its tokens up to its first -1, scores 1."""
+    one = frequency_trie(np.array([[-1, 3, 3, 3], [4, 5, -1, 6]]), max_nodes=64)
+    same = frequency_trie(np.array([[4, 5, -1, 6], [4, 5, -1, 6]]), max_nodes=64)  # two rows: the general path
+    for trie in (one, same):
+        assert trie.tokens.tolist() == [4, 5] and trie.parents.tolist() == [-1, 0]
+        assert trie.scores.tolist() == [1.0, 1.0]
+    assert one.counts.tolist() == [1, 1] and one.total == 1
+    assert frequency_trie(np.array([[7, 8, 9]]), max_nodes=2).tokens.tolist() == [7, 8]
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.lists(st.integers(BIG, BIG + 2), min_size=4, max_size=4), min_size=1, max_size=60),
        st.integers(1, 20))

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from goose.bench.methods import METHODS
 from goose.candidates import DecodeContext
 from goose.config import GooseConfig
 from goose.decoder import AutoregressiveDecoder, GooseDecoder
@@ -206,6 +207,7 @@ LOSSLESS_CONFIGS = {
     "spine": GooseConfig(sources=["context_match", "suffix_memory", "bigram_transition"]),
     "multi_spine": GooseConfig(sources=["context_match", "suffix_memory", "bigram_transition"],
                                topology="multi_spine"),
+    "goose3": METHODS["goose3"].config(),  # the bench's three-source default: earlier requests only beside cm
 }
 
 

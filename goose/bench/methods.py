@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from goose.bench.study import study_configs
+from goose.bench.study import study_configs, study_fields
 from goose.cli import first_error
 from goose.config import GooseConfig
 from goose.plugins import PluginError, registry
@@ -81,7 +81,9 @@ METHODS: dict[str, Method] = _table(
     Method("iso5", "goose", "Iso(5): context match + bigram transition in a balanced 5-ary tree", "topology",
            {"sources": _BOTH, "topology": "isotropic", "isotropic_k": 5}),
     Method("goose", "goose", "Goose: the default GooseConfig (context-match spine, bigram branches)", "goose"),
-    Method("goose3", "goose", "Goose with all four sources in a multi-level spine tree", "goose",
+    Method("goose3", "goose", "Goose with a third source: the default config plus the cross-request suffix memory",
+           "goose", study_fields([*_BOTH, "suffix_memory"], "spine", budget=None)),
+    Method("goose4", "goose", "Goose with all four paper sources in a multi-level spine tree", "goose",
            {"sources": _ALL_SOURCES, "topology": "multi_spine"}),
 )
 

@@ -98,10 +98,13 @@ class FrequencyTrie:
 def frequency_trie(continuations: np.ndarray, max_nodes: int) -> FrequencyTrie:
     """Merge continuations (int64 [k, L]; a row ends at its first negative entry) into a trie; keep the top nodes.
 
-    Per depth, one ``np.unique`` over keys (parent node + 1) * base + token gives the depth's
-    nodes, their parents and counts; rows are moved to their node ids. Then the ``max_nodes``
-    nodes with the highest counts are kept. A child never counts more than its parent and ties
-    go to the shallower node, so the kept set holds every kept node's ancestors.
+    Rows sorted lexicographically put every shared prefix in one run of rows, so a row opens a
+    node at depth d where its first d + 1 tokens differ from the row before it; the node's count
+    is the number of live rows in its run. Nodes are numbered depth by depth (parents first), in
+    row order within a depth. Then the ``max_nodes`` nodes with the highest counts are kept. A
+    child never counts more than its parent and ties go to the shallower node, so the kept set
+    holds every kept node's ancestors. A handful of 2-D array operations, whatever the depth
+    (this runs every cycle of the suffix memory, and of REST).
     """
     rows, length = continuations.shape
     alive = np.cumprod(continuations >= 0, axis=1).astype(bool)  # a row is dead after its first -1
@@ -109,35 +112,39 @@ def frequency_trie(continuations: np.ndarray, max_nodes: int) -> FrequencyTrie:
     if total == 0 or max_nodes <= 0:
         empty = np.zeros(0, dtype=np.int64)
         return FrequencyTrie(empty, empty, empty, np.zeros(0, dtype=np.float32), total)
-    base = int(continuations.max()) + 1
-    node = np.full(rows, -1, dtype=np.int64)  # each row's node at the previous depth (-1: the anchor)
-    parents, tokens, counts, depths = [], [], [], []
-    next_id = 0
-    for depth in range(length):
-        live = alive[:, depth]
-        if not live.any():
-            break
-        keys = (node[live] + 1) * base + continuations[live, depth]
-        unique, inverse, count = np.unique(keys, return_inverse=True, return_counts=True)
-        parents.append(unique // base - 1)
-        tokens.append(unique % base)
-        counts.append(count)
-        depths.append(np.full(unique.shape[0], depth))
-        node[live] = next_id + inverse.reshape(-1)
-        next_id += unique.shape[0]
-    all_parents, all_tokens = np.concatenate(parents), np.concatenate(tokens)
-    all_counts, all_depths = np.concatenate(counts), np.concatenate(depths)
+    if total == 1:  # one continuation (a long match's usual case): the trie is its chain, every score 1
+        chain = continuations[np.argmax(alive[:, 0])][alive[np.argmax(alive[:, 0])]][:max_nodes].astype(np.int64)
+        ones = np.ones(chain.shape[0], dtype=np.int64)
+        return FrequencyTrie(chain, np.arange(chain.shape[0], dtype=np.int64) - 1, ones,
+                             ones.astype(np.float32), 1)
+    cleaned = np.where(alive, continuations, -1)
+    order = np.lexsort(cleaned.T[::-1])  # lexicographic; a dead entry (-1) sorts before every token
+    ordered, live = cleaned[order], alive[order]
+    differ = ordered[1:] != ordered[:-1]
+    first_difference = np.where(differ.any(axis=1), differ.argmax(axis=1), length)
+    opens = live & np.concatenate([np.ones((1, length), dtype=bool),
+                                   first_difference[:, None] <= np.arange(length)])
+    depth_of, row_of = np.nonzero(opens.T)  # depth-major: parents get lower ids than children
+    count = depth_of.shape[0]
+    ids = np.full((rows, length), -1, dtype=np.int64)
+    ids[row_of, depth_of] = np.arange(count)
+    # each live cell belongs to the node opened at or above it in its column
+    opener = np.maximum.accumulate(np.where(opens, np.arange(rows)[:, None], -1), axis=0)
+    node_of = np.where(live, ids[np.maximum(opener, 0), np.arange(length)], -1)
+    counts = np.bincount(node_of[live], minlength=count)
+    tokens = ordered[row_of, depth_of]
+    parents = np.where(depth_of > 0, node_of[row_of, np.maximum(depth_of - 1, 0)], -1)
     # ids grow with depth, so sorting the kept ids puts parents before children
-    kept = np.sort(np.lexsort((all_depths, -all_counts))[:max_nodes])
-    position = np.full(next_id, -1, dtype=np.int64)
+    kept = np.sort(np.lexsort((depth_of, -counts))[:max_nodes])
+    position = np.full(count, -1, dtype=np.int64)
     position[kept] = np.arange(kept.shape[0])
-    old_parents = all_parents[kept]
-    parent_counts = np.where(old_parents >= 0, all_counts[np.maximum(old_parents, 0)], total)
+    old_parents = parents[kept]
+    parent_counts = np.where(old_parents >= 0, counts[np.maximum(old_parents, 0)], total)
     return FrequencyTrie(
-        tokens=all_tokens[kept].astype(np.int64),
+        tokens=tokens[kept].astype(np.int64),
         parents=np.where(old_parents >= 0, position[np.maximum(old_parents, 0)], -1).astype(np.int64),
-        counts=all_counts[kept].astype(np.int64),
-        scores=(all_counts[kept] / parent_counts).astype(np.float32),
+        counts=counts[kept].astype(np.int64),
+        scores=(counts[kept] / parent_counts).astype(np.float32),
         total=total,
     )
 

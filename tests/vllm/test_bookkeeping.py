@@ -98,7 +98,9 @@ def test_state_follows_requests_when_rows_move(vllm_config, prompts, reference):
         assert second.trace == first.trace
     assert sum(accepted for request in moving for _, accepted in request.trace) > 0
     assert len(drafters(proposer)) == 3  # one drafter per request, none restarted when its row moved
-    assert all(estimate.cycles > 0 for estimate in proposer.estimates.values())
+    # context match learned; the suffix memory (the default's second source) has no finished request to draft from
+    assert proposer.estimates["context_match"].cycles > 0
+    assert set(proposer.estimates) == {"context_match", "suffix_memory"}
 
 
 def test_identical_prompts_in_one_batch_get_one_state_each(vllm_config, prompts, reference):
@@ -116,6 +118,23 @@ def test_a_finished_requests_drafter_serves_the_next_request(vllm_config, prompt
     for index in range(3):
         decode(proposer, requests_of(prompts, reference, [index]), move_rows=False)
     assert len(drafters(proposer)) == 1
+
+
+class ContextMatchProposer(FixedCutProposer):
+    config = ProposerConfig(min_path_probability=0.1, sources=["context_match"])
+
+
+def test_the_suffix_memory_drafts_a_request_from_an_earlier_one(vllm_config, prompts, reference):
+    """The same prompt again (batch 1): the default proposer remembers the first answer, context match alone cannot."""
+    steps = {}
+    for proposer in (ContextMatchProposer(vllm_config), FixedCutProposer(vllm_config)):
+        first, second = requests_of(prompts, reference, [1]), requests_of(prompts, reference, [1])
+        decode(proposer, first, move_rows=False)
+        decode(proposer, second, move_rows=False)
+        steps[type(proposer).__name__] = (len(first[0].trace), len(second[0].trace))
+    alone, default = steps["ContextMatchProposer"], steps["FixedCutProposer"]
+    # context match keeps only its estimates across requests; the memory drafts the whole answer again
+    assert default[1] < default[0] / 2 and default[1] < alone[1] / 2
 
 
 def test_step_cost_fit_and_chain_cut():
