@@ -24,7 +24,7 @@ Three parts, each replaceable on its own:
   ``t[:n]`` after ``s`` newly sampled ones continues the request whose tokens were ``t[:n - s]`` at
   the previous step, so a hash of that prefix finds it (no walk through vLLM's private objects).
   A drafter whose request is gone serves the next new request, so what outlives a request in Goose
-  (copy-depth estimates, REST's memory of earlier outputs) carries over here too.
+  (copy-depth estimates, the suffix memory's earlier requests) carries over here too.
 * :class:`GooseProposer` is the vLLM glue: configuration, the per-step loop over rows, the
   engine's step cost measured from its own calls (:class:`StepCost`, which sets each chain's
   length through :class:`ChainCut`), and the guarantee that nothing here can change vLLM's output
