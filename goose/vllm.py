@@ -92,7 +92,7 @@ class ProposerConfig(BaseModel):
         "consensus floor is off, because a 1- and a 2-token match agree on most copies without making them "
         "likelier (with the floor, tokens scored 0.3 were accepted 0.19 of the time; without it the scores are "
         "calibrated). The suffix memory searches earlier requests only, since context match covers the current "
-        "one, and keeps 64 prompt tokens before each remembered output",
+        "one, and keeps 64 prompt tokens before each remembered output. A value given replaces this whole default",
     )
     initial_acceptance: dict[str, float] = Field(
         default_factory=dict, description="per source: acceptance estimate before any verification")
