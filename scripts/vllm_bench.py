@@ -121,27 +121,16 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def load_prompts(args: argparse.Namespace, model_path: str) -> list[Prompt]:
-    from transformers import AutoTokenizer
-
+def load_prompts(args: argparse.Namespace, tokenizer: Any) -> list[Prompt]:
     from goose.bench.prompts import load_samples
     from goose.models import encode_prompt
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
     data_dir = Path(args.data_dir) if args.data_dir else None
     prompts = []
     for dataset in [d for d in args.datasets.split(",") if d]:
         for sample in load_samples(dataset, data_dir, args.limit):
             prompts.append(Prompt(dataset, sample.question_id, encode_prompt(tokenizer, sample.turns[0])))
     return prompts
-
-
-def warmup_prompt(model_path: str) -> list[int]:
-    from transformers import AutoTokenizer
-
-    from goose.models import encode_prompt
-
-    return encode_prompt(AutoTokenizer.from_pretrained(model_path), WARMUP_PROMPT)
 
 
 def default_model() -> str:
@@ -267,8 +256,13 @@ def main(argv: list[str] | None = None) -> int:
     import vllm
 
     model_path = args.model or default_model()
-    prompts = load_prompts(args, model_path)
-    warmup_ids = warmup_prompt(model_path)
+    from transformers import AutoTokenizer
+
+    from goose.models import encode_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    prompts = load_prompts(args, tokenizer)
+    warmup_ids = encode_prompt(tokenizer, WARMUP_PROMPT)
     conditions = {"vllm": vllm.__version__, "model": model_path, "model_name": Path(model_path).name.split("-")[0],
                   "processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                   "load_average_before": os.getloadavg(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),

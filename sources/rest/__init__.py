@@ -113,7 +113,8 @@ def frequency_trie(continuations: np.ndarray, max_nodes: int) -> FrequencyTrie:
         empty = np.zeros(0, dtype=np.int64)
         return FrequencyTrie(empty, empty, empty, np.zeros(0, dtype=np.float32), total)
     if total == 1:  # one continuation (a long match's usual case): the trie is its chain, every score 1
-        chain = continuations[np.argmax(alive[:, 0])][alive[np.argmax(alive[:, 0])]][:max_nodes].astype(np.int64)
+        row = int(np.argmax(alive[:, 0]))
+        chain = continuations[row][alive[row]][:max_nodes].astype(np.int64)
         ones = np.ones(chain.shape[0], dtype=np.int64)
         return FrequencyTrie(chain, np.arange(chain.shape[0], dtype=np.int64) - 1, ones,
                              ones.astype(np.float32), 1)
