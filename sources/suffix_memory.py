@@ -115,22 +115,14 @@ class MemoryDraft:
 
     def __init__(self, trie: FrequencyTrie, match_size: int, estimate: CopyDepthEstimate,
                  min_probability: float) -> None:
-        m = len(trie)
-        depths = np.zeros(m, dtype=np.int64)
-        path_probability = np.ones(m)
-        for node, parent in enumerate(trie.parents.tolist()):  # parents come first; a few dozen nodes
-            if parent >= 0:
-                depths[node] = depths[parent] + 1
-                path_probability[node] = path_probability[parent] * trie.scores[node]
-            else:
-                depths[node] = 1
-                path_probability[node] = trie.scores[node]
+        # a node's score is its count over its parent's, so its path's product telescopes to count / total
+        path_probability = trie.counts / trie.total
         keep = path_probability >= min_probability  # non-increasing along paths: ancestors are kept
         renumber = np.cumsum(keep) - 1
         parents = trie.parents[keep]
         self.tokens = trie.tokens[keep]
         self.parents = np.where(parents >= 0, renumber[np.maximum(parents, 0)], -1)
-        self.depths = depths[keep]
+        self.depths = trie.depths[keep]
         rates = estimate.rates[estimate.bins(match_size + self.depths - 1)]
         # the most frequent child of a node scores its bin's rate, a sibling its share relative to it
         probability = trie.scores[keep].astype(np.float64)

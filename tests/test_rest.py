@@ -169,7 +169,7 @@ def test_frequency_trie_of_one_continuation_is_its_chain() -> None:
     same = frequency_trie(np.array([[4, 5, -1, 6], [4, 5, -1, 6]]), max_nodes=64)  # two rows: the general path
     for trie in (one, same):
         assert trie.tokens.tolist() == [4, 5] and trie.parents.tolist() == [-1, 0]
-        assert trie.scores.tolist() == [1.0, 1.0]
+        assert trie.scores.tolist() == [1.0, 1.0] and trie.depths.tolist() == [1, 2]
     assert one.counts.tolist() == [1, 1] and one.total == 1
     assert frequency_trie(np.array([[7, 8, 9]]), max_nodes=2).tokens.tolist() == [7, 8]
 
@@ -187,6 +187,7 @@ def test_frequency_trie_keeps_the_most_frequent_prefixes(rows: list[list[int]], 
     for i, parent in enumerate(parents):
         paths.append((paths[parent] if parent >= 0 else ()) + (int(trie.tokens[i]),))
         assert prefixes[paths[-1]] == trie.counts[i]
+        assert trie.depths[i] == len(paths[-1])
         parent_count = trie.counts[parent] if parent >= 0 else len(rows)
         assert trie.scores[i] == pytest.approx(trie.counts[i] / parent_count)
     assert len(set(paths)) == len(paths)

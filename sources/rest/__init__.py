@@ -90,6 +90,7 @@ class FrequencyTrie:
     counts: np.ndarray  # int64 [m]: continuations through the node
     scores: np.ndarray  # float32 [m]: counts / parent's count (the root's count is ``total``)
     total: int  # continuations with at least one token
+    depths: np.ndarray  # int64 [m]: 1 for the anchor's children
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -111,13 +112,13 @@ def frequency_trie(continuations: np.ndarray, max_nodes: int) -> FrequencyTrie:
     total = int(alive[:, 0].sum()) if length else 0
     if total == 0 or max_nodes <= 0:
         empty = np.zeros(0, dtype=np.int64)
-        return FrequencyTrie(empty, empty, empty, np.zeros(0, dtype=np.float32), total)
+        return FrequencyTrie(empty, empty, empty, np.zeros(0, dtype=np.float32), total, empty)
     if total == 1:  # one continuation (a long match's usual case): the trie is its chain, every score 1
         row = int(np.argmax(alive[:, 0]))
         chain = continuations[row][alive[row]][:max_nodes].astype(np.int64)
         ones = np.ones(chain.shape[0], dtype=np.int64)
-        return FrequencyTrie(chain, np.arange(chain.shape[0], dtype=np.int64) - 1, ones,
-                             ones.astype(np.float32), 1)
+        depths = np.arange(1, chain.shape[0] + 1, dtype=np.int64)
+        return FrequencyTrie(chain, depths - 2, ones, ones.astype(np.float32), 1, depths)
     cleaned = np.where(alive, continuations, -1)
     order = np.lexsort(cleaned.T[::-1])  # lexicographic; a dead entry (-1) sorts before every token
     ordered, live = cleaned[order], alive[order]
@@ -147,6 +148,7 @@ def frequency_trie(continuations: np.ndarray, max_nodes: int) -> FrequencyTrie:
         counts=counts[kept].astype(np.int64),
         scores=(counts[kept] / parent_counts).astype(np.float32),
         total=total,
+        depths=depth_of[kept].astype(np.int64) + 1,
     )
 
 
