@@ -12,7 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import goose.bench.cli  # registers the `bench` command
 from goose import cli
+from goose.bench.methods import ALL_METHODS, with_datastore
 from goose.candidates import DecodeContext
 from goose.config import GooseConfig
 from goose.decoder import AutoregressiveDecoder, GooseDecoder
@@ -21,6 +23,8 @@ from goose.sources.rest.corpus import build, default_datastore, default_datastor
 from goose.sources.rest.datastore import Datastore
 from goose.sources.rest.suffix_index import SEPARATOR, DatastoreError, SuffixIndex, suffix_array
 from tests.conftest import DATA_DIR, dataset_prompts
+
+assert goose.bench.cli  # imported for its side effect
 
 BIG = 200_000  # token ids above 2**16: the datastore must not truncate them (Gemma 3 has 262k tokens)
 
@@ -372,3 +376,29 @@ def test_default_stdlib_datastore_builds_once(tmp_path: Path, smollm2) -> None:
     assert source.store is not None and source.store.path == store.path
     draft = source.goose_propose(context)
     assert draft is not None and isinstance(draft.tokens, np.ndarray)
+
+
+# --- the bench with a datastore of one's own ------------------------------------------------------------
+
+
+def test_bench_drafts_from_the_datastore_given(small_store: Datastore, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """`goose bench --datastore` puts the folder into every REST method (and only those), checks it first."""
+    method = with_datastore(ALL_METHODS["cm+bt+rest@spine"], small_store.path)
+    assert method.config().source_options["rest"]["datastore"] == str(small_store.path)
+    assert method.config().budget == ALL_METHODS["cm+bt+rest@spine"].config().budget  # nothing else changes
+    assert with_datastore(ALL_METHODS["goose"], small_store.path) is ALL_METHODS["goose"]
+    out = tmp_path / "bench"
+    assert cli.main(["bench", "--model", "smollm2-135m", "--datasets", "humaneval", "--limit", "1",
+                     "--max-new-tokens", "24", "--methods", "goose,cm+bt+rest@spine", "--dtype", "float32",
+                     "--datastore", str(small_store.path), "--out", str(out), "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["rest_datastore"] == str(small_store.path.resolve())
+    config = summary["methods"]["cm+bt+rest@spine"]["config"]
+    assert config["source_options"]["rest"]["datastore"] == str(small_store.path)
+    assert "rest" not in summary["methods"]["goose"]["config"]["source_options"]
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert all(record["identical_to_ar"] for record in records if record["method"] != "ar")
+    # a folder that is not a datastore: one line, exit status 2, before any model loads
+    assert cli.main(["bench", "--datastore", str(tmp_path / "nothing"), "--out", str(out)]) == 2
+    assert "--datastore" in capsys.readouterr().err

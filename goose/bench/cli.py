@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="one decoder per method for all prompts, in order, so sources keep what they learned "
                              "(estimates, tables, suffix_memory's earlier outputs); default: a fresh decoder per "
                              "prompt")
+    parser.add_argument("--datastore", type=Path, default=None,
+                        help="REST's datastore (a `goose datastore build` folder) for every method that drafts from "
+                             "REST (default: the Python standard library's, built on first use)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--list-methods", action="store_true", help="print every method and whether it can run")
     parser.set_defaults(run=run_command)
@@ -81,6 +84,21 @@ def _list_methods() -> int:
     return 0
 
 
+def _datastore(path: Path | None) -> Path | None:
+    """``--datastore`` checked before any model loads: a datastore folder, resolved (None: REST's default)."""
+    if path is None:
+        return None
+    from goose.sources.rest.datastore import read_manifest
+    from goose.sources.rest.suffix_index import DatastoreError
+
+    folder = path.expanduser().resolve()
+    try:
+        read_manifest(folder)
+    except DatastoreError as error:
+        raise ValueError(f"--datastore {path}: {error}") from None
+    return folder
+
+
 def run_command(args: argparse.Namespace) -> int:
     if args.list_methods:
         return _list_methods()
@@ -103,6 +121,7 @@ def run_command(args: argparse.Namespace) -> int:
     resolve_methods(methods)  # unknown names fail here, before any model is loaded
     datasets = _names(args.datasets) or list(PAPER_DATASETS)
     data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir()
+    datastore = _datastore(args.datastore)
 
     from goose.bench.outputs import write_outputs
     from goose.bench.report import main_table
@@ -117,6 +136,7 @@ def run_command(args: argparse.Namespace) -> int:
         models=model_names, datasets=datasets, methods=methods, out=out, data_dir=data_dir, limit=limit,
         max_new_tokens=max_new_tokens, dtype=args.dtype, device=args.device, seed=args.seed, threads=args.threads,
         chat=not args.no_chat, progress=not args.no_progress, warm_sources=args.warm_sources, sampling=sampling,
+        datastore=datastore,
         extra={"quick": args.quick, "suite": args.suite},
     )
     bench = Bench(settings)  # reads the datasets: a missing file fails before any model is loaded

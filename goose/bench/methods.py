@@ -13,7 +13,8 @@ fields the config does not know is reported as unavailable with the reason, neve
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -144,6 +145,20 @@ def resolve_methods(names: Iterable[str]) -> list[Method]:
         if name not in ordered:
             ordered.append(name)
     return [ALL_METHODS[name] for name in ordered]
+
+
+def with_datastore(method: Method, datastore: Path) -> Method:
+    """``method`` with REST drafting from ``datastore`` (a ``goose datastore build`` folder), if it drafts from REST.
+
+    The folder replaces the default datastore (the standard library) and nothing else: the
+    method's other REST options stay as they are.
+    """
+    if method.kind != "goose" or "rest" not in method.fields.get("sources", ()):
+        return method
+    options = {name: dict(values) for name, values in method.fields.get("source_options", {}).items()}
+    options["rest"] = {**options.get("rest", {}), "datastore": str(datastore)}
+    return replace(method, fields={**method.fields, "source_options": options},
+                   description=f"{method.description} [REST datastore {datastore}]")
 
 
 def unavailable_reason(method: Method) -> str | None:

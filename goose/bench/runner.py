@@ -47,7 +47,14 @@ from goose import models
 from goose.bench.aggregate import build_summary
 from goose.bench.conversation import turn_prompt_ids
 from goose.bench.generators import DecoderGenerator, Generator, TurnOutput, make_generator
-from goose.bench.methods import BASELINE, Method, construction_problem, resolve_methods, unavailable_reason
+from goose.bench.methods import (
+    BASELINE,
+    Method,
+    construction_problem,
+    resolve_methods,
+    unavailable_reason,
+    with_datastore,
+)
 from goose.bench.prompts import Sample, load_samples
 from goose.bench.records import Record, build_record, compare
 from goose.bench.study import study_rows, tokens_lost_without
@@ -80,6 +87,7 @@ class BenchSettings:
     chat: bool = True
     warmup_tokens: int = 8
     warm_sources: bool = False  # one decoder per method for all samples (else a fresh one per sample)
+    datastore: Path | None = None  # REST's datastore for every method that drafts from REST (None: its default)
     sampling: SamplingParams = field(default_factory=SamplingParams)  # greedy unless temperature > 0
     progress: bool = True
     extra: dict[str, Any] = field(default_factory=dict)  # recorded in the summary's settings as is
@@ -150,6 +158,8 @@ class Bench:
     def __init__(self, settings: BenchSettings) -> None:
         self.settings = settings
         self.methods = resolve_methods(settings.methods)
+        if settings.datastore is not None:
+            self.methods = [with_datastore(method, settings.datastore) for method in self.methods]
         self.samples = [s for spec in settings.datasets
                         for s in load_samples(spec, settings.data_dir, settings.limit)]
         self.runs: list[ModelRun] = []
@@ -288,6 +298,7 @@ class Bench:
             "chat_template": settings.chat,
             "warmup_tokens": settings.warmup_tokens,
             "warm_sources": settings.warm_sources,
+            "rest_datastore": str(settings.datastore) if settings.datastore else "default (standard library)",
             "sampling": settings.sampling.model_dump(exclude={"seed"}) | {"seeds": "seed + sample index"}
             if not settings.sampling.greedy else "greedy",
             "torch": torch.__version__,
