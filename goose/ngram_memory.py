@@ -24,6 +24,10 @@ memory must stay bounded. Its layout:
   log2(N) rounds of NumPy calls per cycle instead, and must be rebuilt to take in a document).
   A new document's keys are computed vectorised and merged in with ``np.insert``; within one key
   the starts stay in text order, so the newest occurrences are the last entries.
+* **One archive, many requests.** The earlier requests are a :class:`RequestArchive`, which
+  several memories may share (one per request running at once, as a serving engine's drafters
+  are): a request one of them remembers is searched by all. The current request stays each
+  memory's own.
 * **Bounded memory, oldest first out.** ``capacity`` is the number of document tokens kept; a
   new document evicts the oldest ones until the rest fit (a document longer than the capacity
   keeps its last ``capacity`` tokens). Eviction drops the evicted documents' entries by a
@@ -98,54 +102,47 @@ class Match:
         return int(self.live.shape[0]) + self.hi - self.lo
 
 
-class NgramMemory:
-    """Earlier requests (bounded, oldest evicted first) and the current one, indexed by suffixes of ``sizes`` tokens."""
+class RequestArchive:
+    """Earlier requests: documents in one token store and, per suffix size, a sorted table of their keys.
 
-    def __init__(self, sizes: Sequence[int], capacity: int, search_current: bool = True) -> None:
+    Bounded by ``capacity`` document tokens (oldest documents evicted first). One archive may be
+    shared by several :class:`NgramMemory` objects in one thread: what one remembers, all search.
+    """
+
+    def __init__(self, sizes: Sequence[int], capacity: int) -> None:
         if not sizes or min(sizes) < 1:
             raise ValueError(f"sizes must be suffix lengths >= 1, got {tuple(sizes)}")
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0 tokens, got {capacity}")
         self.sizes = tuple(sorted(set(sizes), reverse=True))
         self.capacity = capacity
-        self.search_current = search_current  # False: the current request is kept (to remember) but not searched
-        self._powers = {n: pow(HASH_BASE, n, 1 << 64) for n in self.sizes}
-        # earlier requests: documents in one store, global positions [base, next) of which are kept
+        # documents in one store, global positions [base, next) of which are kept
         self.documents: deque[tuple[int, np.ndarray]] = deque()  # (global start, tokens)
         self.stored = 0  # tokens of the documents kept (separators not counted)
-        self._store = np.zeros(0, dtype=np.int64)
-        self._base = 0  # global position of _store[0]
-        self._next = 0  # global position where the next document starts
-        self._keys = {n: np.zeros(0, dtype=np.uint64) for n in self.sizes}
-        self._starts = {n: np.zeros(0, dtype=np.int64) for n in self.sizes}
-        # the current request
-        self._live = np.zeros(1024, dtype=np.int64)
-        self._length = 0
-        self._hashes: list[int] = [0]  # prefix hashes: _hashes[i] is the hash of _live[:i]
-        self._newest: dict[int, dict[int, int]] = {n: {} for n in self.sizes}  # key -> newest start
-        self._previous: dict[int, list[int]] = {n: [] for n in self.sizes}  # start -> previous start, same key
-        self._indexed = 0  # continuation starts below this are indexed
-
-    # --- earlier requests ---------------------------------------------------------------------
+        self.store = np.zeros(0, dtype=np.int64)
+        self.base = 0  # global position of store[0]
+        self.next = 0  # global position where the next document starts
+        self.keys = {n: np.zeros(0, dtype=np.uint64) for n in self.sizes}
+        self.starts = {n: np.zeros(0, dtype=np.int64) for n in self.sizes}
 
     def remember(self, tokens: Sequence[int] | np.ndarray) -> None:
         """Add a finished request as one document, then evict the oldest documents beyond ``capacity``."""
-        self._add_documents([tokens])
+        self.add_documents([tokens])
 
     def clear(self) -> None:
-        """Forget every earlier request (the current one stays)."""
+        """Forget every document."""
         self.documents.clear()
         self.stored = 0
-        self._store = np.zeros(0, dtype=np.int64)
-        self._base = self._next
+        self.store = np.zeros(0, dtype=np.int64)
+        self.base = self.next
         for n in self.sizes:
-            self._keys[n], self._starts[n] = self._keys[n][:0], self._starts[n][:0]
+            self.keys[n], self.starts[n] = self.keys[n][:0], self.starts[n][:0]
 
     def document_tokens(self) -> list[np.ndarray]:
         """The documents kept, oldest first."""
         return [document for _, document in self.documents]
 
-    def _add_documents(self, documents: Iterable[Sequence[int] | np.ndarray]) -> None:
+    def add_documents(self, documents: Iterable[Sequence[int] | np.ndarray]) -> None:
         if self.capacity == 0:
             return
         added: list[tuple[int, np.ndarray]] = []
@@ -155,18 +152,18 @@ class NgramMemory:
                 continue
             if int(document.min()) < 0:
                 raise ValueError("token ids must be >= 0")
-            added.append((self._next, document))
-            self._next += document.shape[0] + 1  # and the separator
+            added.append((self.next, document))
+            self.next += document.shape[0] + 1  # and the separator
         if not added:
             return
         self.documents.extend(added)
         self.stored += sum(document.shape[0] for _, document in added)
-        pieces = [self._store]
+        pieces = [self.store]
         for _, document in added:
             pieces += [document, np.array([SEPARATOR])]
-        self._store = np.concatenate(pieces)
+        self.store = np.concatenate(pieces)
         self._evict()  # before indexing: a long batch (a loaded file) indexes only what it keeps
-        kept = [(start, document) for start, document in added if start >= self._base]
+        kept = [(start, document) for start, document in added if start >= self.base]
         for n in self.sizes:
             # a document of m tokens has continuation starts n..m-1, after the n-grams of document[:-1]
             keys = [ngram_keys(document[:-1], n) for _, document in kept if document.shape[0] > n]
@@ -178,21 +175,84 @@ class NgramMemory:
             order = np.argsort(new_keys, kind="stable")  # stable: text order within a key
             new_keys, starts = new_keys[order], starts[order]
             # to the right of equal keys: the new starts are later than every kept one
-            at = np.searchsorted(self._keys[n], new_keys, side="right")
-            self._keys[n] = np.insert(self._keys[n], at, new_keys)
-            self._starts[n] = np.insert(self._starts[n], at, starts)
+            at = np.searchsorted(self.keys[n], new_keys, side="right")
+            self.keys[n] = np.insert(self.keys[n], at, new_keys)
+            self.starts[n] = np.insert(self.starts[n], at, starts)
 
     def _evict(self) -> None:
         if self.stored <= self.capacity:
             return
         while self.stored > self.capacity:
             self.stored -= self.documents.popleft()[1].shape[0]
-        cut = self.documents[0][0] if self.documents else self._next
-        self._store = self._store[cut - self._base :]
-        self._base = cut
+        cut = self.documents[0][0] if self.documents else self.next
+        self.store = self.store[cut - self.base :]
+        self.base = cut
         for n in self.sizes:
-            keep = self._starts[n] >= cut
-            self._keys[n], self._starts[n] = self._keys[n][keep], self._starts[n][keep]
+            keep = self.starts[n] >= cut
+            self.keys[n], self.starts[n] = self.keys[n][keep], self.starts[n][keep]
+
+    def find(self, n: int, key: int) -> tuple[int, int]:
+        """The range ``lo:hi`` of the size-``n`` table holding ``key`` (empty: ``lo == hi``)."""
+        keys = self.keys[n]
+        if not keys.shape[0]:
+            return 0, 0
+        probe = np.uint64(key)
+        lo = hi = int(keys.searchsorted(probe, side="left"))
+        if lo < keys.shape[0] and keys[lo] == probe:  # most probes miss: the second search only on a hit
+            hi = int(keys.searchsorted(probe, side="right"))
+        return lo, hi
+
+    def read(self, n: int, lo: int, hi: int, offsets: np.ndarray) -> np.ndarray:
+        """The tokens at ``offsets`` after the continuation starts ``lo:hi`` of the size-``n`` table: [hi - lo, L]."""
+        at = self.starts[n][lo:hi, None] - self.base + offsets
+        return self.store[np.minimum(at, self.store.shape[0] - 1)]  # the store ends with a separator
+
+
+class NgramMemory:
+    """Earlier requests (a :class:`RequestArchive`) and the current one, indexed by suffixes of ``sizes`` tokens.
+
+    ``archive``: earlier requests shared with other memories (same ``sizes``; its capacity
+    applies); None: an archive of this memory's own, of ``capacity`` tokens.
+    """
+
+    def __init__(self, sizes: Sequence[int], capacity: int, search_current: bool = True,
+                 archive: RequestArchive | None = None) -> None:
+        self.archive = archive if archive is not None else RequestArchive(sizes, capacity)
+        self.sizes = tuple(sorted(set(sizes), reverse=True))
+        if self.archive.sizes != self.sizes:
+            raise ValueError(f"the shared archive indexes suffix sizes {self.archive.sizes}, not {self.sizes}")
+        self.search_current = search_current  # False: the current request is kept (to remember) but not searched
+        self._powers = {n: pow(HASH_BASE, n, 1 << 64) for n in self.sizes}
+        # the current request
+        self._live = np.zeros(1024, dtype=np.int64)
+        self._length = 0
+        self._hashes: list[int] = [0]  # prefix hashes: _hashes[i] is the hash of _live[:i]
+        self._newest: dict[int, dict[int, int]] = {n: {} for n in self.sizes}  # key -> newest start
+        self._previous: dict[int, list[int]] = {n: [] for n in self.sizes}  # start -> previous start, same key
+        self._indexed = 0  # continuation starts below this are indexed
+
+    # --- earlier requests ---------------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        return self.archive.capacity
+
+    @property
+    def stored(self) -> int:
+        """Tokens of earlier requests kept."""
+        return self.archive.stored
+
+    def remember(self, tokens: Sequence[int] | np.ndarray) -> None:
+        """Add a finished request to the archive (the oldest documents beyond its capacity are evicted)."""
+        self.archive.remember(tokens)
+
+    def clear(self) -> None:
+        """Forget every earlier request (the current one stays; a shared archive is cleared for all)."""
+        self.archive.clear()
+
+    def document_tokens(self) -> list[np.ndarray]:
+        """The earlier requests kept, oldest first."""
+        return self.archive.document_tokens()
 
     # --- the current request ------------------------------------------------------------------
 
@@ -279,13 +339,7 @@ class NgramMemory:
             while start >= 0 and len(live) < limit:
                 live.append(start)
                 start = previous[start]
-            keys = self._keys[n]
-            lo = hi = 0
-            if keys.shape[0]:
-                probe = np.uint64(key)
-                lo = hi = int(keys.searchsorted(probe, side="left"))
-                if lo < keys.shape[0] and keys[lo] == probe:  # most probes miss: the second search only on a hit
-                    hi = int(keys.searchsorted(probe, side="right"))
+            lo, hi = self.archive.find(n, key)
             if live or hi > lo:
                 return Match(n, np.asarray(live[::-1], dtype=np.int64), lo, hi)
         return None
@@ -301,9 +355,7 @@ class NgramMemory:
         rows = []
         room = limit - live.shape[0]
         if room > 0 and match.hi > match.lo:
-            starts = self._starts[match.size][max(match.lo, match.hi - room) : match.hi]
-            at = starts[:, None] - self._base + offsets
-            rows.append(self._store[np.minimum(at, self._store.shape[0] - 1)])  # the store ends with a separator
+            rows.append(self.archive.read(match.size, max(match.lo, match.hi - room), match.hi, offsets))
         if live.shape[0]:
             at = live[:, None] + offsets
             read = self._live[np.minimum(at, self._length - 1)]
@@ -333,9 +385,12 @@ class NgramMemory:
             staging.unlink(missing_ok=True)
 
     @classmethod
-    def load(cls, path: str | Path, sizes: Sequence[int], capacity: int,
-             search_current: bool = True) -> tuple[NgramMemory, dict[str, Any]]:
-        """A memory holding the documents saved at ``path`` (the newest that fit ``capacity``), and the metadata."""
+    def load(cls, path: str | Path, sizes: Sequence[int], capacity: int, search_current: bool = True,
+             archive: RequestArchive | None = None) -> tuple[NgramMemory, dict[str, Any]]:
+        """A memory holding the documents saved at ``path`` (the newest that fit ``capacity``), and the metadata.
+
+        ``archive``: a (shared) archive the documents are added to, as in the constructor.
+        """
         source = Path(path).expanduser()
         try:
             with np.load(source, allow_pickle=False) as data:
@@ -350,6 +405,6 @@ class NgramMemory:
             raise MemoryFileError(f"{source} is not a {FORMAT} file (format {found!r})")
         if lengths.ndim != 1 or int(lengths.sum()) != tokens.shape[0] or (lengths < 0).any() or (tokens < 0).any():
             raise MemoryFileError(f"{source} is corrupt: its document lengths do not add up to its tokens")
-        memory = cls(sizes, capacity, search_current)
-        memory._add_documents(np.split(tokens, np.cumsum(lengths)[:-1]) if lengths.shape[0] else [])
+        memory = cls(sizes, capacity, search_current, archive)
+        memory.archive.add_documents(np.split(tokens, np.cumsum(lengths)[:-1]) if lengths.shape[0] else [])
         return memory, header

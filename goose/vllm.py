@@ -24,7 +24,8 @@ Three parts, each replaceable on its own:
   ``t[:n]`` after ``s`` newly sampled ones continues the request whose tokens were ``t[:n - s]`` at
   the previous step, so a hash of that prefix finds it (no walk through vLLM's private objects).
   A drafter whose request is gone serves the next new request, so what outlives a request in Goose
-  (copy-depth estimates, the suffix memory's earlier requests) carries over here too.
+  (copy-depth estimates) carries over here too; the drafters' suffix memories share one archive of
+  earlier requests (``share_memory``), so every request drafts from every finished one.
 * :class:`GooseProposer` is the vLLM glue: configuration, the per-step loop over rows, the
   engine's step cost measured from its own calls (:class:`StepCost`, which sets each chain's
   length through :class:`ChainCut`), and the guarantee that nothing here can change vLLM's output
@@ -38,6 +39,7 @@ speculative config has no free field to carry it (its dataclass forbids extra ke
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import logging
 import os
@@ -61,6 +63,7 @@ logger = logging.getLogger("goose.vllm")
 
 CONFIG_ENV = "GOOSE_VLLM_CONFIG"
 COLD_START_THRESHOLD = 0.1  # the chain cut's path probability until the step cost has been measured
+_PROPOSERS = itertools.count()  # numbers the proposers of a process: each shares one suffix memory among its drafters
 
 
 class ProposerConfig(BaseModel):
@@ -78,7 +81,7 @@ class ProposerConfig(BaseModel):
         description="Goose sources that draft, most trusted first. Sources that need the target's logits "
         "(bigram_transition) or extra verify rows (lookahead) cannot work through vLLM's custom_class door "
         "and are skipped with a warning that says why. The suffix memory drafts what followed the context's "
-        "suffix in the engine's earlier requests (each drafter remembers the requests it served)",
+        "suffix in the engine's earlier requests (with share_memory, every request the engine finished)",
     )
     source_options: dict[str, dict[str, Any]] = Field(
         default_factory=lambda: {
@@ -108,14 +111,24 @@ class ProposerConfig(BaseModel):
         "engine's measured step cost (see StepCost). A number: cut every chain before the first token whose chance "
         "of being accepted together with all before it is below this number (0: always all K tokens)",
     )
+    share_memory: bool = Field(
+        default=True,
+        description="the drafters (one per running request) share one suffix memory of earlier requests, so a "
+        "request drafts from every request the engine finished, not only from those its own drafter served "
+        "(sets the suffix memory's `share` option to a name of this proposer's own)",
+    )
     max_requests: int | None = Field(
         default=None, ge=1,
         description="requests whose drafting state is remembered (oldest forgotten first); default: four "
         "times vLLM's max_num_seqs",
     )
 
-    def goose_config(self) -> GooseConfig:
-        return GooseConfig(sources=self.sources, topology="chain", source_options=self.source_options,
+    def goose_config(self, share: str | None = None) -> GooseConfig:
+        """The drafters' GooseConfig; ``share``: the name their suffix memories share (with ``share_memory``)."""
+        options = self.source_options
+        if share is not None and self.share_memory and "suffix_memory" in self.sources:
+            options = {**options, "suffix_memory": {**options.get("suffix_memory", {}), "share": share}}
+        return GooseConfig(sources=self.sources, topology="chain", source_options=options,
                            initial_acceptance=self.initial_acceptance, ema=self.ema)
 
     @classmethod
@@ -386,7 +399,7 @@ class GooseProposer:
         self.vocab_size = int(model_config.get_vocab_size())
         self.tokenizer = _load_tokenizer(model_config)
         self.eos_token_ids = _eos_token_ids(model_config.hf_config, self.tokenizer)
-        self.goose_config = settings.goose_config()
+        self.goose_config = settings.goose_config(share=f"goose.vllm.{os.getpid()}.{next(_PROPOSERS)}")
         self.min_path_probability = settings.min_path_probability
         self.faults = FaultLog()
         self.names, skipped = usable_sources(settings.sources, self.goose_config, self.vocab_size)

@@ -40,7 +40,9 @@ ranks the source as a whole.
 output, led in by the prompt's last ``lead_in`` tokens so that the first cycles of a similar
 request can match, joins the memory. With ``path`` the memory is loaded from that file when the
 decoder is made and written back after every request and at exit; a file written for another
-tokenizer is refused (and left untouched).
+tokenizer is refused (and left untouched). With ``share`` several sources of one process (a
+serving engine's drafters, one per running request) remember into and search one archive of
+earlier requests (:class:`goose.ngram_memory.RequestArchive`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import atexit
 import logging
 import math
 import weakref
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -61,7 +64,7 @@ from goose.allocation import without_trailing_repeats
 from goose.candidates import DecodeContext, Draft
 from goose.config import GooseConfig
 from goose.hookspecs import Register
-from goose.ngram_memory import MemoryFileError, NgramMemory
+from goose.ngram_memory import MemoryFileError, NgramMemory, RequestArchive
 from goose.outcome import VerifyOutcome
 from goose.sources.context_match import CopyDepthEstimate, increasing_edges, longest_first
 from goose.sources.rest import FrequencyTrie, frequency_trie
@@ -105,6 +108,12 @@ class SuffixMemoryOptions(BaseModel):
         default=50.0, ge=1.0, description="tokens of evidence each match-depth bin remembers (older ones fade)")
     path: Path | None = Field(
         default=None, description="memory file (.npz): loaded when the decoder is made, written after each request")
+    share: str | None = Field(
+        default=None, min_length=1,
+        description="a name: the suffix-memory sources of this process given the same name (and the same "
+        "ngram_sizes and capacity) remember into and search one archive of earlier requests, each keeping its own "
+        "current request; e.g. the vLLM proposer's drafters, one per running request. They must run in one thread. "
+        "With path, the first of them loads the file. None: an archive of this source's own")
 
     _longest_first = field_validator("ngram_sizes")(staticmethod(longest_first))
     _increasing = field_validator("depth_edges")(staticmethod(increasing_edges))
@@ -154,6 +163,22 @@ def cut_at_stops(rows: np.ndarray, eos: frozenset[int], vocab_size: int) -> np.n
     return np.where(np.cumsum(stop, axis=1) > 0, -1, rows)
 
 
+# archives shared by name (the ``share`` option); one lives while a source holds it
+_SHARED: weakref.WeakValueDictionary[str, RequestArchive] = weakref.WeakValueDictionary()
+
+
+def shared_archive(name: str, sizes: Sequence[int], capacity: int) -> tuple[RequestArchive, bool]:
+    """The archive shared under ``name`` (made now if no source holds one), and whether it was made now."""
+    archive = _SHARED.get(name)
+    if archive is None:
+        archive = _SHARED[name] = RequestArchive(sizes, capacity)
+        return archive, True
+    if archive.sizes != tuple(sorted(set(sizes), reverse=True)) or archive.capacity != capacity:
+        raise ValueError(f"suffix_memory: the memory shared as {name!r} has ngram_sizes {list(archive.sizes)} and "
+                         f"capacity {archive.capacity}; a source sharing it must have the same")
+    return archive, False
+
+
 class SuffixMemorySource:
     """Frequency-weighted trie drafts from a memory of earlier requests and the current one; one per decoder."""
 
@@ -161,11 +186,14 @@ class SuffixMemorySource:
 
     def __init__(self, config: GooseConfig) -> None:
         self.options = options = SuffixMemoryOptions.model_validate(config.options_for(NAME))
-        self.memory = NgramMemory(options.ngram_sizes, options.capacity, options.search_current)
+        archive, fresh = None, True
+        if options.share is not None:
+            archive, fresh = shared_archive(options.share, options.ngram_sizes, options.capacity)
+        self.memory = NgramMemory(options.ngram_sizes, options.capacity, options.search_current, archive)
         self._file_tokenizer: dict[str, Any] | None = None  # whom the loaded file was written for
-        if options.path is not None and options.path.exists():
+        if options.path is not None and options.path.exists() and fresh:
             self.memory, header = NgramMemory.load(options.path, options.ngram_sizes, options.capacity,
-                                                   options.search_current)
+                                                   options.search_current, archive)
             self._file_tokenizer = header.get("tokenizer")
         self._tokenizer: dict[str, Any] | None = None  # the model's, once seen
         self._saving = options.path is not None

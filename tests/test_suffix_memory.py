@@ -100,8 +100,8 @@ def test_eviction_keeps_the_newest_requests_within_capacity() -> None:
         memory.remember(np.arange(first * 100, first * 100 + 8))
         assert memory.stored <= 20
     assert [int(d[0]) for d in memory.document_tokens()] == [800, 900]  # 3 would be 24 > 20 tokens
-    assert all(memory._keys[n].shape == memory._starts[n].shape for n in memory.sizes)
-    assert memory._keys[3].shape[0] == 2 * (8 - 3)  # only the kept documents' entries remain
+    assert all(memory.archive.keys[n].shape == memory.archive.starts[n].shape for n in memory.sizes)
+    assert memory.archive.keys[3].shape[0] == 2 * (8 - 3)  # only the kept documents' entries remain
     for evicted, found in ((0, False), (900, True)):
         memory.start_request()
         memory.follow(np.array([evicted, evicted + 1, evicted + 2]))
@@ -177,6 +177,33 @@ def test_draft_stops_before_eos_and_is_frequency_weighted() -> None:
         memory.goose_prefill(context([0, *output], prompt_length=1))
     memory.goose_prefill(context([50, 1, 2], prompt_length=2))
     assert memory.goose_propose(context([50, 1, 2], prompt_length=2)).tokens.tolist() == [3]
+
+
+def test_sources_sharing_a_memory_draft_each_others_requests(tmp_path: Path) -> None:
+    """share: what one source remembers, the others search; each keeps its own current request."""
+    first, second = source(ngram_sizes=[2], lead_in=0, share="test-a"), source(ngram_sizes=[2], lead_in=0,
+                                                                                 share="test-a")
+    alone = source(ngram_sizes=[2], lead_in=0)
+    assert first.memory.archive is second.memory.archive and alone.memory.archive is not first.memory.archive
+    first.goose_prefill(context([0, 1, 2, 3, 4], prompt_length=1))
+    second.goose_prefill(context([60, 61, 62], prompt_length=1))  # a request running beside first's
+    first.goose_reset()  # first's request ends: its output joins the shared archive
+    for reader in (second, alone):
+        reader.goose_prefill(context([50, 1, 2], prompt_length=3))
+    assert second.goose_propose(context([50, 1, 2], prompt_length=3)).tokens.tolist() == [3, 4]
+    assert alone.goose_propose(context([50, 1, 2], prompt_length=3)) is None
+    assert second.memory.live.tolist() == [50, 1, 2] and second.remembered_requests == 1  # 61 62 joined
+    assert [d.tolist() for d in first.memory.document_tokens()] == [[1, 2, 3, 4], [61, 62]]
+    with pytest.raises(ValueError, match="same"):
+        source(ngram_sizes=[3], share="test-a")
+    with pytest.raises(ValueError, match="share"):
+        source(share="")
+    # with a file, the first source of a share loads it, and the others find its documents
+    path = tmp_path / "shared.npz"
+    first.memory.save(path)
+    loading, joining = source(ngram_sizes=[2], path=str(path), share="test-b"), source(ngram_sizes=[2], share="test-b")
+    assert [d.tolist() for d in joining.memory.document_tokens()] == [[1, 2, 3, 4], [61, 62]]
+    assert loading.memory.archive is joining.memory.archive
 
 
 def test_memory_file_through_the_source(tmp_path: Path, smollm2, gemma3) -> None:

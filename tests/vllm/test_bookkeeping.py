@@ -137,6 +137,25 @@ def test_the_suffix_memory_drafts_a_request_from_an_earlier_one(vllm_config, pro
     assert default[1] < default[0] / 2 and default[1] < alone[1] / 2
 
 
+class UnsharedMemoryProposer(FixedCutProposer):
+    config = ProposerConfig(min_path_probability=0.1, share_memory=False)
+
+
+def test_drafters_share_the_memory_of_finished_requests(vllm_config, prompts, reference):
+    """Two requests together after one alone: the new drafter drafts the repeated one from the first answer too."""
+    steps = {}
+    for proposer in (UnsharedMemoryProposer(vllm_config), FixedCutProposer(vllm_config)):
+        first = requests_of(prompts, reference, [1])
+        decode(proposer, first, move_rows=False)
+        # the other prompt takes row 0 and with it the first request's drafter; the repeat gets a new drafter
+        pair = requests_of(prompts, reference, [2, 1])
+        decode(proposer, pair, move_rows=False)
+        steps[type(proposer).__name__] = (len(first[0].trace), len(pair[1].trace))
+        assert len(drafters(proposer)) == 2
+    unshared, shared = steps["UnsharedMemoryProposer"], steps["FixedCutProposer"]
+    assert shared[1] < shared[0] / 2 and shared[1] < unshared[1] / 2
+
+
 def test_step_cost_fit_and_chain_cut():
     cost = StepCost()
     assert cost.cut(rows=1) is None  # nothing measured yet
