@@ -11,8 +11,9 @@ greedily, first one request at a time, then all prompts submitted together with 
 (continuous batching). Each (method, concurrency) gets a fresh engine, warmed up on a prompt that is
 not in the benchmark: Goose's suffix memory remembers earlier requests' outputs, and must never
 have seen the outputs of the prompts it is timed on. ``goose`` is the proposer's default
-configuration (context match and the cross-request suffix memory), ``goose_cm`` context match
-alone. Reported
+configuration (context match and the cross-request suffix memory, shared by the engine's
+drafters), ``goose_cm`` context match alone, ``goose_unshared`` the default with each drafter
+remembering only the requests it served (the same as ``goose`` one request at a time). Reported
 per (method, concurrency): output tokens per second (all output tokens over the wall time),
 tau (output tokens per engine step of a request: output / (output - accepted draft tokens)), vLLM's
 own mean acceptance length (1 + accepted / drafts, over steps that drafted) and the share of
@@ -37,8 +38,10 @@ from typing import Any
 # a fixed KV cache (GiB) instead of vLLM's default share of all memory, which fails on a busy machine
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
-METHODS = ("none", "ngram", "goose", "goose_cm")
-GOOSE_METHODS = {"goose": None, "goose_cm": '{"sources": ["context_match"]}'}  # GOOSE_VLLM_CONFIG of each
+METHODS = ("none", "ngram", "goose", "goose_cm", "goose_unshared")
+# GOOSE_VLLM_CONFIG of each: the defaults, context match alone, drafters each with their own suffix memory
+GOOSE_METHODS = {"goose": None, "goose_cm": '{"sources": ["context_match"]}',
+                 "goose_unshared": '{"share_memory": false}'}
 WARMUP_PROMPT = "Name three colours."  # not a benchmark prompt: the warm-up must teach no answer
 PAPER_DATASETS = ("humaneval", "mbpp", "classeval", "gsm8k", "mt_bench")
 COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
