@@ -121,7 +121,7 @@ class RequestArchive:
         self.stored = 0  # tokens of the documents kept (separators not counted)
         self.store = np.zeros(0, dtype=np.int64)
         self.base = 0  # global position of store[0]
-        self.next = 0  # global position where the next document starts
+        self.next_start = 0  # global position where the next document starts
         self.keys = {n: np.zeros(0, dtype=np.uint64) for n in self.sizes}
         self.starts = {n: np.zeros(0, dtype=np.int64) for n in self.sizes}
 
@@ -134,7 +134,7 @@ class RequestArchive:
         self.documents.clear()
         self.stored = 0
         self.store = np.zeros(0, dtype=np.int64)
-        self.base = self.next
+        self.base = self.next_start
         for n in self.sizes:
             self.keys[n], self.starts[n] = self.keys[n][:0], self.starts[n][:0]
 
@@ -152,8 +152,8 @@ class RequestArchive:
                 continue
             if int(document.min()) < 0:
                 raise ValueError("token ids must be >= 0")
-            added.append((self.next, document))
-            self.next += document.shape[0] + 1  # and the separator
+            added.append((self.next_start, document))
+            self.next_start += document.shape[0] + 1  # and the separator
         if not added:
             return
         self.documents.extend(added)
@@ -184,7 +184,7 @@ class RequestArchive:
             return
         while self.stored > self.capacity:
             self.stored -= self.documents.popleft()[1].shape[0]
-        cut = self.documents[0][0] if self.documents else self.next
+        cut = self.documents[0][0] if self.documents else self.next_start
         self.store = self.store[cut - self.base :]
         self.base = cut
         for n in self.sizes:

@@ -55,8 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(estimates, tables, suffix_memory's earlier outputs); default: a fresh decoder per "
                              "prompt")
     parser.add_argument("--datastore", type=Path, default=None,
-                        help="REST's datastore (a `goose datastore build` folder) for every method that drafts from "
-                             "REST (default: the Python standard library's, built on first use)")
+                        help="REST's datastore (a `goose datastore build` folder, built with the benchmarked model's "
+                             "tokenizer) for every method that drafts from REST (default: the Python standard "
+                             "library's, built on first use)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--list-methods", action="store_true", help="print every method and whether it can run")
     parser.set_defaults(run=run_command)
