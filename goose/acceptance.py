@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 # Grid steps of the planning caches: the budget choice is re-evaluated per 0.02 of an estimate (a
 # coarse key, since it is searched over many budgets), the tree allocations per 0.01.
 BUDGET_STEP = 0.02
@@ -29,6 +31,11 @@ def clamp_probability(value: object) -> float:
     except (TypeError, ValueError):
         return 0.0
     return min(1.0, max(0.0, number)) if math.isfinite(number) else 0.0
+
+
+def clamp_probabilities(values: np.ndarray) -> np.ndarray:
+    """:func:`clamp_probability` for every entry of a float array at once."""
+    return np.where(np.isfinite(values), np.clip(values, 0.0, 1.0), 0.0)
 
 
 def quantize(value: float, step: float) -> float:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from goose.acceptance import clamp_probabilities
 from goose.tree import TreeBuilder, ancestor_matrix
 
 # (previous tokens int64 [m], tokens int64 [m], k) -> (successors int64 [m, k'] (-1 = none), scores float [m, k'])
@@ -185,7 +186,7 @@ class Draft:
             raise CandidateError("draft depth_acceptance must be a sequence of probabilities")
         return Draft(tokens.astype(np.int64, copy=False), parents.astype(np.int64, copy=False),
                      np.clip(scores, 0.0, 1.0), max(0, int(self.consensus)),
-                     tuple(np.where(np.isfinite(depths), np.clip(depths, 0.0, 1.0), 0.0).tolist()))
+                     tuple(clamp_probabilities(depths).tolist()))
 
 
 @dataclass(frozen=True)

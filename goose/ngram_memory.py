@@ -218,9 +218,10 @@ class NgramMemory:
     def __init__(self, sizes: Sequence[int], capacity: int, search_current: bool = True,
                  archive: RequestArchive | None = None) -> None:
         self.archive = archive if archive is not None else RequestArchive(sizes, capacity)
-        self.sizes = tuple(sorted(set(sizes), reverse=True))
-        if self.archive.sizes != self.sizes:
-            raise ValueError(f"the shared archive indexes suffix sizes {self.archive.sizes}, not {self.sizes}")
+        self.sizes = self.archive.sizes
+        if (self.sizes, self.capacity) != (tuple(sorted(set(sizes), reverse=True)), capacity):
+            raise ValueError(f"a shared archive has suffix sizes {list(self.sizes)} and capacity {self.capacity}; a "
+                             f"memory sharing it must have the same, not {list(sizes)} and {capacity}")
         self.search_current = search_current  # False: the current request is kept (to remember) but not searched
         self._powers = {n: pow(HASH_BASE, n, 1 << 64) for n in self.sizes}
         # the current request

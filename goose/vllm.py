@@ -175,6 +175,12 @@ class ChainCut:
     token_seconds: float = 0.0
     threshold: float | None = None
 
+    @classmethod
+    def of_step(cls, fixed: float, per_token: float, rows: int) -> ChainCut:
+        """The cut for one of ``rows`` rows of a step costing ``fixed + per_token * verified tokens`` seconds."""
+        # a row's share: the fixed cost split over the rows, plus its own token, plus its draft tokens
+        return cls(row_seconds=fixed / rows + per_token, token_seconds=per_token)
+
     def length(self, path_scores: np.ndarray) -> tuple[int, float]:
         """(tokens to keep, expected tokens per second of the row with them)."""
         count = path_scores.shape[0]
@@ -229,9 +235,7 @@ class StepCost:
         fit = self.fit()
         if fit is None:
             return None
-        fixed, per_token = fit
-        # a row's share: the fixed cost split over the rows, plus its own token, plus its draft tokens
-        return ChainCut(row_seconds=fixed / rows + per_token, token_seconds=per_token)
+        return ChainCut.of_step(*fit, rows)
 
 
 class RowDrafter:

@@ -104,7 +104,7 @@ def replay(data: dict[str, Any], propose: Drafter, cost: tuple[float, float],
 def goose_replay(data: dict[str, Any], settings: ProposerConfig, k: int, cost: tuple[float, float],
                  vocab_size: int, eos: frozenset[int]) -> dict[str, Tally]:
     fixed, per_token = cost
-    cut = ChainCut(row_seconds=fixed + per_token, token_seconds=per_token)  # one row: the engine's batch-1 cut
+    cut = ChainCut.of_step(fixed, per_token, rows=1)  # the engine's batch-1 cut
     drafter = RowDrafter(settings.sources, settings.goose_config(), vocab_size=vocab_size, eos_token_ids=eos,
                          tokenizer=None, faults=FaultLog(), estimates=None)
 

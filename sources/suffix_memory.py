@@ -168,14 +168,14 @@ _SHARED: weakref.WeakValueDictionary[str, RequestArchive] = weakref.WeakValueDic
 
 
 def shared_archive(name: str, sizes: Sequence[int], capacity: int) -> tuple[RequestArchive, bool]:
-    """The archive shared under ``name`` (made now if no source holds one), and whether it was made now."""
+    """The archive shared under ``name`` (made now if no source holds one), and whether it was made now.
+
+    The memory built on it checks that its sizes and capacity are the archive's.
+    """
     archive = _SHARED.get(name)
     if archive is None:
         archive = _SHARED[name] = RequestArchive(sizes, capacity)
         return archive, True
-    if archive.sizes != tuple(sorted(set(sizes), reverse=True)) or archive.capacity != capacity:
-        raise ValueError(f"suffix_memory: the memory shared as {name!r} has ngram_sizes {list(archive.sizes)} and "
-                         f"capacity {archive.capacity}; a source sharing it must have the same")
     return archive, False
 
 
