@@ -40,8 +40,16 @@ def clamp_probabilities(values: np.ndarray) -> np.ndarray:
 
 def quantize(value: float, step: float) -> float:
     """``value`` clamped to [0, 1] and rounded to a multiple of ``step`` (exact decimals such as 0.07)."""
-    decimals = max(0, -math.floor(math.log10(step)) + 1)
-    return round(round(clamp_probability(value) / step) * step, decimals)
+    return round(round(clamp_probability(value) / step) * step, _decimals(step))
+
+
+def quantize_all(values: np.ndarray, step: float) -> list[float]:
+    """:func:`quantize` for every entry of a float array at once (per-depth estimates, every cycle)."""
+    return np.round(np.round(clamp_probabilities(values) / step) * step, _decimals(step)).tolist()
+
+
+def _decimals(step: float) -> int:
+    return max(0, -math.floor(math.log10(step)) + 1)
 
 
 class AcceptanceEstimate:

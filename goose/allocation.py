@@ -53,7 +53,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from goose.acceptance import ALLOCATION_STEP, quantize
+from goose.acceptance import ALLOCATION_STEP, quantize, quantize_all
 
 _EPSILON = 1e-12
 
@@ -202,13 +202,13 @@ def _rounded(acceptance: float | Sequence[float]) -> tuple[float, ...]:
     """Per-depth acceptance as a rounded tuple (a scalar is one depth that repeats)."""
     if isinstance(acceptance, float | int):  # the hot path: one estimate per source, every cycle
         return (_grid(_probability(acceptance, "acceptance")),)
-    if isinstance(acceptance, tuple | list):
-        values = acceptance
-    else:
-        values = (acceptance,) if np.ndim(acceptance) == 0 else tuple(acceptance)  # type: ignore[arg-type]
-    if not values:
+    values = np.asarray(acceptance, dtype=np.float64).ravel()  # per depth: one array operation, not a loop
+    if not values.size:
         raise ValueError("acceptance needs at least one value")
-    return tuple(_grid(_probability(v, "acceptance")) for v in values)
+    outside = values[~((values >= 0.0) & (values <= 1.0))]
+    if outside.size:
+        raise ValueError(f"acceptance must be a probability in [0, 1], got {float(outside[0])}")
+    return tuple(quantize_all(values, ALLOCATION_STEP))
 
 
 def without_trailing_repeats(values: Sequence[float]) -> tuple[float, ...]:

@@ -21,7 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 
-from goose.acceptance import BUDGET_STEP, quantize
+import numpy as np
+
+from goose.acceptance import BUDGET_STEP, quantize, quantize_all
 from goose.allocation import best_spine_tree, without_trailing_repeats
 from goose.candidates import CandidatePool
 from goose.cost import CostCurve
@@ -40,6 +42,7 @@ class BudgetPlanner:
         self.max_depth = max_depth
         self.candidates = tuple(n for n in CANDIDATE_BUDGETS if n <= max_budget) or (1,)
         self.overhead_s = 0.0005
+        self._overhead_key = 0.0  # overhead_s in units of one token's verify, as the choice's cache key
         self.tree_rows = 1.0  # running means of the tree's rows and of the tokens a cycle yields
         self.tokens = 1.0
         self._choose = lru_cache(maxsize=4096)(self._best)
@@ -85,11 +88,13 @@ class BudgetPlanner:
         ``spine_caps``: per candidate budget, the spine length the topology will really lay (its
         ``goose_spine_lengths`` hook); without them each budget's best split is assumed.
         """
-        overhead_bucket = round(self.overhead_s / self.curve.seconds[0], 1)  # in units of one token's verify
+        overhead = self.overhead_s / self.curve.seconds[0]
+        if abs(overhead - self._overhead_key) > 0.1:  # re-key on a real move, not on noise around a grid line
+            self._overhead_key = round(overhead, 1)
         caps = spine_caps if spine_caps is not None else (spine_length,) * len(self.candidates)
         spine_caps = tuple(min(cap, spine_length) for cap in caps)
         return self._choose(_per_depth_key(spine_acceptance, spine_length), spine_caps, _bucket(branch_acceptance),
-                            overhead_bucket, extra_rows)
+                            self._overhead_key, extra_rows)
 
     def expected_rate(self, budget: int, spine_acceptance: float | Sequence[float], spine_length: int,
                       branch_acceptance: float, extra_rows: int = 0) -> float:
@@ -116,4 +121,5 @@ def _per_depth_key(acceptance: float | Sequence[float], length: int) -> tuple[fl
     """Per-depth estimates on the cache grid, cut to the spine's length, trailing repeats trimmed."""
     if isinstance(acceptance, float | int):
         return (_bucket(acceptance),)
-    return without_trailing_repeats([_bucket(v) for v in list(acceptance)[: max(1, length)]] or [0.0])
+    values = np.asarray(acceptance, dtype=np.float64)[: max(1, length)]
+    return without_trailing_repeats(quantize_all(values, BUDGET_STEP) or [0.0])

@@ -12,7 +12,9 @@ cost curve measured on that device (``goose calibrate --dtype bfloat16`` writes 
         --limit 2 --variants '{"b32": {"budget": 32}}'
 
 Prints per prompt the estimated tokens/s of every method, then the mean estimated speedup over a
-one-token-per-pass loop, the ratio over ``pld`` per dataset, tau and the mean tree size.
+one-token-per-pass loop, the ratio over ``pld`` per dataset, tau and the mean tree size, and
+every method's tau per dataset. Each method keeps one decoder for all prompts, in order (what
+``goose bench --warm-sources`` does), so a cross-request source learns from the earlier prompts.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from goose.bench.methods import METHODS
+from goose.bench.methods import ALL_METHODS
 from goose.bench.prompts import load_samples
 from goose.config import GooseConfig
 from goose.cost import CostCurve
@@ -43,7 +45,8 @@ def main() -> None:
     parser.add_argument("--curve", type=Path, required=True, help="a cost-curve JSON from goose calibrate's cache")
     parser.add_argument("--limit", type=int, default=2, help="prompts per dataset")
     parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--methods", default="pld,goose", help="bench methods (pld first: the reference)")
+    parser.add_argument("--methods", default="pld,goose",
+                        help="bench methods, study methods included (pld first: the reference)")
     parser.add_argument("--variants", default="{}", help='JSON {"name": {GooseConfig fields}} to add')
     parser.add_argument("--datasets", default="humaneval,mbpp,classeval,gsm8k,mt_bench")
     args = parser.parse_args()
@@ -51,7 +54,7 @@ def main() -> None:
     torch.set_num_threads(2)
     model, tokenizer = load(args.model, dtype="float32", progress=False)
     curve = CostCurve.load(args.curve)  # the budget planner plans with the device curve too
-    configs = {name: METHODS[name].config() for name in args.methods.split(",")}
+    configs = {name: ALL_METHODS[name].config() for name in args.methods.split(",")}
     configs["hf_like"] = GooseConfig.model_validate(HF_LIKE)
     configs.update({name: GooseConfig.model_validate(fields) for name, fields in json.loads(args.variants).items()})
     decoders = {name: GooseDecoder(model, tokenizer, config, profile=True, cost_curve=curve)
@@ -89,6 +92,13 @@ def main() -> None:
         overall = statistics.mean(v for values in ratios.values() for v in values)
         print(f"{name:12s} {speedup:6.2f}x {overall:6.3f} {tau:5.2f} {statistics.mean(r['tree'] for r in rows):5.1f}"
               f"  {per_dataset}")
+    print(f"\n{'method':12s} tau per dataset")
+    for name, rows in runs.items():
+        taus = {}
+        for dataset in dict.fromkeys(r["dataset"] for r in rows):
+            picked = [r for r in rows if r["dataset"] == dataset]
+            taus[dataset] = sum(r["tokens"] for r in picked) / sum(r["steps"] for r in picked)
+        print(f"{name:12s} " + " ".join(f"{d}={t:.2f}" for d, t in taus.items()))
 
 
 if __name__ == "__main__":

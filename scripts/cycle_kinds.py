@@ -31,19 +31,20 @@ from goose.models import encode_prompt, load
 
 
 class RecordingPlanner(BudgetPlanner):
-    """The automatic budget, noting each cycle's spine draft and optionally forcing the no-draft budget."""
+    """The automatic budget, noting each cycle's spine draft and optionally forcing the budget of either kind."""
 
-    def __init__(self, curve: CostCurve, no_draft_budget: int, max_depth: int) -> None:
+    def __init__(self, curve: CostCurve, no_draft_budget: int, draft_budget: int, max_depth: int) -> None:
         super().__init__(curve, max_depth=max_depth)
         self.no_draft_budget = no_draft_budget
+        self.draft_budget = draft_budget
         self.draft_lengths: list[int] = []
 
-    def budget(self, pool: CandidatePool, spine_lengths: SpineLengths) -> int:
+    def budget(self, pool: CandidatePool, spine_lengths: SpineLengths, extra_rows: int = 0) -> int:
         spine = pool.drafting[0] if pool.drafting else None
-        self.draft_lengths.append(len(spine.draft) if spine is not None and spine.draft is not None else 0)
-        if self.no_draft_budget and spine is None:
-            return self.no_draft_budget
-        return super().budget(pool, spine_lengths)
+        drafted = len(spine.draft) if spine is not None and spine.draft is not None else 0
+        self.draft_lengths.append(drafted)
+        forced = self.draft_budget if drafted else self.no_draft_budget
+        return forced or super().budget(pool, spine_lengths, extra_rows)
 
 
 class RecordingDecoder(GooseDecoder):
@@ -74,6 +75,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=2, help="prompts per dataset")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--no-draft-budget", type=int, default=0, help="force this budget when nothing drafts")
+    parser.add_argument("--draft-budget", type=int, default=0, help="force this budget when the spine source drafts")
     parser.add_argument("--datasets", default="humaneval,mbpp,classeval,gsm8k,mt_bench")
     args = parser.parse_args()
 
@@ -81,7 +83,7 @@ def main() -> None:
     model, tokenizer = load(args.model, dtype="float32", progress=False)
     curve = CostCurve.load(args.curve)  # the budget planner plans with the device curve too
     config = METHODS["goose"].config()
-    planner = RecordingPlanner(curve, args.no_draft_budget, config.max_depth)
+    planner = RecordingPlanner(curve, args.no_draft_budget, args.draft_budget, config.max_depth)
     decoder = RecordingDecoder(model, tokenizer, config, planner=planner)
 
     cycles: list[tuple[int, int, int]] = []  # (draft length, tokens gained, tree size)

@@ -80,6 +80,19 @@ def test_budget_reads_per_depth_estimates() -> None:
     assert middle.choose((0.6, 0.6, 0.05), 2, 0.15) == middle.choose(0.6, 2, 0.15)
 
 
+def test_a_real_change_of_overhead_re_plans_and_noise_does_not() -> None:
+    """The decoder's own time per cycle is part of the price: a slower decoder earns bigger trees. The
+    cached choice is re-evaluated when the overhead moves by more than a tenth of one token's verify,
+    not on every wobble of the running mean around a grid line."""
+    planner = BudgetPlanner(_curve({1: 1.0, 2: 1.05, 4: 1.15, 8: 1.35, 16: 1.7, 32: 2.4, 64: 3.8, 128: 6.6}))
+    planner.overhead_s = 0.0
+    lean = planner.choose(0.0, 0, 0.3)
+    planner.overhead_s = 0.004  # 0.08 of one token's verify (0.05 s): the same plan, from the cache
+    assert planner.choose(0.0, 0, 0.3) == lean and planner._choose.cache_info().hits == 1
+    planner.overhead_s = 0.05  # a whole token's verify more per cycle
+    assert planner.choose(0.0, 0, 0.3) > lean
+
+
 def test_chain_rate_is_accepted_over_tested() -> None:
     assert chain_rate((0.5,), 10) == pytest.approx(0.5)
     # reach 0.5, 0.5, 0.5: accepted 1.5 of 2 tested tokens
