@@ -50,6 +50,13 @@ class GooseConfig(BaseModel):
     max_depth: int = Field(default=6, ge=1, description="max depth of a branch expanded through successors")
     min_score: float = Field(default=0.01, ge=0.0, description="branch nodes scoring below this are not drafted")
     spine_tiers: list[SpineTier] = Field(default_factory=_paper_tiers)
+    spine_split: Literal["tiers", "optimal"] = Field(
+        default="tiers",
+        description="how the spine topology splits a budget between spine and branches: 'tiers', the paper's "
+        "ratio r of B by the spine source's acceptance; 'optimal', the spine length of the best spine tree under "
+        "the acceptance estimates (goose.allocation.best_spine_tree), so a trusted long copy is laid whole "
+        "instead of sharing the budget with weak branches",
+    )
     spine_branch_ratio: float = Field(
         default=0.5, ge=0.0, le=1.0, description="rho: share of the off-spine budget spent at the root"
     )

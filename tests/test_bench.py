@@ -157,6 +157,7 @@ def test_suites_ablations_and_sweeps_are_method_lists() -> None:
     assert SWEEP["rho=0.25"].config().spine_branch_ratio == 0.25
     fixed = SWEEP["r=0.3"].config()
     assert {fixed.spine_ratio(p) for p in (0.0, 0.3, 0.9)} == {0.3}
+    assert SWEEP["r=optimal"].config().spine_split == "optimal"
     for method in ALL_METHODS.values():  # every Goose method validates and its plugins are registered
         if method.kind == "goose":
             assert unavailable_reason(method) is None, method.name

@@ -1,6 +1,7 @@
 """The contract: in float32, Goose's output is token-identical to the autoregressive greedy loop.
 
-Real models, real prompts from ../shared/data, 128 new tokens each, every built-in topology.
+Real models, real prompts from ../shared/data, 128 new tokens each, every built-in topology (and the
+spine topology's optimal split).
 The autoregressive reference runs once per prompt and every topology is compared against it.
 """
 
@@ -13,6 +14,9 @@ from goose.decoder import AutoregressiveDecoder, GooseDecoder
 from tests.conftest import dataset_prompts
 
 TOPOLOGIES = ["spine", "chain", "isotropic", "transition_tree"]
+# every topology with its defaults, and the spine with the optimal split of each budget
+CONFIGS = {**{name: GooseConfig(topology=name) for name in TOPOLOGIES},
+           "spine, optimal split": GooseConfig(spine_split="optimal")}
 NEW_TOKENS = 128
 
 SMOLLM2_PROMPTS = dataset_prompts("humaneval", 3) + dataset_prompts("gsm8k", 3) + dataset_prompts("mt_bench", 3)
@@ -28,10 +32,10 @@ def first_difference(result, reference) -> str:
 def assert_all_topologies_lossless(model, tokenizer, prompt: str, chat: bool) -> None:
     reference = AutoregressiveDecoder(model, tokenizer, chat=chat).generate(prompt, NEW_TOKENS)
     assert reference.stats.new_tokens > 0
-    for topology in TOPOLOGIES:
-        decoder = GooseDecoder(model, tokenizer, GooseConfig(topology=topology), chat=chat)
+    for name, config in CONFIGS.items():
+        decoder = GooseDecoder(model, tokenizer, config, chat=chat)
         result = decoder.generate(prompt, NEW_TOKENS)
-        assert result.new_token_ids == reference.new_token_ids, f"{topology}: {first_difference(result, reference)}"
+        assert result.new_token_ids == reference.new_token_ids, f"{name}: {first_difference(result, reference)}"
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from goose import CandidatePool, Draft, DraftTree, GooseConfig, SourceCandidates
+from goose.allocation import best_spine_tree
 from goose.boundary import TopologyPlanner
 from goose.plugins import BUILTIN_ORIGIN, registry
 from goose.topologies.chain import ChainTopology
@@ -252,14 +253,28 @@ def test_bypass_ablation_builds_the_tree_instead() -> None:
     dict(length=30, acceptance=0.3, consensus=0, table=False),  # no branching source: spine alone
     dict(length=0, acceptance=0.5, consensus=0, table=True),    # no draft: no spine
 ])
-def test_spine_length_hint_is_the_spine_the_planner_lays(case: dict) -> None:
+@pytest.mark.parametrize("split", ["tiers", "optimal"])
+def test_spine_length_hint_is_the_spine_the_planner_lays(case: dict, split: str) -> None:
     # --budget auto values each budget by the tree the topology will lay; the hint must be that tree's spine
     draft = spine_draft(length=case["length"], consensus=case["consensus"]) if case["length"] else None
     pool = make_pool(draft, case["acceptance"], TransitionTable() if case["table"] else None)
-    config = GooseConfig()
+    config = GooseConfig(spine_split=split)
     budgets = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
     hints = SpineTopology(config).goose_spine_lengths(pool=pool, budgets=budgets, config=config)
-    assert hints == tuple(int(plan("spine", pool, budget).on_spine.sum()) for budget in budgets)
+    assert hints == tuple(int(plan("spine", pool, budget, config).on_spine.sum()) for budget in budgets)
+
+
+def test_the_optimal_split_lays_a_trusted_copy_whole_and_keeps_a_doubtful_one_short() -> None:
+    """spine_split="optimal": the spine is the best spine tree's, not the paper's share B*r."""
+    optimal = GooseConfig(spine_split="optimal")
+    trusted = make_pool(spine_draft(length=40, score=0.95), 0.95, TransitionTable())
+    assert len(spine_of(plan("spine", trusted, 48))) == 24  # the tier r = 0.5: 24 spine, 24 weak branches
+    tree = plan("spine", trusted, 48, optimal)
+    assert spine_of(tree) == list(range(500, 540))  # the whole copy; the 8 nodes left go to branches
+    check_tree(tree, 48, trusted)
+    doubtful = make_pool(spine_draft(length=40, score=0.3), 0.3, TransitionTable())
+    expected = best_spine_tree(0.3, 0.04, 48, GooseConfig().max_depth, max_spine=40).spine_len
+    assert len(spine_of(plan("spine", doubtful, 48, optimal))) == max(1, expected) < 40
 
 
 def test_planners_without_a_spine_rule_give_no_hint() -> None:

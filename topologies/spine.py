@@ -18,8 +18,13 @@ Rules, in order (B = budget, r = ``config.spine_ratio(spine source acceptance)``
    a match at B*r is what lost the measured Gemma MBPP runs to a plain 10-token chain.
 3. Spine length L = min(draft path length, B, max(1, round(B*r), c)), rounding half up: the tier
    ratio, stretched to cover every token the n-gram lengths agree on (the paper's "extend more
-   aggressively"). The spine is not pruned by ``min_score``: its scores are the spine source's own
-   confidence, and the tier ratio already sets how far to trust it. A trie draft contributes its
+   aggressively"). With ``config.spine_split = "optimal"`` the tier share round(B*r) is replaced by
+   the spine length of the best spine tree of B nodes under the sources' acceptance estimates
+   (:func:`goose.allocation.best_spine_tree`, per-depth spine estimates included): the tiers are
+   the paper's fixed-budget rule, and with a budget chosen per cycle they would make a trusted
+   40-token copy pay for 40 branch nodes to be laid whole. The spine is not pruned by
+   ``min_score``: its scores are the spine source's own confidence, and the tier ratio (or the
+   optimum) already sets how far to trust it. A trie draft contributes its
    most valuable root path (``draft.best_path``); its other nodes are left out, since the branch
    budget is better spent on successors of the spine.
 4. The R = B - L nodes left: round(rho * R) to root branches (children of the anchor, the pure
@@ -37,6 +42,7 @@ from __future__ import annotations
 import numpy as np
 
 import goose
+from goose.allocation import best_spine_tree
 from goose.candidates import CandidatePool, SourceCandidates
 from goose.config import GooseConfig
 from goose.hookspecs import Register
@@ -103,6 +109,10 @@ class SpineTopology:
         consensus = spine_source.draft.consensus
         if not pool.branching or (config.consensus_bypass and consensus >= config.bypass_threshold):
             return min(available, budget), True
+        if config.spine_split == "optimal":
+            best = best_spine_tree(spine_source.depth_acceptance or spine_source.acceptance,
+                                   pool.branching[0].acceptance, budget, config.max_depth, max_spine=available)
+            return min(available, budget, max(1, best.spine_len, consensus)), False
         return spine_length(budget, config.spine_ratio(spine_source.acceptance), consensus, available), False
 
     @staticmethod

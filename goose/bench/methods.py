@@ -115,6 +115,8 @@ def _sweep() -> dict[str, Method]:
         # one tier for every acceptance level: the confidence-adaptive choice is switched off
         methods.append(Method(f"r={ratio:g}", "goose", f"fixed spine ratio r = {ratio:g}", "sweep:spine_ratio",
                               {"spine_tiers": [{"below": 1.01, "ratio": ratio}]}))
+    methods.append(Method("r=optimal", "goose", "spine length of the best spine tree instead of a ratio",
+                          "sweep:spine_ratio", {"spine_split": "optimal"}))
     for rho in (0.0, 0.25, 0.5, 0.75, 1.0):
         methods.append(Method(f"rho={rho:g}", "goose", f"spine-branch ratio rho = {rho:g}", "sweep:rho",
                               {"spine_branch_ratio": rho}))
