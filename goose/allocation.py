@@ -78,6 +78,15 @@ def _probability(value: float, name: str) -> float:
     return value
 
 
+def _probabilities(values: object, name: str) -> np.ndarray:
+    """:func:`_probability` for a sequence or array at once, as a flat float array."""
+    array = np.asarray(values, dtype=np.float64).ravel()
+    outside = array[~((array >= 0.0) & (array <= 1.0))]  # NaN counts as outside
+    if outside.size:
+        _probability(outside[0], name)  # raises, with the one message
+    return array
+
+
 # --- exact expectation of any tree ---------------------------------------------------------------
 
 
@@ -202,12 +211,9 @@ def _rounded(acceptance: float | Sequence[float]) -> tuple[float, ...]:
     """Per-depth acceptance as a rounded tuple (a scalar is one depth that repeats)."""
     if isinstance(acceptance, float | int):  # the hot path: one estimate per source, every cycle
         return (_grid(_probability(acceptance, "acceptance")),)
-    values = np.asarray(acceptance, dtype=np.float64).ravel()  # per depth: one array operation, not a loop
+    values = _probabilities(acceptance, "acceptance")  # per depth: one array operation, not a loop
     if not values.size:
         raise ValueError("acceptance needs at least one value")
-    outside = values[~((values >= 0.0) & (values <= 1.0))]
-    if outside.size:
-        raise ValueError(f"acceptance must be a probability in [0, 1], got {float(outside[0])}")
     return tuple(quantize_all(values, ALLOCATION_STEP))
 
 

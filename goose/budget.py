@@ -77,7 +77,7 @@ class BudgetPlanner:
         branch = pool.branching[0] if pool.branching else None
         if spine is None or spine.draft is None:
             return self.choose(0.0, 0, branch.acceptance if branch else 0.0, extra_rows=extra_rows)
-        return self.choose(spine.depth_acceptance or spine.acceptance, len(spine.draft),
+        return self.choose(spine.spine_acceptance, len(spine.draft),
                            branch.acceptance if branch else 0.0, spine_lengths(pool, self.candidates), extra_rows)
 
     def choose(self, spine_acceptance: float | Sequence[float], spine_length: int, branch_acceptance: float,

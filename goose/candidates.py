@@ -200,6 +200,11 @@ class SourceCandidates:
     successors: SuccessorFn | None
     depth_acceptance: tuple[float, ...] = ()  # per draft depth (the last repeats); () = ``acceptance`` at every depth
 
+    @property
+    def spine_acceptance(self) -> float | tuple[float, ...]:
+        """What planners size this source's spine by: its per-depth estimates if the draft gave them, else the rate."""
+        return self.depth_acceptance or self.acceptance
+
 
 def chain_rate(depth_acceptance: Sequence[float], length: int) -> float:
     """The one per-token rate of a chain of ``length`` tokens with per-depth acceptance (the last value repeats).

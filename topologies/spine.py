@@ -110,8 +110,8 @@ class SpineTopology:
         if not pool.branching or (config.consensus_bypass and consensus >= config.bypass_threshold):
             return min(available, budget), True
         if config.spine_split == "optimal":
-            best = best_spine_tree(spine_source.depth_acceptance or spine_source.acceptance,
-                                   pool.branching[0].acceptance, budget, config.max_depth, max_spine=available)
+            best = best_spine_tree(spine_source.spine_acceptance, pool.branching[0].acceptance, budget,
+                                   config.max_depth, max_spine=available)
             return min(available, budget, max(1, best.spine_len, consensus)), False
         return spine_length(budget, config.spine_ratio(spine_source.acceptance), consensus, available), False
 
