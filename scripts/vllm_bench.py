@@ -19,7 +19,9 @@ tau (output tokens per engine step of a request: output / (output - accepted dra
 own mean acceptance length (1 + accepted / drafts, over steps that drafted) and the share of
 outputs token-identical to vLLM without speculation (at concurrency 1, and at the same
 concurrency: in bfloat16 vLLM's own output changes with the batch's shape). Writes ``results.json``
-(every output and counter) and ``report.md`` into ``--out``.
+(every output and counter) and ``report.md`` into ``--out``. ``--peer`` adds a method of vLLM's own
+with a speculative config of your choice, e.g. ``ngram`` tuned otherwise (``scripts/vllm_replay.py
+--ngram-sweep`` models which lookup lengths and K suit a machine).
 """
 
 from __future__ import annotations
@@ -101,6 +103,10 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--num-speculative-tokens", type=int, default=16, help="K, for ngram and goose alike")
     parser.add_argument("--ngram-min", type=int, default=3, help="vLLM ngram prompt_lookup_min (Goose matches 3-5)")
     parser.add_argument("--ngram-max", type=int, default=5, help="vLLM ngram prompt_lookup_max")
+    parser.add_argument("--peer", action="append", default=[], metavar="NAME=JSON",
+                        help="one more method: vLLM's speculative_config as JSON, e.g. "
+                        "'ngram_k8={\"method\": \"ngram\", \"num_speculative_tokens\": 8, \"prompt_lookup_min\": 2, "
+                        "\"prompt_lookup_max\": 5}' (a peer tuned differently from `ngram`); repeatable")
     parser.add_argument("--goose-config", default=None,
                         help="GOOSE_VLLM_CONFIG for the goose method (JSON or path; default: the proposer's defaults)")
     parser.add_argument("--repeat", type=int, default=1,
@@ -114,6 +120,19 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     unknown = sorted(set(args.methods) - set(METHODS))
     if unknown:
         parser.error(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
+    args.peers = {}
+    for peer in args.peer:
+        name, _, text = peer.partition("=")
+        if not name or name in METHODS or name in args.peers:
+            parser.error(f"--peer {peer!r}: give a new name (not one of {', '.join(METHODS)}) before '='")
+        try:
+            config = json.loads(text)
+        except json.JSONDecodeError as error:
+            parser.error(f"--peer {name}: not JSON ({error})")
+        if not isinstance(config, dict) or "method" not in config:
+            parser.error(f"--peer {name}: a JSON object with vLLM's speculative 'method' (e.g. ngram) is needed")
+        args.peers[name] = config
+    args.methods += list(args.peers)
     if "none" not in args.methods:
         parser.error("the 'none' method is the reference every output is compared with; keep it in --methods")
     if args.batch < 1:
@@ -148,6 +167,8 @@ def default_model() -> str:
 
 
 def speculative_config(method: str, args: argparse.Namespace) -> dict[str, Any] | None:
+    if method in args.peers:
+        return args.peers[method]
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": args.num_speculative_tokens,
                 "prompt_lookup_min": args.ngram_min, "prompt_lookup_max": args.ngram_max}
@@ -282,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(text)
     (out / "results.json").write_text(json.dumps({
-        "arguments": {k: v for k, v in vars(args).items()}, "conditions": conditions,
+        "arguments": dict(vars(args)), "conditions": conditions,
         "prompts": [asdict(p) for p in prompts],
         "runs": [asdict(r) | {"tokens_per_s": r.tokens_per_s, "tau": r.tau,
                               "mean_acceptance_length": r.mean_acceptance_length} for r in runs]}, indent=1))

@@ -130,6 +130,26 @@ def print_tallies(name: str, tallies: dict[str, Tally], yardstick: Tally | None)
     return total
 
 
+NGRAM_SWEEP = {"k": (3, 4, 5, 6, 8, 10, 12, 16),
+               "lengths": ((5, 5), (4, 5), (3, 5), (2, 5), (1, 5), (3, 4), (2, 4), (2, 3), (1, 3), (3, 3), (2, 2))}
+
+
+def sweep_ngram(data: dict[str, Any], cost: tuple[float, float], yardstick: Tally, show: int = 8) -> None:
+    """vLLM's ngram at every K and lookup-length range of NGRAM_SWEEP, fastest first (vLLM's default: n=5..5)."""
+    found = []
+    for low, high in NGRAM_SWEEP["lengths"]:
+        for k in NGRAM_SWEEP["k"]:
+            total = Tally()
+            for tally in replay(data, lambda t, k=k, low=low, high=high: vllm_ngram(t, k, low, high), cost).values():
+                total.add(tally)
+            found.append((total.tokens / total.seconds, k, low, high, total))
+    found.sort(key=lambda row: -row[0])
+    reference = yardstick.tokens / yardstick.seconds
+    print(f"ngram sweep ({len(found)} configurations), the {show} fastest, modelled tok/s against the one above:")
+    for speed, k, low, high, total in found[:show]:
+        print(f"    K={k:<2} n={low}..{high}: {speed / reference:.3f}x, tau {total.tokens / total.steps:.3f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -140,12 +160,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-token-ms", type=float, default=1.0, help="modelled step cost per verified token")
     parser.add_argument("--vocab-size", type=int, default=49_152, help="the model's vocabulary (SmolLM2's)")
     parser.add_argument("--eos", type=int, action="append", default=None, help="EOS id(s) (default: SmolLM2's 2)")
+    parser.add_argument("--ngram-sweep", action="store_true",
+                        help="also model vLLM's ngram at every K and lookup-length range of NGRAM_SWEEP and list the "
+                        "fastest (which peer configuration to benchmark against on this machine)")
     args = parser.parse_args(argv)
     data = json.loads(args.results.read_text())
     k = int(data["arguments"]["num_speculative_tokens"])
     cost = (args.fixed_ms / 1000, args.per_token_ms / 1000)
     low, high = data["arguments"]["ngram_min"], data["arguments"]["ngram_max"]
     ngram = print_tallies(f"ngram n={low}..{high}", replay(data, lambda t: vllm_ngram(t, k, low, high), cost), None)
+    if args.ngram_sweep:
+        sweep_ngram(data, cost, ngram)
     eos = frozenset(args.eos or [2])
     for text in args.config or ["{}"]:
         try:
