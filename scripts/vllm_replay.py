@@ -117,10 +117,16 @@ def goose_replay(data: dict[str, Any], settings: ProposerConfig, k: int, cost: t
     return replay(data, propose, cost, start, drafter.learn)
 
 
-def print_tallies(name: str, tallies: dict[str, Tally], yardstick: Tally | None) -> Tally:
+def combined(tallies: dict[str, Tally]) -> Tally:
+    """One tally of every dataset's."""
     total = Tally()
     for tally in tallies.values():
         total.add(tally)
+    return total
+
+
+def print_tallies(name: str, tallies: dict[str, Tally], yardstick: Tally | None) -> Tally:
+    total = combined(tallies)
     ratio = ""
     if yardstick is not None:
         ratio = f" = {total.tokens / total.seconds / (yardstick.tokens / yardstick.seconds):.2f}x ngram"
@@ -130,18 +136,16 @@ def print_tallies(name: str, tallies: dict[str, Tally], yardstick: Tally | None)
     return total
 
 
-NGRAM_SWEEP = {"k": (3, 4, 5, 6, 8, 10, 12, 16),
-               "lengths": ((5, 5), (4, 5), (3, 5), (2, 5), (1, 5), (3, 4), (2, 4), (2, 3), (1, 3), (3, 3), (2, 2))}
+NGRAM_SWEEP_K = (3, 4, 5, 6, 8, 10, 12, 16)
+NGRAM_SWEEP_LENGTHS = ((5, 5), (4, 5), (3, 5), (2, 5), (1, 5), (3, 4), (2, 4), (2, 3), (1, 3), (3, 3), (2, 2))
 
 
 def sweep_ngram(data: dict[str, Any], cost: tuple[float, float], yardstick: Tally, show: int = 8) -> None:
-    """vLLM's ngram at every K and lookup-length range of NGRAM_SWEEP, fastest first (vLLM's default: n=5..5)."""
+    """vLLM's ngram at every K and lookup-length range of the sweep, fastest first (vLLM's default: n=5..5)."""
     found = []
-    for low, high in NGRAM_SWEEP["lengths"]:
-        for k in NGRAM_SWEEP["k"]:
-            total = Tally()
-            for tally in replay(data, lambda t, k=k, low=low, high=high: vllm_ngram(t, k, low, high), cost).values():
-                total.add(tally)
+    for low, high in NGRAM_SWEEP_LENGTHS:
+        for k in NGRAM_SWEEP_K:
+            total = combined(replay(data, lambda t, k=k, low=low, high=high: vllm_ngram(t, k, low, high), cost))
             found.append((total.tokens / total.seconds, k, low, high, total))
     found.sort(key=lambda row: -row[0])
     reference = yardstick.tokens / yardstick.seconds
@@ -161,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab-size", type=int, default=49_152, help="the model's vocabulary (SmolLM2's)")
     parser.add_argument("--eos", type=int, action="append", default=None, help="EOS id(s) (default: SmolLM2's 2)")
     parser.add_argument("--ngram-sweep", action="store_true",
-                        help="also model vLLM's ngram at every K and lookup-length range of NGRAM_SWEEP and list the "
-                        "fastest (which peer configuration to benchmark against on this machine)")
+                        help="also model vLLM's ngram at 8 values of K by 11 lookup-length ranges and list the fastest "
+                        "(which peer configuration to benchmark against on this machine)")
     args = parser.parse_args(argv)
     data = json.loads(args.results.read_text())
     k = int(data["arguments"]["num_speculative_tokens"])
