@@ -11,6 +11,14 @@ import torch
 
 from goose import models
 
+# Under pytest-xdist (`make test` runs two workers) each worker gets one thread: two one-thread
+# workers do nearly twice the work of one two-thread process on a 2-core machine, because a
+# small model's forward pass barely uses a second thread. Subprocesses the tests start (the CLI,
+# `goose serve`) inherit OMP_NUM_THREADS, so they do not oversubscribe the cores either, and their
+# float32 arithmetic is split the same way as the in-process reference they are compared with.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("GOOSE_TEST_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", os.environ["GOOSE_TEST_THREADS"])
 torch.set_num_threads(int(os.environ.get("GOOSE_TEST_THREADS", "2")))
 
 # GOOSE_TEST_DEVICE=cuda runs the model tests on a GPU (the device check); CI stays on the CPU

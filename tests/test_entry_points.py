@@ -22,6 +22,8 @@ import pytest
 
 from goose import DecodeContext, Draft, GooseConfig
 
+pytestmark = pytest.mark.xdist_group("entry_points")  # one worker: the test plugin is pip-installed once
+
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN = REPO / "plugins" / "goose-phrase-list"
 DISTRIBUTION = "goose-phrase-list"

@@ -197,10 +197,12 @@ class WrongHintPlugin:
 
 def test_a_faulty_budget_hint_is_skipped_and_output_is_unchanged(smollm2, caplog) -> None:
     registrations = plugins.register(WrongHintPlugin(), origin="tests")
-    # the output repeats the prompt, so every cycle has a draft whatever budget the cost curve picks
+    # the output repeats the prompt, so every cycle has a draft whatever budget the cost curve picks; short
+    # drafts make it several cycles (a large budget once took the whole answer in one, and the hint was asked once)
     prompt = "Count in words: one, two, three, one, two, three, one, two, three, one, two, three, one,"
-    _, _, warnings = decode_beside_ar(smollm2, GooseConfig(topology="wrong_hint_spine", budget="auto"), prompt, 40,
-                                      caplog)
+    config = GooseConfig(topology="wrong_hint_spine", budget="auto",
+                         source_options={"context_match": {"max_continuation": 4}})
+    _, _, warnings = decode_beside_ar(smollm2, config, prompt, 40, caplog)
     plugins.unregister(registrations)
     assert WrongHintSpine.calls > 1  # asked on every cycle with a draft, and survived each answer
     assert sum("topology 'wrong_hint_spine' skipped in goose_spine_lengths" in w for w in warnings) == 1, warnings

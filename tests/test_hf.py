@@ -31,6 +31,8 @@ from goose.config import GooseConfig
 from goose.decoder import AutoregressiveDecoder
 from tests.conftest import dataset_prompts
 
+pytestmark = pytest.mark.xdist_group("hf")  # one worker: the module's generate() references are computed once
+
 SMOLLM2_TOKENS = 64
 GEMMA3_TOKENS = 32
 

@@ -10,6 +10,8 @@ import torch
 from goose import models
 from goose.models import ModelLoadError
 
+pytestmark = pytest.mark.xdist_group("models")  # one worker: the cold/warm model cache is built once
+
 SMOLLM2 = "smollm2-135m"
 
 

@@ -33,6 +33,8 @@ from goose.decoder import AutoregressiveDecoder
 from goose.models import encode_chat, encode_prompt
 from goose.serve.stop import StopScanner
 
+pytestmark = pytest.mark.xdist_group("server")  # one worker: the module's server (a model load) starts once
+
 REPO = Path(__file__).resolve().parents[1]
 DEVICE = os.environ.get("GOOSE_TEST_DEVICE", "cpu")
 MODEL = "smollm2-135m"
