@@ -14,7 +14,7 @@ import argparse
 from typing import Any
 
 from goose import GooseConfig, models
-from goose.decoder import AutoregressiveDecoder, GooseDecoder
+from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 
 ABLATIONS: dict[str, dict[str, Any]] = {
     "Goose (spine tree)": {},

@@ -5,7 +5,7 @@ import numpy as np
 
 import goose
 from goose import models, plugins
-from goose.decoder import AutoregressiveDecoder, GooseDecoder
+from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 
 
 class RepeatLastLine:

@@ -4,7 +4,7 @@
 
 Runs the two-source spine tree and the multi-level ``multi_spine`` tree on the same prompts and
 prints tau, accepted-path kinds and per-source acceptance, next to the expected tau the acceptance
-model (``goose.allocation``) gives for the final estimates if every source drafted every cycle (real
+model (``goose.planning.allocation``) gives for the final estimates if every source drafted every cycle (real
 sources draft only when they find a match, so measured tau sits below it). REST's default datastore is the Python
 standard library, built once (about half a minute) and cached; ``--sources`` swaps in another
 drafter, e.g. ``context_match,lookahead,bigram_transition``.
@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import argparse
 
-from goose import GooseConfig, allocation, models
-from goose.decoder import GooseDecoder
+from goose import GooseConfig, models
+from goose.cycle.decoder import GooseDecoder
+from goose.planning import allocation
 
 PROMPTS = [
     'Complete this Python function:\ndef read_json_lines(path):\n    """Yield one object per JSONL line."""\n',

@@ -151,8 +151,8 @@ def _add_generate(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_generate(args: argparse.Namespace) -> int:
-    from goose.decoder import AutoregressiveDecoder, GooseDecoder, check_request
-    from goose.sampling import random_seed
+    from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder, check_request
+    from goose.cycle.sampling import random_seed
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     check_request(prompt, args.max_new_tokens)  # before the model loads: a bad request fails at once
@@ -252,7 +252,7 @@ def _add_calibrate(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_calibrate(args: argparse.Namespace) -> int:
-    from goose import cost
+    from goose.planning import cost
 
     model, _ = load_model(args)
     curve = cost.load_or_measure(model, refresh=args.refresh)

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from goose.sampling import SamplingParams, Seed, Temperature, TopK, TopP
+from goose.cycle.sampling import SamplingParams, Seed, Temperature, TopK, TopP
 
 
 class SpineTier(BaseModel):
@@ -54,7 +54,7 @@ class GooseConfig(BaseModel):
         default="tiers",
         description="how the spine topology splits a budget between spine and branches: 'tiers', the paper's "
         "ratio r of B by the spine source's acceptance; 'optimal', the spine length of the best spine tree under "
-        "the acceptance estimates (goose.allocation.best_spine_tree), so a trusted long copy is laid whole "
+        "the acceptance estimates (goose.planning.allocation.best_spine_tree), so a trusted long copy is laid whole "
         "instead of sharing the budget with weak branches",
     )
     spine_branch_ratio: float = Field(
@@ -66,7 +66,7 @@ class GooseConfig(BaseModel):
     branch_top_k: int = Field(default=10, ge=1, description="widest fan-out a branching source may give a node")
     isotropic_k: int = Field(default=3, ge=1, description="fan-out of the balanced k-ary tree (Iso(k))")
 
-    # pricing: every row of a pass against the cost curve (see goose.budget)
+    # pricing: every row of a pass against the cost curve (see goose.planning.budget)
     price_rows: bool = Field(
         default=True,
         description="auxiliary rows (Lookahead's window) ride in a pass only when the cost curve says the tokens "

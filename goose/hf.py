@@ -56,7 +56,7 @@ from transformers.generation import (
 from transformers.generation.streamers import BaseStreamer
 
 from goose.config import GooseConfig
-from goose.decoder import GooseDecoder
+from goose.cycle.decoder import GooseDecoder
 
 __all__ = ["FOLDER", "generate", "generate_from_folder"]
 

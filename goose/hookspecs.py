@@ -24,7 +24,7 @@ can branch answers ``goose_successors``; one that learns from outcomes implement
 ``goose_observe``. All arrays are NumPy, on the host.
 
 **Acceptance.** A source does not keep or report its own acceptance rate: the decoder keeps one
-:class:`goose.acceptance.AcceptanceEstimate` per source, made for the name it was registered under,
+:class:`goose.contract.acceptance.AcceptanceEstimate` per source, made for the name it was registered under,
 starting at ``initial_acceptance`` (the registration's value, or ``GooseConfig.initial_acceptance``
 [name]) and moved by an EMA step (``GooseConfig.ema``) towards the accepted / tested ratio of the
 source's tree nodes after every verification. Planners rank sources by it (the most trusted gets
@@ -32,7 +32,7 @@ the spine) and the automatic budget sizes trees by it. ``goose_propose`` receive
 value; a draft without scores gets it for every token.
 
 **Faults are contained.** Every call into a plugin goes through one guard
-(:mod:`goose.boundary`): a hook that raises, or returns something malformed (token ids outside the
+(:mod:`goose.contract.boundary`): a hook that raises, or returns something malformed (token ids outside the
 vocabulary, parents out of order, wrong shapes, wrong types), is skipped for that cycle and logged
 once; the output of decoding never changes because of a plugin, only its speed.
 
@@ -62,10 +62,10 @@ import pluggy
 if TYPE_CHECKING:
     import numpy as np
 
-    from goose.candidates import CandidatePool, DecodeContext, Draft
     from goose.config import GooseConfig
-    from goose.outcome import AuxiliaryRows, Harvest, VerifyOutcome
-    from goose.tree import DraftTree
+    from goose.contract.candidates import CandidatePool, DecodeContext, Draft
+    from goose.contract.outcome import AuxiliaryRows, Harvest, VerifyOutcome
+    from goose.contract.tree import DraftTree
 
 PROJECT = "goose"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -121,7 +121,7 @@ def goose_prefill(context: DecodeContext, harvest: Harvest) -> None:
 def goose_propose(context: DecodeContext, acceptance: float) -> Draft | None:
     """Draft tokens to follow the anchor (``context.tokens[-1]``), or None.
 
-    Return a :class:`goose.candidates.Draft`: a chain (``Draft.chain(tokens)``) or a small trie
+    Return a :class:`goose.contract.candidates.Draft`: a chain (``Draft.chain(tokens)``) or a small trie
     (``Draft.trie(paths, weights, acceptance)``). Scores, when given, estimate the chance that
     each token is accepted given that its parent was; planners rank and prune by them. Without
     scores every token gets ``acceptance``, this source's current estimate (see the module

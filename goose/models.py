@@ -32,7 +32,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from goose.folders import publish
+from goose.store.folders import publish
 
 __all__ = [
     "DEFAULT_MODEL",

@@ -15,9 +15,9 @@ needs it.
 Three parts, each replaceable on its own:
 
 * :class:`RowDrafter` is the only code that talks to Goose's source contract: it turns one
-  request's tokens into a context, asks the sources (through :mod:`goose.boundary`, which contains
+  request's tokens into a context, asks the sources (through :mod:`goose.contract.boundary`, which contains
   their faults) for drafts, picks the most valuable chain and its length, and feeds back how many
-  drafted tokens vLLM accepted as a :class:`goose.outcome.VerifyOutcome` of a chain tree, so that
+  drafted tokens vLLM accepted as a :class:`goose.contract.outcome.VerifyOutcome` of a chain tree, so that
   the sources' estimates learn exactly as they do in Goose's own decoder.
 * :class:`RequestTable` knows which drafter serves which request although vLLM passes no request
   id and reorders rows between steps: a request is known by its content. A row that holds tokens
@@ -53,11 +53,11 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from goose import plugins
-from goose.boundary import FaultLog, SourceSet
-from goose.candidates import DecodeContext
 from goose.config import GooseConfig
-from goose.outcome import Harvest, PathKind, VerifyOutcome
-from goose.tree import ROOT, DraftTree, TreeBuilder
+from goose.contract.boundary import FaultLog, SourceSet
+from goose.contract.candidates import DecodeContext
+from goose.contract.outcome import Harvest, PathKind, VerifyOutcome
+from goose.contract.tree import ROOT, DraftTree, TreeBuilder
 
 logger = logging.getLogger("goose.vllm")
 
@@ -243,7 +243,7 @@ class RowDrafter:
 
     ``start`` once per request (reset and prefill), then alternately ``learn`` (from vLLM's verdict
     on the previous chain) and ``propose`` (the next chain). ``sources`` is a
-    :class:`goose.boundary.SourceSet`, which skips a faulty source for the cycle with one warning.
+    :class:`goose.contract.boundary.SourceSet`, which skips a faulty source for the cycle with one warning.
     """
 
     def __init__(self, names: Sequence[str], config: GooseConfig, *, vocab_size: int, eos_token_ids: frozenset[int],

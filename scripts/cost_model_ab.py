@@ -30,9 +30,9 @@ import torch
 from goose.bench.methods import ALL_METHODS
 from goose.bench.prompts import load_samples
 from goose.config import GooseConfig
-from goose.cost import CostCurve
-from goose.decoder import GooseDecoder
+from goose.cycle.decoder import GooseDecoder
 from goose.models import encode_prompt, load
+from goose.planning.cost import CostCurve
 
 # Hugging Face prompt lookup's algorithm in Goose's terms: 2- then 1-gram, earliest occurrence, 10 tokens
 HF_LIKE = {"sources": ["context_match"], "topology": "chain", "budget": 10,

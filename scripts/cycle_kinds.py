@@ -23,11 +23,11 @@ import torch
 
 from goose.bench.methods import METHODS
 from goose.bench.prompts import load_samples
-from goose.budget import BudgetPlanner, SpineLengths
-from goose.candidates import CandidatePool
-from goose.cost import CostCurve
-from goose.decoder import GooseDecoder
+from goose.contract.candidates import CandidatePool
+from goose.cycle.decoder import GooseDecoder
 from goose.models import encode_prompt, load
+from goose.planning.budget import BudgetPlanner, SpineLengths
+from goose.planning.cost import CostCurve
 
 
 class RecordingPlanner(BudgetPlanner):

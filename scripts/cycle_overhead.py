@@ -22,7 +22,7 @@ import torch
 from goose import models
 from goose.bench.prompts import default_data_dir
 from goose.config import GooseConfig
-from goose.decoder import GooseDecoder
+from goose.cycle.decoder import GooseDecoder
 
 
 def long_prompt(tokenizer, length: int, data_dir: Path) -> list[int]:

@@ -40,7 +40,7 @@ import openai
 import torch
 
 from goose import models
-from goose.decoder import GooseDecoder
+from goose.cycle.decoder import GooseDecoder
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "Write a Python function that merges two sorted lists."

@@ -21,10 +21,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 import goose
-from goose.candidates import DecodeContext
 from goose.config import GooseConfig
+from goose.contract.candidates import DecodeContext
+from goose.contract.outcome import Harvest, VerifyOutcome
 from goose.hookspecs import Register
-from goose.outcome import Harvest, VerifyOutcome
 
 NAME = "bigram_transition"
 

@@ -21,11 +21,11 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 import goose
-from goose.allocation import without_trailing_repeats
-from goose.candidates import DecodeContext, Draft, before_eos, common_prefix
 from goose.config import GooseConfig
+from goose.contract.candidates import DecodeContext, Draft, before_eos, common_prefix
+from goose.contract.outcome import VerifyOutcome
 from goose.hookspecs import Register
-from goose.outcome import VerifyOutcome
+from goose.planning.allocation import without_trailing_repeats
 
 NAME = "context_match"
 

@@ -28,10 +28,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 import goose
-from goose.candidates import DecodeContext, Draft, before_eos
 from goose.config import GooseConfig
+from goose.contract.candidates import DecodeContext, Draft, before_eos
+from goose.contract.outcome import AuxiliaryRows, VerifyOutcome
 from goose.hookspecs import Register
-from goose.outcome import AuxiliaryRows, VerifyOutcome
 
 NAME = "lookahead"
 

@@ -3,7 +3,7 @@
 Repeated and agentic workloads (the same tool calls, the same code shapes, request after request)
 repeat across requests what context match can only see within one. In the spirit of
 SuffixDecoding's global tree (Oliaro et al., 2024), this source keeps a memory of earlier
-requests' outputs (:class:`goose.ngram_memory.NgramMemory`: bounded by ``capacity`` tokens,
+requests' outputs (:class:`goose.sources.toolkit.ngram_memory.NgramMemory`: bounded by ``capacity`` tokens,
 oldest requests evicted first, optionally saved to a file) together with the current prompt and
 output, and each cycle:
 
@@ -42,7 +42,7 @@ request can match, joins the memory. With ``path`` the memory is loaded from tha
 decoder is made and written back after every request and at exit; a file written for another
 tokenizer is refused (and left untouched). With ``share`` several sources of one process (a
 serving engine's drafters, one per running request) remember into and search one archive of
-earlier requests (:class:`goose.ngram_memory.RequestArchive`).
+earlier requests (:class:`goose.sources.toolkit.ngram_memory.RequestArchive`).
 """
 
 from __future__ import annotations
@@ -60,15 +60,15 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 import goose
-from goose.allocation import without_trailing_repeats
-from goose.candidates import DecodeContext, Draft
 from goose.config import GooseConfig
+from goose.contract.candidates import DecodeContext, Draft
+from goose.contract.outcome import VerifyOutcome
 from goose.hookspecs import Register
-from goose.ngram_memory import MemoryFileError, NgramMemory, RequestArchive
-from goose.outcome import VerifyOutcome
+from goose.planning.allocation import without_trailing_repeats
 from goose.sources.context_match import CopyDepthEstimate, increasing_edges, longest_first
 from goose.sources.rest import FrequencyTrie, frequency_trie
-from goose.tokenizer_identity import tokenizer_identity
+from goose.sources.toolkit.ngram_memory import MemoryFileError, NgramMemory, RequestArchive
+from goose.store.tokenizer_identity import tokenizer_identity
 
 NAME = "suffix_memory"
 

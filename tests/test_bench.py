@@ -30,7 +30,7 @@ from goose.bench.records import build_record, compare
 from goose.bench.report import build_report
 from goose.bench.study import H200_BF16, predicted_speedup, study_configs, study_rows, tokens_lost_without
 from goose.config import GooseConfig
-from goose.cost import CostCurve
+from goose.planning.cost import CostCurve
 
 from .conftest import DATA_DIR
 

@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from goose import cost
-from goose.budget import BudgetPlanner
-from goose.candidates import chain_rate
-from goose.cost import CostCurve
-from goose.decoder import AutoregressiveDecoder, GooseDecoder
+from goose.contract.candidates import chain_rate
+from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
+from goose.planning import cost
+from goose.planning.budget import BudgetPlanner
+from goose.planning.cost import CostCurve
 
 
 def test_monotone_lowers_a_slow_small_size_instead_of_raising_the_rest() -> None:

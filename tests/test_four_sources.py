@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from goose.config import GooseConfig
-from goose.decoder import AutoregressiveDecoder, GooseDecoder
+from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.sources.rest.corpus import build
 from tests.conftest import dataset_prompts
 from tests.test_rest import stdlib_sample

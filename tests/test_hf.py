@@ -28,7 +28,7 @@ from transformers.generation import GenerateDecoderOnlyOutput
 
 import goose.hf
 from goose.config import GooseConfig
-from goose.decoder import AutoregressiveDecoder
+from goose.cycle.decoder import AutoregressiveDecoder
 from tests.conftest import dataset_prompts
 
 pytestmark = pytest.mark.xdist_group("hf")  # one worker: the module's generate() references are computed once

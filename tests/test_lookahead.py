@@ -18,12 +18,12 @@ from pydantic import ValidationError
 
 import goose
 from goose import DecodeContext, Draft, DraftTree, GooseConfig, Harvest, PathKind, TreeBuilder, VerifyOutcome
-from goose.boundary import SourceSet
-from goose.decoder import AutoregressiveDecoder, GooseDecoder
+from goose.contract.boundary import SourceSet
+from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
+from goose.cycle.verifier import Verifier
 from goose.hookspecs import Register
 from goose.plugins import BUILTIN_ORIGIN, register, registry, unregister
 from goose.sources.lookahead import LookaheadOptions, LookaheadSource, NgramPool, window_layout
-from goose.verifier import Verifier
 from tests.conftest import dataset_prompts
 
 EOS = 999

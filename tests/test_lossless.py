@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from goose.config import GooseConfig
-from goose.decoder import AutoregressiveDecoder, GooseDecoder
+from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from tests.conftest import dataset_prompts
 
 TOPOLOGIES = ["spine", "chain", "isotropic", "transition_tree"]

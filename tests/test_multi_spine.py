@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 
 import goose
 from goose import CandidatePool, DecodeContext, Draft, DraftTree, GooseConfig, SourceCandidates
-from goose.allocation import SpineSpec, multi_spine_allocation
-from goose.boundary import TopologyPlanner
-from goose.decoder import AutoregressiveDecoder, GooseDecoder
+from goose.contract.boundary import TopologyPlanner
+from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.hookspecs import Register
+from goose.planning.allocation import SpineSpec, multi_spine_allocation
 from goose.plugins import BUILTIN_ORIGIN, registry, unregister
 from goose.topologies.chain import ChainTopology
 from goose.topologies.multi_spine import MultiSpineTopology, common_prefix

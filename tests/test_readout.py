@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goose.readout import BLOCK, greedy, greedy_and_top_k, read
+from goose.cycle.readout import BLOCK, greedy, greedy_and_top_k, read
 from tests.conftest import dataset_prompts
 
 

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 import goose.bench.cli  # registers the `bench` command
 from goose import cli
 from goose.bench.methods import ALL_METHODS, with_datastore
-from goose.candidates import DecodeContext
 from goose.config import GooseConfig
-from goose.decoder import AutoregressiveDecoder, GooseDecoder
+from goose.contract.candidates import DecodeContext
+from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.sources.rest import RestOptions, RestSource, frequency_trie
 from goose.sources.rest.corpus import build, default_datastore, default_datastore_path
 from goose.sources.rest.datastore import Datastore

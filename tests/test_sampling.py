@@ -19,8 +19,8 @@ from pydantic import ValidationError
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from goose.config import GooseConfig
-from goose.decoder import AutoregressiveDecoder, GooseDecoder
-from goose.sampling import Sampler, SamplingParams, inverse_cdf, uniform
+from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
+from goose.cycle.sampling import Sampler, SamplingParams, inverse_cdf, uniform
 from tests.conftest import dataset_prompts
 
 TEMPERATURES = (0.3, 0.7, 1.0)

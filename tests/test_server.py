@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from goose import cli
-from goose.decoder import AutoregressiveDecoder
+from goose.cycle.decoder import AutoregressiveDecoder
 from goose.models import encode_chat, encode_prompt
 from goose.serve.stop import StopScanner
 

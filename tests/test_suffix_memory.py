@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from goose.bench.methods import METHODS
-from goose.candidates import DecodeContext
 from goose.config import GooseConfig
-from goose.decoder import AutoregressiveDecoder, GooseDecoder
-from goose.ngram_memory import FORMAT, MemoryFileError, NgramMemory, ngram_keys
+from goose.contract.candidates import DecodeContext
+from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.sources.suffix_memory import NAME, SuffixMemorySource
+from goose.sources.toolkit.ngram_memory import FORMAT, MemoryFileError, NgramMemory, ngram_keys
 from tests.conftest import dataset_prompts
 
 EOS = 99

@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from goose import allocation as planning
-from goose import theory
-from goose.allocation import MultiSpineAllocation, SpineSpec, TreeShape
+from goose.planning import allocation as planning
+from goose.planning.allocation import MultiSpineAllocation, SpineSpec, TreeShape
 from goose.topologies.transition_tree import static_template
+from tests import theory
 
 P_S = [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 0.95]
 P_T = [0.01, 0.03, 0.05, 0.1, 0.3]

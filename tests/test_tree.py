@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goose.tree import DraftTree, TreeBuilder, ancestor_matrix
-from goose.verifier import pass_rows
+from goose.contract.tree import DraftTree, TreeBuilder, ancestor_matrix
+from goose.cycle.verifier import pass_rows
 
 
 def random_tree(parents_choice: list[int], tokens: list[int], budget: int) -> DraftTree:

@@ -12,9 +12,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from goose.tree import DraftTree, TreeBuilder
-from goose.verifier import Verifier
-from goose.walker import walk
+from goose.contract.tree import DraftTree, TreeBuilder
+from goose.cycle.verifier import Verifier
+from goose.cycle.walker import walk
 
 TOLERANCE = 2e-4  # float32; observed differences are ~5e-5 (different matmul shapes, same math)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from goose.outcome import PathKind
-from goose.tree import TreeBuilder
-from goose.walker import walk, walk_sampled
+from goose.contract.outcome import PathKind
+from goose.contract.tree import TreeBuilder
+from goose.cycle.walker import walk, walk_sampled
 
 SPINE, BRANCH = 0, 1
 

@@ -10,11 +10,11 @@ the bare anchor (a plain autoregressive step).
 from __future__ import annotations
 
 import goose
-from goose.candidates import CandidatePool
 from goose.config import GooseConfig
+from goose.contract.candidates import CandidatePool
+from goose.contract.tree import ROOT, DraftTree
 from goose.hookspecs import Register
 from goose.topologies.toolkit import grow_branches
-from goose.tree import ROOT, DraftTree
 
 
 class ChainTopology:

@@ -17,10 +17,10 @@ from __future__ import annotations
 import numpy as np
 
 import goose
-from goose.candidates import CandidatePool
 from goose.config import GooseConfig
+from goose.contract.candidates import CandidatePool
+from goose.contract.tree import ROOT, DraftTree, TreeBuilder
 from goose.hookspecs import Register
-from goose.tree import ROOT, DraftTree, TreeBuilder
 
 NOT_IN_DRAFT = -2  # a tree node that is not on a drafting source's trie (-1 is the trie's root, the anchor)
 

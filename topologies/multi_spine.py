@@ -18,7 +18,7 @@ Rules, in order (B = budget):
    follows the divergence, at most ``config.max_depth`` tokens (side spines are shallow). A side
    draft that is a prefix of the main one adds nothing and is dropped. Branches: the most trusted
    branching source's successors.
-4. Budget split by :func:`goose.theory.multi_spine_allocation`, recomputed every cycle from the
+4. Budget split by :func:`tests.theory.multi_spine_allocation`, recomputed every cycle from the
    current estimates (rounded to the planning grid, so the cached split serves most cycles): each spine's
    per-token acceptance is its source's estimate (the main draft's consensus run counts at its
    own, higher, scores), p_t is the brancher's. It returns how many tokens each spine lays and how
@@ -40,13 +40,13 @@ from __future__ import annotations
 import numpy as np
 
 import goose
-from goose.allocation import MultiSpineAllocation, SpineSpec, multi_spine_allocation
-from goose.candidates import CandidatePool, SourceCandidates, common_prefix
 from goose.config import GooseConfig
+from goose.contract.candidates import CandidatePool, SourceCandidates, common_prefix
+from goose.contract.tree import ROOT, DraftTree, TreeBuilder
 from goose.hookspecs import Register
+from goose.planning.allocation import MultiSpineAllocation, SpineSpec, multi_spine_allocation
 from goose.topologies.spine import SpineTopology
 from goose.topologies.toolkit import EMPTY, grow_branches
-from goose.tree import ROOT, DraftTree, TreeBuilder
 
 
 class SideSpine:

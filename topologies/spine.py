@@ -20,7 +20,7 @@ Rules, in order (B = budget, r = ``config.spine_ratio(spine source acceptance)``
    ratio, stretched to cover every token the n-gram lengths agree on (the paper's "extend more
    aggressively"). With ``config.spine_split = "optimal"`` the tier share round(B*r) is replaced by
    the spine length of the best spine tree of B nodes under the sources' acceptance estimates
-   (:func:`goose.allocation.best_spine_tree`, per-depth spine estimates included): the tiers are
+   (:func:`goose.planning.allocation.best_spine_tree`, per-depth spine estimates included): the tiers are
    the paper's fixed-budget rule, and with a budget chosen per cycle they would make a trusted
    40-token copy pay for 40 branch nodes to be laid whole. The spine is not pruned by
    ``min_score``: its scores are the spine source's own confidence, and the tier ratio (or the
@@ -42,13 +42,13 @@ from __future__ import annotations
 import numpy as np
 
 import goose
-from goose.allocation import best_spine_tree
-from goose.candidates import CandidatePool, SourceCandidates
 from goose.config import GooseConfig
+from goose.contract.candidates import CandidatePool, SourceCandidates
+from goose.contract.tree import ROOT, DraftTree, TreeBuilder
 from goose.hookspecs import Register
+from goose.planning.allocation import best_spine_tree
 from goose.topologies.toolkit import grow_branches, harmonic_split
 from goose.topologies.transition_tree import lay_transition_tree
-from goose.tree import ROOT, DraftTree, TreeBuilder
 
 
 def spine_length(budget: int, ratio: float, consensus: int, available: int) -> int:

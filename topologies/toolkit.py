@@ -1,6 +1,6 @@
 """The topology author's toolkit: the shape helpers the built-in planners share.
 
-A planner gets a :class:`goose.candidates.CandidatePool` and lays a tree with its ``builder``; these
+A planner gets a :class:`goose.contract.candidates.CandidatePool` and lays a tree with its ``builder``; these
 helpers do the recurring parts: harmonic branch widths along a spine, ranking within groups, and
 best-first growth of branch subtrees through a source's successors. A drafting source's most
 valuable root path is ``draft.best_path`` (tokens and path scores).
@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from goose.candidates import CandidatePool, SourceCandidates
-from goose.tree import TreeBuilder
+from goose.contract.candidates import CandidatePool, SourceCandidates
+from goose.contract.tree import TreeBuilder
 
 EMPTY = np.zeros(0, dtype=np.int64)
 

@@ -24,10 +24,10 @@ from functools import lru_cache
 import numpy as np
 
 import goose
-from goose.candidates import CandidatePool, SourceCandidates
 from goose.config import GooseConfig
+from goose.contract.candidates import CandidatePool, SourceCandidates
+from goose.contract.tree import ROOT, DraftTree, TreeBuilder
 from goose.hookspecs import Register
-from goose.tree import ROOT, DraftTree, TreeBuilder
 
 DEPTH_DECAY = 0.6
 RANK_EXPONENT = 1.3

@@ -105,7 +105,7 @@ def run_command(args: argparse.Namespace) -> int:
         return _list_methods()
     from goose.bench.methods import resolve_methods
     from goose.bench.prompts import PAPER_DATASETS, default_data_dir
-    from goose.sampling import SamplingParams
+    from goose.cycle.sampling import SamplingParams
 
     max_new_tokens = args.max_new_tokens or (QUICK_MAX_NEW_TOKENS if args.quick else DEFAULT_MAX_NEW_TOKENS)
     limit = args.limit if args.limit is not None else (QUICK_LIMIT if args.quick else None)

@@ -6,7 +6,7 @@ The clock covers exactly the call that turns prompt ids into new token ids (pref
 for every kind alike. Every call runs under ``torch.inference_mode`` (as Spec-Bench does), so no
 method pays autograd bookkeeping that another does not.
 
-Sampling (a :class:`goose.sampling.SamplingParams` with temperature > 0) reaches every method with
+Sampling (a :class:`goose.cycle.sampling.SamplingParams` with temperature > 0) reaches every method with
 the same seed for the same prompt: our decoders draw by (seed, position), so every lossless method
 reproduces ``ar``'s text; the Hugging Face peers sample with ``do_sample=True`` and the same warpers
 from torch's generator seeded with that seed (their texts are their own).
@@ -23,8 +23,8 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from goose.bench.methods import Method
-from goose.decoder import AutoregressiveDecoder, GooseDecoder
-from goose.sampling import SamplingParams
+from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
+from goose.cycle.sampling import SamplingParams
 
 # GenerationStats.to_dict() keys kept per turn (the per-step lists are kept separately)
 _STATS_KEYS = ("source_tested", "source_accepted", "path_kinds", "prefill_s", "mean_tree_size", "auxiliary_rows")

@@ -1,7 +1,7 @@
 """The benchmarked methods, as data: a name, a kind, and GooseConfig fields (or generate() arguments).
 
 Every Goose-family method is a :class:`goose.config.GooseConfig` built from its ``fields``, run by
-the same :class:`goose.decoder.GooseDecoder` through the same verifier, so the methods differ only
+the same :class:`goose.cycle.decoder.GooseDecoder` through the same verifier, so the methods differ only
 in what the config says: the paper's baselines (PLD, TR, Lookahead, REST, Iso(k)) are the same
 sources in other topologies. Suites (the main table, the ablations, the parameter sweeps) are
 just more entries in the same table.

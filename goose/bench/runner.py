@@ -58,9 +58,9 @@ from goose.bench.methods import (
 from goose.bench.prompts import Sample, load_samples
 from goose.bench.records import Record, build_record, compare
 from goose.bench.study import study_rows, tokens_lost_without
-from goose.cost import CostCurve, load_or_measure
-from goose.sampling import SamplingParams
-from goose.verifier import ContextOverflowError
+from goose.cycle.sampling import SamplingParams
+from goose.cycle.verifier import ContextOverflowError
+from goose.planning.cost import CostCurve, load_or_measure
 
 logger = logging.getLogger("goose.bench")
 

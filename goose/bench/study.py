@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from goose.cost import CostCurve
+from goose.planning.cost import CostCurve
 
 Record = dict[str, Any]  # one results.jsonl line (goose.bench.records)
 

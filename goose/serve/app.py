@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import goose
-from goose.sampling import SamplingParams
+from goose.cycle.sampling import SamplingParams
 from goose.serve.engine import Delta, Engine, Event, Failed, Finished, Job, QueueFullError
 from goose.serve.errors import APIError, from_validation_error
 from goose.serve.prompts import PromptEncoder

@@ -27,13 +27,13 @@ from pydantic import ValidationError
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from goose.config import GooseConfig
-from goose.decoder import GooseDecoder
+from goose.cycle.decoder import GooseDecoder
+from goose.cycle.verifier import ContextOverflowError, Verifier
 from goose.plugins import PluginError, registry
 from goose.serve.errors import APIError, bad_request, from_validation_error
 from goose.serve.metrics import ServerMetrics
 from goose.serve.schemas import GooseStats
 from goose.serve.stop import StopScanner
-from goose.verifier import ContextOverflowError, Verifier
 
 logger = logging.getLogger("goose.serve")
 

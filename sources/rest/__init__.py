@@ -45,10 +45,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 import goose
-from goose.candidates import DecodeContext, Draft
 from goose.config import GooseConfig
+from goose.contract.candidates import DecodeContext, Draft
+from goose.contract.outcome import VerifyOutcome
 from goose.hookspecs import Register
-from goose.outcome import VerifyOutcome
 from goose.sources.rest.corpus import default_datastore
 from goose.sources.rest.datastore import Datastore
 from goose.sources.rest.suffix_index import DatastoreError, Match, SuffixIndex

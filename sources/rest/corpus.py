@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from goose.folders import publish
 from goose.sources.rest.datastore import FORMAT, MANIFEST, SUFFIXES_FILE, TOKENS_FILE, Datastore
 from goose.sources.rest.suffix_index import SEPARATOR, DatastoreError, non_separator_suffixes
-from goose.tokenizer_identity import tokenizer_fingerprint, tokenizer_identity
+from goose.store.folders import publish
+from goose.store.tokenizer_identity import tokenizer_fingerprint, tokenizer_identity
 
 logger = logging.getLogger("goose.datastore")
 

@@ -6,7 +6,7 @@ array, :mod:`goose.sources.rest.suffix_index`) and ``manifest.json`` (the tokeni
 for, counts, sources; written last, so a folder with a manifest is complete). Opening is
 ``np.load(mmap_mode="r")``: nothing is read or rebuilt per request; the OS pages in the few
 suffix-array entries a binary search touches. A datastore built for another tokenizer is refused
-with a message that says how to rebuild it (:mod:`goose.tokenizer_identity`).
+with a message that says how to rebuild it (:mod:`goose.store.tokenizer_identity`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from goose.sources.rest.suffix_index import DatastoreError, SuffixIndex
-from goose.tokenizer_identity import tokenizer_fingerprint, tokenizer_identity
+from goose.store.tokenizer_identity import tokenizer_fingerprint, tokenizer_identity
 
 FORMAT = "goose-datastore/1"
 MANIFEST = "manifest.json"

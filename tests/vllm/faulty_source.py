@@ -6,7 +6,7 @@ Registered at run time inside vLLM's engine process through the proposer's ``plu
 from __future__ import annotations
 
 import goose
-from goose.candidates import DecodeContext, Draft
+from goose.contract.candidates import DecodeContext, Draft
 from goose.hookspecs import Register
 
 NAME = "faulty"

@@ -27,8 +27,8 @@ from typing import Any
 
 import goose
 import numpy as np
-from goose.candidates import DecodeContext, Draft
 from goose.config import GooseConfig
+from goose.contract.candidates import DecodeContext, Draft
 from goose.hookspecs import Register
 from pydantic import BaseModel, ConfigDict, Field
 

@@ -1,7 +1,7 @@
 """The paper's closed forms for the expected yield of a spine tree, and a Monte-Carlo check of the acceptance model.
 
 The acceptance model, and the exact expectation E[tau] = 1 + sum_v value(v) of any tree under it,
-are described in :mod:`goose.allocation` (:func:`goose.allocation.expected_tau_tree`); below are the
+are described in :mod:`goose.planning.allocation` (:func:`goose.planning.allocation.expected_tau_tree`); below are the
 paper's special cases.
 
 **The paper's bound** (:func:`expected_tau_spine`), spine of length m, w_i branches at spine node i
@@ -22,7 +22,7 @@ first). With that term the formula is the exact expectation of the model; withou
 bound (tight when w_m = 0).
 
 The optimum over spine trees and its multi-source generalisation, which planners and the automatic
-budget use every cycle, are in :mod:`goose.allocation`; this module holds the paper's closed forms,
+budget use every cycle, are in :mod:`goose.planning.allocation`; this module holds the paper's closed forms,
 the literal trees they describe and a Monte-Carlo check, against which the tests hold the optimiser.
 """
 
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from goose.allocation import (
+from goose.planning.allocation import (
     MultiSpineAllocation,
     SpineSpec,
     TreeShape,

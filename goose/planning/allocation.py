@@ -40,8 +40,8 @@ that lower bound. The exact expectation of the result is compared with the best 
 and the better one is returned.
 
 Optimisations are cached on estimates rounded to the planning grid
-(:data:`goose.acceptance.ALLOCATION_STEP`); planners call them every cycle. The paper's closed forms
-and a Monte-Carlo check of these expectations are in :mod:`goose.theory`.
+(:data:`goose.contract.acceptance.ALLOCATION_STEP`); planners call them every cycle. The paper's closed forms
+and a Monte-Carlo check of these expectations are in :mod:`tests.theory`.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from goose.acceptance import ALLOCATION_STEP, quantize, quantize_all
+from goose.contract.acceptance import ALLOCATION_STEP, quantize, quantize_all
 
 _EPSILON = 1e-12
 

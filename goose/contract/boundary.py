@@ -7,7 +7,7 @@ a skipped tree is the bare anchor, a skipped budget hint is the planner's own es
 the only place such checks live; sources, topologies and the decoder trust what comes out of it.
 
 It is also where the sources' acceptance estimates live (one :class:`AcceptanceEstimate` per
-registered name, see :mod:`goose.acceptance`): the boundary hands each source its estimate when
+registered name, see :mod:`goose.contract.acceptance`): the boundary hands each source its estimate when
 asking for a draft, fills unscored drafts with it, ranks the sources by it, and updates it from
 every outcome.
 """
@@ -22,8 +22,9 @@ import numpy as np
 import pluggy
 
 from goose import hookspecs
-from goose.acceptance import AcceptanceEstimate
-from goose.candidates import (
+from goose.config import GooseConfig
+from goose.contract.acceptance import AcceptanceEstimate
+from goose.contract.candidates import (
     CandidateError,
     CandidatePool,
     DecodeContext,
@@ -32,10 +33,9 @@ from goose.candidates import (
     SuccessorFn,
     chain_rate,
 )
-from goose.config import GooseConfig
-from goose.outcome import AuxiliaryRows, Harvest, VerifyOutcome
+from goose.contract.outcome import AuxiliaryRows, Harvest, VerifyOutcome
+from goose.contract.tree import DraftTree
 from goose.plugins import Registry, registry
-from goose.tree import DraftTree
 
 logger = logging.getLogger("goose.plugins")
 

@@ -2,9 +2,9 @@
 
 **Tree size.** Each cycle the decoder asks for the budget n maximising
 E[tau(n)] / (t(n + 1 + a) + overhead), where t is the device's measured verify cost curve
-(:mod:`goose.cost`), a the auxiliary rows riding in the same pass, E[tau(n)] the expected yield of
+(:mod:`goose.planning.cost`), a the auxiliary rows riding in the same pass, E[tau(n)] the expected yield of
 the best spine tree of n draft nodes under the sources' current acceptance estimates
-(:func:`goose.allocation.best_spine_tree`), and overhead the decoder's own per-cycle time
+(:func:`goose.planning.allocation.best_spine_tree`), and overhead the decoder's own per-cycle time
 (drafting, planning, walking), tracked as a running mean. On a GPU t is flat and this picks the
 paper's large trees; on a CPU, where width costs, it picks small ones and long chains only when the
 context match is trusted.
@@ -23,10 +23,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from goose.acceptance import BUDGET_STEP, quantize, quantize_all
-from goose.allocation import best_spine_tree, without_trailing_repeats
-from goose.candidates import CandidatePool
-from goose.cost import CostCurve
+from goose.contract.acceptance import BUDGET_STEP, quantize, quantize_all
+from goose.contract.candidates import CandidatePool
+from goose.planning.allocation import best_spine_tree, without_trailing_repeats
+from goose.planning.cost import CostCurve
 
 CANDIDATE_BUDGETS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128)
 

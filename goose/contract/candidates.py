@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from goose.acceptance import clamp_probabilities
-from goose.tree import TreeBuilder, ancestor_matrix
+from goose.contract.acceptance import clamp_probabilities
+from goose.contract.tree import TreeBuilder, ancestor_matrix
 
 # (previous tokens int64 [m], tokens int64 [m], k) -> (successors int64 [m, k'] (-1 = none), scores float [m, k'])
 SuccessorFn = Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, np.ndarray]]

@@ -24,8 +24,8 @@ import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer
 
-from goose.outcome import AuxiliaryRows
-from goose.tree import DraftTree
+from goose.contract.outcome import AuxiliaryRows
+from goose.contract.tree import DraftTree
 
 
 class ContextOverflowError(ValueError):

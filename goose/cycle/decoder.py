@@ -19,20 +19,20 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from goose.boundary import FaultLog, SourceSet, TopologyPlanner
-from goose.budget import BudgetPlanner
-from goose.candidates import DecodeContext
 from goose.config import GooseConfig
-from goose.cost import CostCurve, load_or_measure
-from goose.detokenize import IncrementalText
-from goose.outcome import AuxiliaryRows, Harvest, VerifyOutcome
+from goose.contract.boundary import FaultLog, SourceSet, TopologyPlanner
+from goose.contract.candidates import DecodeContext
+from goose.contract.outcome import AuxiliaryRows, Harvest, VerifyOutcome
+from goose.contract.tree import DraftTree
+from goose.cycle.detokenize import IncrementalText
+from goose.cycle.readout import greedy, greedy_and_top_k, read
+from goose.cycle.sampling import Sampler, SamplingParams, random_seed
+from goose.cycle.stats import GenerationStats
+from goose.cycle.verifier import ContextOverflowError, Verifier
+from goose.cycle.walker import walk, walk_sampled
+from goose.planning.budget import BudgetPlanner
+from goose.planning.cost import CostCurve, load_or_measure
 from goose.plugins import PluginError
-from goose.readout import greedy, greedy_and_top_k, read
-from goose.sampling import Sampler, SamplingParams, random_seed
-from goose.stats import GenerationStats
-from goose.tree import DraftTree
-from goose.verifier import ContextOverflowError, Verifier
-from goose.walker import walk, walk_sampled
 
 Prompt = str | list[int] | torch.Tensor
 

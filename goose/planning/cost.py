@@ -21,11 +21,11 @@ import numpy as np
 import torch
 
 from goose.config import GooseConfig
-from goose.readout import read
-from goose.tree import TreeBuilder
-from goose.verifier import Verifier
+from goose.contract.tree import TreeBuilder
+from goose.cycle.readout import read
+from goose.cycle.verifier import Verifier
 
-logger = logging.getLogger("goose.cost")
+logger = logging.getLogger("goose.planning.cost")
 
 DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 CALIBRATION_CONTEXT = 256  # tokens of context while measuring: a typical prompt length

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from goose.outcome import PathKind
+from goose.contract.outcome import PathKind
 
 
 @dataclass

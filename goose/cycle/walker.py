@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from goose.outcome import PathKind
-from goose.tree import ROOT, DraftTree
+from goose.contract.outcome import PathKind
+from goose.contract.tree import ROOT, DraftTree
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from enum import Enum
 
 import numpy as np
 
-from goose.tree import DraftTree
+from goose.contract.tree import DraftTree
 
 
 class PathKind(str, Enum):

@@ -1,0 +1,6 @@
+"""The decode cycle: draft, plan, verify, walk, observe (``decoder``), and the pieces it runs on.
+
+``verifier`` (the target model over a tree, and its KV cache), ``readout`` (one device read of
+a pass's logits), ``walker`` (the longest accepted path, greedy and sampled), ``sampling`` (the
+seeded sampler both Goose and the autoregressive loop draw from), ``stats`` and ``detokenize``.
+"""

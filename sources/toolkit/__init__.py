@@ -1,0 +1,1 @@
+"""Helpers the sources share; no source imports another source."""
