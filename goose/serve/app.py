@@ -1,9 +1,10 @@
-"""The FastAPI app: OpenAI's routes over one Engine, plus /health and /metrics.
+"""The FastAPI app: OpenAI's routes over one Engine, plus /health and /metrics (and /docs with ``docs``).
 
 Bodies are parsed by the request models themselves (not FastAPI's body injection) so that every
-problem, from bad JSON to a bad value, is a 400 in OpenAI's error shape naming the field, and a
-curl without a JSON content type still works. Nothing a client sends reaches the worker unchecked:
-the prompt is encoded and fitted to the context before the request queues.
+problem, from bad JSON to a bad value, is a 400 in OpenAI's error shape naming the field. What may
+reach the routes at all (Host, Origin, a JSON content type, the body's size and read deadline) is
+decided before them by ``RequestGuard`` (goose/serve/guard.py). Nothing a client sends reaches the
+worker unchecked: the prompt is encoded and fitted to the context before the request queues.
 """
 
 from __future__ import annotations
@@ -18,16 +19,20 @@ from typing import Any, TypeVar
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import goose
 from goose.cycle.sampling import SamplingParams
 from goose.serve.engine import Delta, Engine, Event, Failed, Finished, Job, QueueFullError
 from goose.serve.errors import APIError, from_validation_error
+from goose.serve.guard import HostRule, RequestGuard
 from goose.serve.prompts import PromptEncoder
 from goose.serve.responses import DONE, ChatFormat, CompletionFormat, sse
 from goose.serve.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest, ModelCard, ModelList
@@ -35,8 +40,10 @@ from goose.serve.schemas import ChatCompletionRequest, CompletionRequest, Genera
 logger = logging.getLogger("goose.serve")
 
 MAX_BODY_BYTES = 4 << 20  # a prompt that fills an 8k-token context is well under 100 kB
+BODY_TIMEOUT_S = 30.0
 DISCONNECT_POLL_S = 0.25
-ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics")
+CLIENT_GONE = 499  # nginx's status for a client that closed the connection before its answer was complete
+ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics", "/docs", "/openapi.json")
 
 RequestModel = TypeVar("RequestModel", bound=BaseModel)
 Format = ChatFormat | CompletionFormat
@@ -47,8 +54,15 @@ class ClientGone(Exception):
 
 
 def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
-               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
-    """An app serving ``engine``'s model as ``model_name``; with ``api_key``, /v1 wants ``Bearer <key>``."""
+               max_body_bytes: int = MAX_BODY_BYTES, hosts: HostRule | None = None,
+               cors_origins: tuple[str, ...] = (), body_timeout_s: float = BODY_TIMEOUT_S,
+               docs: bool = False) -> FastAPI:
+    """An app serving ``engine``'s model as ``model_name``; with ``api_key``, /v1 wants ``Bearer <key>``.
+
+    ``hosts`` says which Host headers name this server (default: loopback); ``cors_origins`` are the
+    browser origins allowed to call it (default none); ``docs`` serves /docs and /openapi.json
+    (behind the key when there is one).
+    """
     encoder = PromptEncoder(engine.tokenizer, engine.vocab_size, engine.context)
     metrics = engine.metrics
     started = int(time.time())
@@ -60,9 +74,17 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
         yield
         engine.close()
 
-    app = FastAPI(title="Goose", version=goose.__version__, lifespan=lifespan,
+    # FastAPI's own /docs, /redoc and /openapi.json are open to anyone: off, and ours below only with docs
+    app = FastAPI(title="Goose", version=goose.__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None,
                   description="OpenAI-compatible completions decoded with Goose speculative decoding")
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    # added last = outermost: every request is counted, the guard's refusals too; CORS answers preflights
+    # only for origins the guard let through
+    if cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["authorization", "content-type"], max_age=600)
+    app.add_middleware(RequestGuard, hosts=hosts or HostRule("127.0.0.1"), cors_origins=cors_origins,
+                       max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s)
     app.add_middleware(CountRequests, count=lambda route, code: metrics.http_requests.labels(route, code).inc())
 
     async def authorized(request: Request) -> None:
@@ -79,16 +101,24 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:  # 404, 405
-        return _error_response(APIError(error.status_code, str(error.detail), headers=dict(error.headers or {})))
+        code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "invalid_request")
+        return _error_response(APIError(error.status_code, str(error.detail), code=code,
+                                        headers=dict(error.headers or {})))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, error: RequestValidationError) -> JSONResponse:  # path parameters
-        return _error_response(APIError(400, str(error.errors()[0].get("msg", "invalid request"))))
+        return _error_response(APIError(400, str(error.errors()[0].get("msg", "invalid request")),
+                                        code="invalid_value"))
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(_: Request, __: ClientDisconnect) -> Response:
+        # the guard reads bodies before the routes do, so this is only a safety net; CountRequests logs it
+        return Response(status_code=CLIENT_GONE)
 
     @app.exception_handler(Exception)
     async def internal_error(_: Request, error: Exception) -> JSONResponse:
         logger.error("request failed", exc_info=error)
-        return _error_response(APIError(500, "internal server error"))
+        return _error_response(APIError(500, "internal server error", code="internal_error"))
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -133,6 +163,15 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
         job = Job("chat", prompt_ids, max_tokens, body.stop_sequences, decoding, sampling, asyncio.get_running_loop(),
                   body.ignore_eos)
         return await _answer(engine, job, request, body.stream, ChatFormat(model_name))
+
+    if docs:
+        @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(authorized)])
+        async def openapi() -> JSONResponse:
+            return JSONResponse(app.openapi())
+
+        @app.get("/docs", include_in_schema=False, dependencies=[Depends(authorized)])
+        async def swagger() -> HTMLResponse:
+            return get_swagger_ui_html(openapi_url="/openapi.json", title="Goose - API")
 
     return app
 
@@ -253,40 +292,15 @@ def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 
 # --- ASGI middleware (plain ASGI: streaming responses pass through untouched) --------------------
-
-
-class BodyLimit:
-    """413 for a body over ``max_bytes`` (by its Content-Length; a chunked one is cut off when it exceeds it)."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        too_large = APIError(413, f"the request body is larger than {self.max_bytes} bytes")
-        length = dict(scope["headers"]).get(b"content-length", b"0")
-        if not length.isdigit() or int(length) > self.max_bytes:
-            error = too_large if length.isdigit() else APIError(400, "bad Content-Length header")
-            await _error_response(error)(scope, receive, send)
-            return
-        received = 0
-
-        async def limited() -> Message:
-            nonlocal received
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > self.max_bytes:
-                raise too_large  # reaches the app's APIError handler through request.body()
-            return message
-
-        await self.app(scope, limited, send)
+# (RequestGuard, in guard.py, checks Host, Origin, content type and reads the body within its limits)
 
 
 class CountRequests:
-    """Counts every answered HTTP request by route and status code."""
+    """Counts every HTTP request by route and status code; 499 when the client left before its answer ended.
+
+    A client that goes away (mid-upload, while its generation waits or runs, mid-stream) is one
+    info line here, never a traceback.
+    """
 
     def __init__(self, app: ASGIApp, count: Callable[[str, str], None]) -> None:
         self.app = app
@@ -299,14 +313,27 @@ class CountRequests:
         path = scope.get("path", "")
         route = path if path in ROUTES else ("/v1/models/{id}" if path.startswith("/v1/models/") else "other")
         status: list[int] = []
+        answered = gone = False
+
+        async def watched() -> Message:
+            nonlocal gone
+            message = await receive()
+            gone = gone or message["type"] == "http.disconnect"
+            return message
 
         async def recorded(message: Message) -> None:
+            nonlocal answered
             if message["type"] == "http.response.start":
                 status.append(message["status"])
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                answered = True
             await send(message)
 
         try:
-            await self.app(scope, receive, recorded)
+            await self.app(scope, watched, recorded)
         finally:
-            self.count(route, str(status[0]) if status else "none")
-
+            code = CLIENT_GONE if gone and not answered else (status[0] if status else None)
+            if code == CLIENT_GONE:
+                logger.info("%s %s: the client went away before its answer was complete (%d)", scope["method"],
+                            path, CLIENT_GONE)
+            self.count(route, str(code) if code is not None else "none")

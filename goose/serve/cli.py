@@ -7,7 +7,9 @@ import contextlib
 import ipaddress
 import logging
 import os
+import signal
 import sys
+from types import FrameType
 
 from goose.cli import add_decoding_arguments, add_model_arguments, decoding_config, load_model, register_command
 
@@ -23,6 +25,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queue", type=int, default=32,
                         help="requests that may wait for the model; one more is answered 503 (default 32)")
     parser.add_argument("--served-model-name", default=None, help="the model's name in /v1/models (default: --model)")
+    parser.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                        help="also accept requests whose Host header is NAME (any port; repeatable; '*': any). "
+                        "By default only the --host address (and localhost names on loopback) with the port")
+    parser.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                        help="let web pages from ORIGIN (e.g. http://localhost:3000; repeatable; '*': any) call "
+                        "the server; by default cross-origin browser requests are refused")
+    parser.add_argument("--docs", action="store_true",
+                        help="serve /docs (Swagger UI) and /openapi.json, behind --api-key when one is set")
+    parser.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
+                        help="seconds a client has to send its request body (default 30; 408 after)")
+    parser.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
+                        help="seconds a connection has to send its request headers (default 10; closed after)")
+    parser.add_argument("--max-connections", type=int, default=100, metavar="N",
+                        help="open connections at most; a request beyond them is answered 503 (default 100)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                         help="server log level (default info: one line per request)")
     parser.set_defaults(run=run)
@@ -34,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
         from goose.serve.app import create_app
         from goose.serve.engine import Engine
+        from goose.serve.guard import MAX_HEADER_BYTES, HostRule, guarded_protocol
         from goose.serve.server import EngineServer
     except ImportError as error:
         if (error.name or "").split(".")[0] not in {"fastapi", "starlette", "uvicorn", "prometheus_client"}:
@@ -46,6 +63,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-queue must be at least 1, got {args.max_queue}")
     if args.api_key is not None and not args.api_key.strip():
         raise ValueError("--api-key is empty")
+    for flag, seconds in (("--body-timeout", args.body_timeout), ("--header-timeout", args.header_timeout)):
+        if not 0 < seconds <= 3600:
+            raise ValueError(f"{flag} must be in (0, 3600] seconds, got {seconds}")
+    if args.max_connections < 2:
+        raise ValueError(f"--max-connections must be at least 2, got {args.max_connections}")
     config = decoding_config(args)
     logging.getLogger("goose.serve").setLevel(args.log_level.upper())
     if not _loopback(args.host) and args.api_key is None:
@@ -54,14 +76,32 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = load_model(args)
     name = args.served_model_name or args.model
     engine = Engine(model, tokenizer, config, max_queue=args.max_queue)
-    app = create_app(engine, name, api_key=args.api_key)
+    app = create_app(engine, name, api_key=args.api_key, hosts=HostRule(args.host, args.allowed_host),
+                     cors_origins=tuple(args.cors_origin), body_timeout_s=args.body_timeout, docs=args.docs)
     print(f"goose serve: {name} ({args.dtype}, {args.device}), sources {','.join(config.sources)}, topology "
           f"{config.topology}, budget {config.budget}; warming up", file=sys.stderr)
-    server = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
-    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it has shut down on
-        EngineServer(server, engine).run()
+    # h11 always (httptools, if installed, would bypass the header deadline), headers of 16 KiB at most
+    server = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5,
+                            http=guarded_protocol(args.header_timeout, args.body_timeout),
+                            h11_max_incomplete_event_size=MAX_HEADER_BYTES, limit_concurrency=args.max_connections)
+    # uvicorn shuts down gracefully on SIGINT and SIGTERM, then raises the signal again under the handler
+    # that was there before it: make that one end quietly too, so SIGTERM exits 0 like Ctrl-C
+    previous = signal.signal(signal.SIGTERM, _stop_quietly)
+    try:
+        with contextlib.suppress(KeyboardInterrupt, _Stopped):
+            EngineServer(server, engine).run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print("goose serve: stopped", file=sys.stderr)
     return 0
+
+
+class _Stopped(Exception):
+    """SIGTERM, raised again by uvicorn after its graceful shutdown."""
+
+
+def _stop_quietly(signum: int, frame: FrameType | None) -> None:
+    raise _Stopped()
 
 
 def _loopback(host: str) -> bool:

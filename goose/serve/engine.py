@@ -273,7 +273,8 @@ class Engine:
                 self._run(job)
             except Exception:  # the worker outlives any one request
                 logger.exception("generation failed")
-                job.deliver(Failed(APIError(500, "internal error during generation"), started=True))
+                failure = APIError(500, "internal error during generation", code="internal_error")
+                job.deliver(Failed(failure, started=True))
             finally:
                 self._running = None
                 self.metrics.busy.set(0)

@@ -32,12 +32,20 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
-_KIND_BY_STATUS = {401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error",
+_KIND_BY_STATUS = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
                    429: "rate_limit_error", 503: "server_overloaded"}
 
 
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:
+    """A 400; every one has a ``code`` (``invalid_value`` unless a more telling one applies)."""
     return APIError(400, message, param=param, code=code)
+
+
+def invalid_json(detail: str) -> APIError:
+    # jiter names a lone UTF-16 surrogate ("\\ud800" alone) "unexpected end of hex escape"; say what it is
+    if "surrogate" in detail or "end of hex escape" in detail:
+        detail += " (a \\u escape in D800-DFFF must be one half of a surrogate pair; a lone one is no character)"
+    return bad_request(f"the request body is not valid JSON: {detail}", code="invalid_json")
 
 
 def field_path(location: tuple[int | str, ...]) -> str | None:
@@ -54,8 +62,7 @@ def from_validation_error(error: ValidationError) -> APIError:
     location = tuple(part for part in first.get("loc", ()) if not _is_union_branch(part))
     param = field_path(location)
     if first["type"] == "json_invalid":
-        return bad_request(f"the request body is not valid JSON: {first['msg'].removeprefix('Invalid JSON: ')}",
-                           code="invalid_json")
+        return invalid_json(first["msg"].removeprefix("Invalid JSON: "))
     if first["type"] == "model_type" and param is None:
         return bad_request("the request body must be a JSON object", code="invalid_json")
     if first["type"] == "extra_forbidden":
