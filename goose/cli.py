@@ -214,7 +214,9 @@ def _stats_line(report: dict[str, Any]) -> str:
 
 
 def _add_plugins(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="one JSON object (every plugin's hooks included)")
+    parser.add_argument("--hooks", action="store_true",
+                        help="under each plugin, the hooks its class implements (goose_ prefix left out)")
     parser.set_defaults(run=_run_plugins)
 
 
@@ -227,15 +229,21 @@ def _run_plugins(args: argparse.Namespace) -> int:
         {"name": r.name, "kind": r.kind, "origin": r.origin,
          "state": ("enabled" if (r.name in defaults.sources if r.kind == "source" else r.name == defaults.topology)
                    else "available"),
-         "description": r.description}
+         "description": r.description,
+         "hooks": list(known.hooks(r))}  # empty for a factory function: its hooks are known once it made one
         for table in (known.sources, known.topologies) for r in table.values()
     ]
     if args.json:
         print(json.dumps({"plugins": rows, "load_errors": known.load_errors}))
         return 0
-    width = max(len(r["name"]) for r in rows) if rows else 4
+    name_width = max((len(r["name"]) for r in rows), default=4)
+    origin_width = max((len(r["origin"]) for r in rows), default=6)
     for row in rows:
-        print(f"{row['name']:<{width}}  {row['kind']:<8}  {row['state']:<9}  {row['origin']:<16}  {row['description']}")
+        print(f"{row['name']:<{name_width}}  {row['kind']:<8}  {row['state']:<9}  {row['origin']:<{origin_width}}  "
+              f"{row['description']}")
+        if args.hooks:
+            hooks = ", ".join(hook.removeprefix("goose_") for hook in row["hooks"]) or "(made by a function)"
+            print(f"{'':<{name_width}}  hooks: {hooks}")
     for problem in known.load_errors:
         print(f"! {problem}", file=sys.stderr)
     return 0

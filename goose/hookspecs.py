@@ -1,5 +1,7 @@
 """The Goose plugin author's manual: every hook, its arguments, what it returns, when it is called.
 
+Every rule a plugin may rely on is stated here, and the code does what it says.
+
 **Registering.** The ``goose`` entry-point group points at registration plugins (a module or an
 object). Built-in sources and topologies register exactly like third-party ones::
 
@@ -14,27 +16,83 @@ object). Built-in sources and topologies register exactly like third-party ones:
     def goose_register_sources(register):
         register("phrase_list", PhraseListSource, description="drafts from a phrase file", initial_acceptance=0.6)
 
-(``goose.plugins.register(module)`` does the same at run time, for notebooks and scripts.)
+``goose.plugins.register(module)`` (also ``goose.register``) does the same at run time, for
+notebooks and scripts; ``goose.plugins.SourcePlugin(name, Class)`` is a ready-made registration
+plugin for one source class.
 
-**A source** is a plain class. The decoder makes one instance per decoder with
-``factory(config)`` (the decoder's :class:`goose.config.GooseConfig`; read your options from
-``config.options_for(name)``) and calls the hooks it implements; every hook is optional, and one
-that is missing costs nothing. The one job most sources have is ``goose_propose``; a source that
-can branch answers ``goose_successors``; one that learns from outcomes implements
-``goose_observe``. All arrays are NumPy, on the host.
+**Names are global.** A name registered twice is an error, reported two ways:
+
+* from an entry point: built-ins load first and keep their names; a third-party registration of a
+  name already taken (or one that breaks a rule below) is skipped with one logged error, recorded
+  in ``goose.plugins.registry().load_errors`` (``goose plugins`` prints them), and every other
+  registration works as before;
+* from an explicit ``goose.plugins.register(...)`` call: it raises ``goose.PluginError``.
+
+**The shape of a plugin is checked** when its class is registered and again when the decoder
+makes its instance: a ``goose_*`` method that is not a hook of its kind (a misspelling, say
+``goose_proposee``, gets "did you mean goose_propose?"), a hook method without ``@goose.hookimpl``,
+a hook argument the spec below does not have, or a pluggy ordering option (``tryfirst``,
+``trylast``, ``hookwrapper``, ``wrapper``, ``optionalhook``) raises ``goose.PluginError`` naming it.
+Goose calls each source's and the topology's hooks itself, one implementation at a time, so
+pluggy's ordering and wrapping would do nothing; they are refused rather than ignored.
+``specname`` works as in pluggy.
+
+**Partial arguments.** A hook implementation declares only the arguments it uses, in any order,
+with the names below (pluggy's rule): ``def goose_propose(self, context)`` is called without
+``acceptance``, ``def goose_observe(self, outcome)`` without the rest.
+
+**A source** is a plain class. The registry calls ``factory(config)`` (the decoder's
+:class:`goose.config.GooseConfig`; read your options from ``config.options_for(name)``) to make an
+instance, and the decoder calls the hooks it implements; every hook is optional, and one that is
+missing costs nothing. The one job most sources have is ``goose_propose``; a source that can
+branch answers ``goose_successors``; one that learns from outcomes implements ``goose_observe``.
+All arrays are NumPy, on the host.
+
+**Lifetime of an instance.** ``GooseDecoder`` makes one instance of each of its sources and of its
+topology when it is made, and keeps them for every request it decodes, one request at a time
+(``goose serve`` keeps one decoder per distinct choice of sources, topology and budget, and runs
+one request at a time). Inside vLLM's proposer (:mod:`goose.vllm`) each running request has its
+own instances, all in one thread; when a request finishes its instances are reused for a later
+one (after ``goose_reset`` and ``goose_prefill``), and one more set is made once, when the
+proposer starts, to see which hooks each source implements, and never called. State meant to
+outlive a request therefore outlives it in either integration, but inside vLLM it is split over
+the running requests' instances (see ``suffix_memory``'s ``share`` for one memory in common).
+
+**The context** (``DecodeContext.tokens``) is the prompt followed by everything generated so
+far, the anchor (the last token, already verified) last. Within a request it only grows by
+appending: each call's context extends the previous call's (the decoder never edits or drops a
+token), so a source may index it incrementally. A new request always starts with ``goose_reset``
+then ``goose_prefill``; a request may end without a last ``goose_observe``. ``vocab_size`` (in
+``DecodeContext`` and every check) is the number of rows of the model's output layer, which may
+exceed ``len(tokenizer)`` (padded embeddings): every token id a plugin returns must lie in
+``[0, vocab_size)`` (ids the tokenizer lacks pass that check).
 
 **Acceptance.** A source does not keep or report its own acceptance rate: the decoder keeps one
-:class:`goose.contract.acceptance.AcceptanceEstimate` per source, made for the name it was registered under,
-starting at ``initial_acceptance`` (the registration's value, or ``GooseConfig.initial_acceptance``
-[name]) and moved by an EMA step (``GooseConfig.ema``) towards the accepted / tested ratio of the
-source's tree nodes after every verification. Planners rank sources by it (the most trusted gets
-the spine) and the automatic budget sizes trees by it. ``goose_propose`` receives the current
-value; a draft without scores gets it for every token.
+:class:`goose.contract.acceptance.AcceptanceEstimate` per source, made for the name it was
+registered under, starting at ``initial_acceptance`` (the registration's value, or
+``GooseConfig.initial_acceptance[name]``) and moved by an EMA step (``GooseConfig.ema``) towards
+the accepted / tested ratio of the source's tree nodes after every verification.
+``goose_propose`` receives the current value, and a draft without scores gets it for every token.
 
-**Faults are contained.** Every call into a plugin goes through one guard
-(:mod:`goose.contract.boundary`): a hook that raises, or returns something malformed (token ids outside the
-vocabulary, parents out of order, wrong shapes, wrong types), is skipped for that cycle and logged
-once; the output of decoding never changes because of a plugin, only its speed.
+**Ranking.** Each cycle the sources in the pool are ranked, most trusted first (planners give
+the first drafting source the spine), by one number per source: for a draft that carries
+``Draft.depth_acceptance``, the draft's own chain-equivalent rate
+(:func:`goose.contract.candidates.chain_rate` over the draft's length; its only value when it has
+one); otherwise (no draft, or a draft without it) the decoder's estimate above. Ties keep the
+configured order. The automatic budget sizes the spine by ``depth_acceptance`` when given, else
+by that same number.
+
+**Faults are contained.** Every call into a plugin while decoding goes through one guard
+(:mod:`goose.contract.boundary`): a hook that raises, or returns something malformed (token ids
+outside the vocabulary, parents out of order, wrong shapes, wrong types), is skipped for that
+cycle and logged once per (plugin, hook); the output of decoding never changes because of a
+plugin, only its speed.
+
+**What ``None`` means.** From ``goose_propose``: no draft this cycle. From ``goose_successors``:
+nothing known for any of the queried pairs. From ``goose_auxiliary_rows``: no extra rows. From
+``goose_plan_tree``: no tree this cycle, so the cycle verifies the bare anchor (a plain decoding
+step); not a fault, nothing is logged. From ``goose_spine_lengths``: no hint, the decoder assumes
+the best split. None of these is logged. The other hooks' return values are ignored.
 
 Order of calls for one request::
 
@@ -47,9 +105,12 @@ Order of calls for one request::
         goose_plan_tree(...)                 topology, which calls goose_successors zero or more times
         goose_observe(outcome, own_nodes, auxiliary_predictions)   after verification
 
-**A topology** is a plain class too, made per decoder with ``factory(config)``; it implements
-``goose_plan_tree`` and optionally ``goose_spine_lengths``. ``goose.topologies.toolkit`` holds the
-shape helpers the built-in planners share (best-first branch growth, harmonic splits, rankings).
+**A topology** is a plain class too, made with ``factory(config)`` once per decoder (the lifetime
+above); it implements ``goose_plan_tree`` and optionally ``goose_spine_lengths``.
+``goose.topologies.toolkit`` holds the shape helpers the built-in planners share (best-first
+branch growth, harmonic splits, rankings, a ``Planner`` base for stateless planners);
+``goose.sources.toolkit`` holds the helpers the built-in sources share (stop cuts, copy-depth
+estimates, frequency tries, context fingerprints, tokenizer identity).
 """
 
 from __future__ import annotations
@@ -82,8 +143,10 @@ def goose_register_sources(register: Register) -> None:
     """Register candidate sources: ``register(name, factory, description="", initial_acceptance=0.3)``.
 
     ``factory(config: GooseConfig)`` returns a new source instance implementing some of the
-    source hooks below. ``initial_acceptance`` is the estimate before any of the source's tokens
-    has been verified. Names are global: registering a name twice is an error.
+    source hooks below (a class is checked at once, see the module docstring). ``initial_acceptance``
+    is the estimate before any of the source's tokens has been verified, in [0, 1]. Names are
+    global: a name already registered is skipped with a logged error from an entry point and
+    raises PluginError from ``goose.plugins.register``.
     """
 
 
@@ -91,7 +154,8 @@ def goose_register_sources(register: Register) -> None:
 def goose_register_topologies(register: Register) -> None:
     """Register topology planners: ``register(name, factory, description="")``.
 
-    ``factory(config: GooseConfig)`` returns a planner instance implementing ``goose_plan_tree``.
+    ``factory(config: GooseConfig)`` returns a planner instance implementing ``goose_plan_tree``
+    (and optionally ``goose_spine_lengths``). Names follow the same rules as sources'.
     """
 
 
@@ -100,10 +164,11 @@ def goose_register_topologies(register: Register) -> None:
 
 @hookspec
 def goose_reset() -> None:
-    """Forget per-request state before a new prompt.
+    """Forget per-request state before a new prompt (always followed by ``goose_prefill``).
 
     State meant to outlive a request (a persistent adjacency table, a memory of earlier outputs)
-    is kept when the source's options say so.
+    is kept when the source's options say so; see the module docstring for how long an instance
+    lives in each integration.
     """
 
 
@@ -119,22 +184,23 @@ def goose_prefill(context: DecodeContext, harvest: Harvest) -> None:
 
 @hookspec
 def goose_propose(context: DecodeContext, acceptance: float) -> Draft | None:
-    """Draft tokens to follow the anchor (``context.tokens[-1]``), or None.
+    """Draft tokens to follow the anchor (``context.tokens[-1]``), or None: no draft this cycle.
 
     Return a :class:`goose.contract.candidates.Draft`: a chain (``Draft.chain(tokens)``) or a small trie
     (``Draft.trie(paths, weights, acceptance)``). Scores, when given, estimate the chance that
-    each token is accepted given that its parent was; planners rank and prune by them. Without
-    scores every token gets ``acceptance``, this source's current estimate (see the module
-    docstring). A source that knows how far this very draft is trusted per depth (context match:
-    by how long the copied text has matched) says so with ``Draft.depth_acceptance``, which the
-    automatic budget sizes the spine by. Called once per cycle; keep it fast (vectorised or
-    incremental, never a scan of the whole context in Python).
+    each token is accepted given that its parent was; planners prune and order nodes by them.
+    Without scores every token gets ``acceptance``, this source's current estimate (see the
+    module docstring). A source that knows how far this very draft is trusted per depth (context
+    match: by how long the copied text has matched) says so with ``Draft.depth_acceptance``;
+    the draft is then ranked by those numbers instead of the decoder's estimate, and the automatic
+    budget sizes the spine by them (module docstring, "Ranking"). Called once per cycle; keep it
+    fast (vectorised or incremental, never a scan of the whole context in Python).
     """
 
 
 @hookspec
 def goose_successors(previous: np.ndarray, tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """Up to k tokens likely to follow each (previous, token) pair; None if this source cannot branch.
+    """Up to k tokens likely to follow each (previous, token) pair; None: nothing known for any of them.
 
     ``previous`` and ``tokens`` are int64 [m] (previous is -1 when unknown). Return (successors
     int64 [m, k'], scores float [m, k']) with k' <= k, best first, -1 where nothing is known;
@@ -145,7 +211,7 @@ def goose_successors(previous: np.ndarray, tokens: np.ndarray, k: int) -> tuple[
 
 @hookspec
 def goose_auxiliary_rows(context: DecodeContext) -> AuxiliaryRows | None:
-    """Extra rows to ride in this cycle's verification pass without being drafted.
+    """Extra rows to ride in this cycle's verification pass without being drafted; None: none this cycle.
 
     Lookahead decoding uses this for its Jacobi window. The target's greedy token at each of
     these rows comes back to the same source in ``goose_observe``'s ``auxiliary_predictions``.
@@ -170,9 +236,11 @@ def goose_observe(outcome: VerifyOutcome, own_nodes: np.ndarray, auxiliary_predi
 
 @hookspec(firstresult=True)
 def goose_plan_tree(pool: CandidatePool, budget: int, config: GooseConfig) -> DraftTree | None:
-    """Turn the candidate pool into a draft tree of at most ``budget`` draft nodes.
+    """Turn the candidate pool into a draft tree of at most ``budget`` draft nodes; None: no tree this cycle.
 
-    ``pool.candidates`` is ranked by acceptance estimate, most trusted first; drafts carry scores.
+    ``pool.candidates`` is ranked most trusted first (module docstring, "Ranking"); drafts carry
+    scores. Returning None verifies the bare anchor (a plain decoding step) and is not a fault;
+    a malformed tree is (skipped, logged once, the bare anchor verified).
     Lay nodes with ``pool.builder(budget)`` (deduplicated on (parent, token); the first source to
     lay a node keeps it, which is how the walker prefers trusted sources) and return
     ``builder.build()``. A source's ``successors(previous, tokens, k)`` answers are already checked

@@ -203,7 +203,6 @@ class BigramTransitionSource:
     name = NAME
 
     def __init__(self, config: GooseConfig) -> None:
-        self.config = config
         self.options = BigramTransitionOptions.model_validate(config.options_for(NAME))
         self.table: SuccessorTable | None = None
         # lookup statistics: how often the bigram row answered instead of the unigram fallback

@@ -22,31 +22,20 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 import goose
 from goose.config import GooseConfig
-from goose.contract.candidates import DecodeContext, Draft, before_eos, common_prefix
+from goose.contract.candidates import DecodeContext, Draft
 from goose.contract.outcome import VerifyOutcome
 from goose.hookspecs import Register
-from goose.planning.allocation import without_trailing_repeats
+from goose.sources.toolkit import (
+    ContextFingerprint,
+    CopyDepthEstimate,
+    before_eos,
+    common_prefix,
+    increasing_edges,
+    longest_first,
+    without_trailing_repeats,
+)
 
 NAME = "context_match"
-
-# Tokens remembered from both ends of the indexed context, to notice a context that is not a
-# continuation of the one indexed (a new request without goose_reset): O(1) per cycle.
-_FINGERPRINT = 16
-
-
-def longest_first(sizes: tuple[int, ...]) -> tuple[int, ...]:
-    """n-gram lengths (a non-empty list of lengths >= 1), longest first: the order matches are tried in."""
-    if not sizes or min(sizes) < 1:
-        raise ValueError("ngram_sizes must be a non-empty list of lengths >= 1")
-    return tuple(sorted(set(sizes), reverse=True))
-
-
-def increasing_edges(edges: tuple[int, ...]) -> tuple[int, ...]:
-    """Match-depth bin edges: strictly increasing lengths >= 1 (empty: one bin)."""
-    if list(edges) != sorted(set(edges)) or (edges and edges[0] < 1):
-        raise ValueError("depth_edges must be strictly increasing lengths >= 1")
-    return tuple(edges)
-
 
 class ContextMatchOptions(BaseModel):
     """Options of the context-match source (``GooseConfig.source_options["context_match"]``)."""
@@ -110,31 +99,17 @@ class NgramIndex:
         self._longest = max(sizes)
         self.starts: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in sizes}
         self.indexed = 0  # continuation starts below this are in the index
-        self._head: list[int] = []  # the indexed context's first and last tokens (see _continues)
-        self._tail: list[int] = []
+        self._seen = ContextFingerprint()  # the indexed context, to notice one that does not continue it
 
     def clear(self) -> None:
         for starts in self.starts.values():
             starts.clear()
         self.indexed = 0
-        self._head, self._tail = [], []
-
-    def _continues(self, tokens: np.ndarray) -> bool:
-        """Whether ``tokens`` extends the indexed context.
-
-        Checked at both ends of the indexed part only, so it stays O(1) per cycle: that catches a
-        new request whose goose_reset was skipped, not an edit in the middle of the context (the
-        decoder only ever appends). Short lists compare faster than numpy calls here.
-        """
-        return (
-            tokens.shape[0] >= self.indexed
-            and tokens[: len(self._head)].tolist() == self._head
-            and tokens[self.indexed - len(self._tail) : self.indexed].tolist() == self._tail
-        )
+        self._seen.clear()
 
     def catch_up(self, tokens: np.ndarray) -> None:
         """Index the n-grams whose continuation starts at a position not yet indexed."""
-        if self.indexed and not self._continues(tokens):
+        if self.indexed and not self._seen.continued_by(tokens):
             self.clear()  # another context: the old index would draft from text that is not there
         first, last = self.indexed, tokens.shape[0] - 1  # new continuation starts: first..last
         if last < first:
@@ -155,8 +130,7 @@ class NgramIndex:
             else:
                 starts.update(zip(keys, positions, strict=False))  # later positions overwrite: most recent wins
         self.indexed = last + 1
-        self._head = tokens[:_FINGERPRINT].tolist()
-        self._tail = tokens[max(0, self.indexed - _FINGERPRINT) : self.indexed].tolist()
+        self._seen.record(tokens[: self.indexed])
 
     def matches(self, tokens: np.ndarray) -> list[tuple[int, int]]:
         """(n, continuation start) for every length whose final n-gram occurred earlier, longest first."""
@@ -184,55 +158,6 @@ def match_depth(tokens: np.ndarray, start: int, cap: int) -> int:
     recent = tokens[tokens.shape[0] - span :][::-1]
     differ = np.flatnonzero(earlier != recent)
     return int(differ[0]) if differ.size else span
-
-
-class CopyDepthEstimate:
-    """How often a copy that has held for D tokens holds for one more, per bin of D.
-
-    A draft token's *copy depth* D is how many tokens the context shares with the copied
-    occurrence when that token is due: the match depth for the draft's first token, one more for
-    each draft token before it (those are accepted whenever this one is tested). Copies behave
-    like a hazard process: a fresh 3-gram hit is often chance, a copy that has held for dozens of
-    tokens (a function quoted back, a list re-typed) usually goes on. Every tested draft token is
-    one observation of its bin, so the deep bins, where one long draft tests dozens of tokens,
-    learn fast and stay steady; one EMA per whole draft could not tell 0.97 from 0.99 a token,
-    which is where the best verified length of a long copy flips on a CPU cost curve.
-
-    Per bin the estimate is (accepted + PRIOR_WEIGHT * prior) / (tested + PRIOR_WEIGHT) over
-    counts that fade by ``1 - 1 / memory`` per new observation of that bin.
-    """
-
-    PRIOR_WEIGHT = 2.0  # pseudo-observations of the prior: a bin's first token cannot swing it to 0 or 1
-
-    def __init__(self, edges: tuple[int, ...], prior: float, memory: float) -> None:
-        self.edges = np.asarray(edges, dtype=np.int64)
-        self.prior = prior
-        self.keep = 1.0 - 1.0 / memory  # memory 1: keep 0, only the latest cycle counts
-        self.tested = np.zeros(len(edges) + 1)
-        self.accepted = np.zeros(len(edges) + 1)
-        self.rates = np.full(len(edges) + 1, prior)
-
-    def bins(self, depths: np.ndarray) -> np.ndarray:
-        return np.searchsorted(self.edges, depths, side="right")
-
-    def profile(self, first_depth: int, length: int) -> np.ndarray:
-        """Per-token acceptance of a ``length``-token draft whose first token is due at ``first_depth``."""
-        return self.rates[self.bins(first_depth + np.arange(length))]
-
-    def observe(self, depths: np.ndarray, accepted: np.ndarray) -> None:
-        """Fold in tested draft tokens: their copy depths and whether each was accepted."""
-        if depths.size == 0:
-            return
-        bins = self.bins(depths)
-        size = self.tested.shape[0]
-        count = np.bincount(bins, minlength=size).astype(np.float64)
-        hits = np.bincount(bins, weights=accepted.astype(np.float64), minlength=size)
-        fade = self.keep**count
-        # the cycle's tokens weigh as if observed one after another: sum_k keep^k each bin
-        weight = (1.0 - fade) / (1.0 - self.keep)
-        self.tested = self.tested * fade + weight
-        self.accepted = self.accepted * fade + weight * np.divide(hits, count, out=np.zeros(size), where=count > 0)
-        self.rates = (self.accepted + self.PRIOR_WEIGHT * self.prior) / (self.tested + self.PRIOR_WEIGHT)
 
 
 class ContextMatchSource:
@@ -272,7 +197,6 @@ class ContextMatchSource:
     name = NAME
 
     def __init__(self, config: GooseConfig) -> None:
-        self.config = config
         self.options = ContextMatchOptions.model_validate(config.options_for(NAME))
         self.index = NgramIndex(self.options.ngram_sizes, self.options.occurrence)
         self.by_depth = CopyDepthEstimate(self.options.depth_edges, self.options.depth_prior,

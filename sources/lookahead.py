@@ -29,9 +29,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import goose
 from goose.config import GooseConfig
-from goose.contract.candidates import DecodeContext, Draft, before_eos
+from goose.contract.candidates import DecodeContext, Draft
 from goose.contract.outcome import AuxiliaryRows, VerifyOutcome
 from goose.hookspecs import Register
+from goose.sources.toolkit import before_eos
 
 NAME = "lookahead"
 
@@ -154,7 +155,6 @@ class LookaheadSource:
     name = NAME
 
     def __init__(self, config: GooseConfig) -> None:
-        self.config = config
         self.options = LookaheadOptions.model_validate(config.options_for(NAME))
         options = self.options
         self.levels = options.ngram - 1

@@ -12,7 +12,7 @@ output, and each cycle:
    size).
 2. **Frequency tree.** Reads what followed its ``max_occurrences`` newest occurrences, cut at
    EOS and at document ends, and merges them into a trie with counts
-   (:func:`goose.sources.rest.frequency_trie`): each node's empirical probability is
+   (:func:`goose.sources.toolkit.frequency_trie`): each node's empirical probability is
    count(node) / count(parent), P(token | matched suffix + path). Not one chain: a memory of
    many requests knows several ways a shape goes on.
 3. **Depth by match length.** As in SuffixDecoding, a draft goes at most
@@ -27,14 +27,15 @@ are overconfident (one occurrence gives 1.0), and how far a match goes on depend
 already is, so the source learns acceptance per bin of *match depth* (how many tokens the
 context shares with the occurrences when a draft token is due: the matched length for the first
 draft token, one more per draft token before it) from its own tested tokens, with the estimator
-context match uses (:class:`goose.sources.context_match.CopyDepthEstimate`). The most frequent
+context match uses (:class:`goose.sources.toolkit.CopyDepthEstimate`). The most frequent
 child of a node scores its bin's rate, and a sibling the rate times its count relative to the
 most frequent one: the topologies verify mostly the most valuable root path, so the rates are
 learned on most-frequent children, and multiplying them by the empirical probability as well
 would count the same doubt twice (measured: lower tau). The draft's best root path's scores are
-reported per depth (``Draft.depth_acceptance``), which the automatic budget sizes the spine by.
-The estimates are kept across requests; the decoder's shared estimate (an EMA over every draft)
-ranks the source as a whole.
+reported per depth (``Draft.depth_acceptance``): the draft is ranked by them (their
+chain-equivalent rate) and the automatic budget sizes the spine by them. The estimates are kept
+across requests; the decoder's shared estimate (an EMA over every draft) is what ``goose_propose``
+receives, and is not used by this source.
 
 **Across requests.** When a request ends (the next ``goose_reset`` or ``goose_prefill``), its
 output, led in by the prompt's last ``lead_in`` tokens so that the first cycles of a similar
@@ -64,11 +65,18 @@ from goose.config import GooseConfig
 from goose.contract.candidates import DecodeContext, Draft
 from goose.contract.outcome import VerifyOutcome
 from goose.hookspecs import Register
-from goose.planning.allocation import without_trailing_repeats
-from goose.sources.context_match import CopyDepthEstimate, increasing_edges, longest_first
-from goose.sources.rest import FrequencyTrie, frequency_trie
+from goose.sources.toolkit import (
+    CopyDepthEstimate,
+    FrequencyTrie,
+    context_identity,
+    cut_at_stops,
+    frequency_trie,
+    increasing_edges,
+    longest_first,
+    same_tokenizer,
+    without_trailing_repeats,
+)
 from goose.sources.toolkit.ngram_memory import MemoryFileError, NgramMemory, RequestArchive
-from goose.store.tokenizer_identity import tokenizer_identity
 
 NAME = "suffix_memory"
 
@@ -149,18 +157,6 @@ class MemoryDraft:
         before = np.concatenate([[1.0], reach[:-1]])
         scores = np.divide(reach, before, out=np.zeros_like(reach), where=before > 0)
         return replace(draft, depth_acceptance=without_trailing_repeats(scores.tolist()))
-
-
-def cut_at_stops(rows: np.ndarray, eos: frozenset[int], vocab_size: int) -> np.ndarray:
-    """Each row ended (-1 from there on) at its first negative entry, EOS, or id outside the vocabulary.
-
-    Drafting EOS never raises the yield (when every token before it is accepted, the bonus token
-    is that EOS for free), and what follows an EOS or a document end is not a continuation.
-    """
-    stop = (rows < 0) | (rows >= vocab_size)
-    for token in eos:  # one or two ids: comparisons beat np.isin's sort
-        stop |= rows == token
-    return np.where(np.cumsum(stop, axis=1) > 0, -1, rows)
 
 
 # archives shared by name (the ``share`` option); one lives while a source holds it
@@ -290,12 +286,9 @@ class SuffixMemorySource:
         """
         if self._tokenizer is not None or self.options.path is None:
             return
-        tokenizer = context.tokenizer
-        self._tokenizer = (tokenizer_identity(tokenizer) if tokenizer is not None
-                           else {"name": "", "vocab_size": context.vocab_size, "fingerprint": ""})
+        self._tokenizer = context_identity(context)
         written = self._file_tokenizer
-        if written is None or (written.get("fingerprint") == self._tokenizer["fingerprint"]
-                               and written.get("vocab_size") == self._tokenizer["vocab_size"]):
+        if written is None or same_tokenizer(written, self._tokenizer):
             return
         self.memory.clear()
         self._saving = False

@@ -10,12 +10,13 @@ from hypothesis import strategies as st
 import goose
 from goose import CandidatePool, DecodeContext, Draft, DraftTree, GooseConfig, SourceCandidates
 from goose.contract.boundary import TopologyPlanner
+from goose.contract.candidates import common_prefix
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.hookspecs import Register
 from goose.planning.allocation import SpineSpec, multi_spine_allocation
 from goose.plugins import BUILTIN_ORIGIN, registry, unregister
 from goose.topologies.chain import ChainTopology
-from goose.topologies.multi_spine import MultiSpineTopology, common_prefix
+from goose.topologies.multi_spine import MultiSpineTopology
 from goose.topologies.spine import SpineTopology
 from goose.topologies.transition_tree import TransitionTreeTopology
 

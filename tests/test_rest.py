@@ -18,10 +18,11 @@ from goose.bench.methods import ALL_METHODS, with_datastore
 from goose.config import GooseConfig
 from goose.contract.candidates import DecodeContext
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
-from goose.sources.rest import RestOptions, RestSource, frequency_trie
+from goose.sources.rest import RestOptions, RestSource
 from goose.sources.rest.corpus import build, default_datastore, default_datastore_path
 from goose.sources.rest.datastore import Datastore
 from goose.sources.rest.suffix_index import SEPARATOR, DatastoreError, SuffixIndex, suffix_array
+from goose.sources.toolkit import frequency_trie
 from tests.conftest import DATA_DIR, dataset_prompts
 
 assert goose.bench.cli  # imported for its side effect

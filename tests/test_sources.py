@@ -21,7 +21,8 @@ from goose.sources.bigram_transition import (
     SuccessorTable,
     bigram_bucket,
 )
-from goose.sources.context_match import ContextMatchSource, CopyDepthEstimate, match_depth
+from goose.sources.context_match import ContextMatchSource, match_depth
+from goose.sources.toolkit import CopyDepthEstimate
 
 EOS = 999  # outside the small ids the tests draw with
 

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from goose.contract.candidates import without_trailing_repeats
 from goose.planning import allocation as planning
 from goose.planning.allocation import MultiSpineAllocation, SpineSpec, TreeShape
 from goose.topologies.transition_tree import static_template
@@ -212,10 +213,10 @@ def test_side_spines_are_laid_when_they_pay_and_not_otherwise() -> None:
 
 
 def test_a_per_depth_sequence_loses_only_trailing_repeats() -> None:
-    assert planning.without_trailing_repeats([0.5, 0.9, 0.9, 0.9]) == (0.5, 0.9)
-    assert planning.without_trailing_repeats([0.9, 0.5, 0.9]) == (0.9, 0.5, 0.9)
-    assert planning.without_trailing_repeats([0.7, 0.7]) == (0.7,)
-    assert planning.without_trailing_repeats([]) == ()
+    assert without_trailing_repeats([0.5, 0.9, 0.9, 0.9]) == (0.5, 0.9)
+    assert without_trailing_repeats([0.9, 0.5, 0.9]) == (0.9, 0.5, 0.9)
+    assert without_trailing_repeats([0.7, 0.7]) == (0.7,)
+    assert without_trailing_repeats([]) == ()
     # the shortest form plans the same tree as the long one
-    long, short = [0.6, 0.6, 0.95, 0.95, 0.95], planning.without_trailing_repeats([0.6, 0.6, 0.95, 0.95, 0.95])
+    long, short = [0.6, 0.6, 0.95, 0.95, 0.95], without_trailing_repeats([0.6, 0.6, 0.95, 0.95, 0.95])
     assert planning.best_spine_tree(long, 0.1, 16) == planning.best_spine_tree(short, 0.1, 16)

@@ -14,14 +14,11 @@ from goose.config import GooseConfig
 from goose.contract.candidates import CandidatePool
 from goose.contract.tree import ROOT, DraftTree
 from goose.hookspecs import Register
-from goose.topologies.toolkit import grow_branches
+from goose.topologies.toolkit import Planner, grow_branches
 
 
-class ChainTopology:
+class ChainTopology(Planner):
     """PLD's linear chain, falling back to a greedy successor chain."""
-
-    def __init__(self, config: GooseConfig) -> None:
-        self.config = config
 
     @goose.hookimpl
     def goose_plan_tree(self, pool: CandidatePool, budget: int, config: GooseConfig) -> DraftTree:

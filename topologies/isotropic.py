@@ -21,15 +21,13 @@ from goose.config import GooseConfig
 from goose.contract.candidates import CandidatePool
 from goose.contract.tree import ROOT, DraftTree, TreeBuilder
 from goose.hookspecs import Register
+from goose.topologies.toolkit import Planner
 
 NOT_IN_DRAFT = -2  # a tree node that is not on a drafting source's trie (-1 is the trie's root, the anchor)
 
 
-class IsotropicTopology:
+class IsotropicTopology(Planner):
     """A balanced tree with fan-out ``config.isotropic_k``, all sources merged at every node."""
-
-    def __init__(self, config: GooseConfig) -> None:
-        self.config = config
 
     @goose.hookimpl
     def goose_plan_tree(self, pool: CandidatePool, budget: int, config: GooseConfig) -> DraftTree:

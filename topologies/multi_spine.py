@@ -18,7 +18,7 @@ Rules, in order (B = budget):
    follows the divergence, at most ``config.max_depth`` tokens (side spines are shallow). A side
    draft that is a prefix of the main one adds nothing and is dropped. Branches: the most trusted
    branching source's successors.
-4. Budget split by :func:`tests.theory.multi_spine_allocation`, recomputed every cycle from the
+4. Budget split by :func:`goose.planning.allocation.multi_spine_allocation`, recomputed every cycle from the
    current estimates (rounded to the planning grid, so the cached split serves most cycles): each spine's
    per-token acceptance is its source's estimate (the main draft's consensus run counts at its
    own, higher, scores), p_t is the brancher's. It returns how many tokens each spine lays and how
@@ -63,7 +63,6 @@ class MultiSpineTopology:
     """Main spine for the best drafter, side spines for the others, branches for the brancher."""
 
     def __init__(self, config: GooseConfig) -> None:
-        self.config = config
         self.spine = SpineTopology(config)
         self.last_allocation: MultiSpineAllocation | None = None  # for benchmarks and debugging
 
@@ -169,4 +168,4 @@ def goose_register_topologies(register: Register) -> None:
     )
 
 
-__all__ = ["MultiSpineTopology", "SideSpine", "common_prefix", "lay_side_spine", "main_acceptance"]
+__all__ = ["MultiSpineTopology", "SideSpine", "lay_side_spine", "main_acceptance"]

@@ -47,7 +47,7 @@ from goose.contract.candidates import CandidatePool, SourceCandidates
 from goose.contract.tree import ROOT, DraftTree, TreeBuilder
 from goose.hookspecs import Register
 from goose.planning.allocation import best_spine_tree
-from goose.topologies.toolkit import grow_branches, harmonic_split
+from goose.topologies.toolkit import Planner, grow_branches, harmonic_split
 from goose.topologies.transition_tree import lay_transition_tree
 
 
@@ -57,11 +57,8 @@ def spine_length(budget: int, ratio: float, consensus: int, available: int) -> i
     return min(available, budget, max(tier_length, consensus))
 
 
-class SpineTopology:
+class SpineTopology(Planner):
     """The anisotropic spine tree of the Goose paper (BuildSpineTree), with consensus bypass."""
-
-    def __init__(self, config: GooseConfig) -> None:
-        self.config = config
 
     @goose.hookimpl
     def goose_plan_tree(self, pool: CandidatePool, budget: int, config: GooseConfig) -> DraftTree:

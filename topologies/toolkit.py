@@ -19,10 +19,22 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
+from goose.config import GooseConfig
 from goose.contract.candidates import CandidatePool, SourceCandidates
 from goose.contract.tree import TreeBuilder
 
 EMPTY = np.zeros(0, dtype=np.int64)
+
+
+class Planner:
+    """A planner with no state of its own: ``goose_plan_tree`` gets the decoder's config with every call.
+
+    The registry makes every topology with ``factory(config)``; a planner that keeps nothing
+    between cycles subclasses this and implements only its hooks.
+    """
+
+    def __init__(self, config: GooseConfig) -> None:
+        del config  # read per call from the hook's ``config`` argument
 
 
 def harmonic_split(total: int, count: int) -> np.ndarray:

@@ -28,6 +28,7 @@ from goose.config import GooseConfig
 from goose.contract.candidates import CandidatePool, SourceCandidates
 from goose.contract.tree import ROOT, DraftTree, TreeBuilder
 from goose.hookspecs import Register
+from goose.topologies.toolkit import Planner
 
 DEPTH_DECAY = 0.6
 RANK_EXPONENT = 1.3
@@ -89,11 +90,8 @@ def lay_transition_tree(
         slot_scores = path_scores
 
 
-class TransitionTreeTopology:
+class TransitionTreeTopology(Planner):
     """TR's static tree shape, filled by the most trusted branching source; the bare anchor without one."""
-
-    def __init__(self, config: GooseConfig) -> None:
-        self.config = config
 
     @goose.hookimpl
     def goose_plan_tree(self, pool: CandidatePool, budget: int, config: GooseConfig) -> DraftTree:

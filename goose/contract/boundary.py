@@ -8,8 +8,13 @@ the only place such checks live; sources, topologies and the decoder trust what 
 
 It is also where the sources' acceptance estimates live (one :class:`AcceptanceEstimate` per
 registered name, see :mod:`goose.contract.acceptance`): the boundary hands each source its estimate when
-asking for a draft, fills unscored drafts with it, ranks the sources by it, and updates it from
-every outcome.
+asking for a draft, fills unscored drafts with it, and updates it from every outcome. Sources are
+ranked by one number per cycle: the chain-equivalent rate (:func:`chain_rate`) of the draft's
+``depth_acceptance`` when the draft carries one, else the source's estimate.
+
+A plugin's shape (hook names, markers, options) is checked when its instance is made
+(:func:`goose.plugins.plugin_manager`): a misspelled or unmarked hook is a PluginError then, not a
+source that silently never drafts.
 """
 
 from __future__ import annotations
@@ -21,7 +26,6 @@ from typing import Any
 import numpy as np
 import pluggy
 
-from goose import hookspecs
 from goose.config import GooseConfig
 from goose.contract.acceptance import AcceptanceEstimate
 from goose.contract.candidates import (
@@ -35,7 +39,7 @@ from goose.contract.candidates import (
 )
 from goose.contract.outcome import AuxiliaryRows, Harvest, VerifyOutcome
 from goose.contract.tree import DraftTree
-from goose.plugins import Registry, registry
+from goose.plugins import PluginError, Registry, plugin_manager, registry
 
 logger = logging.getLogger("goose.plugins")
 
@@ -54,14 +58,6 @@ class FaultLog:
         if self.counts[key] == 1:
             logger.warning("%s %r skipped in %s: %s (further faults of this kind are not logged)",
                            kind, name, hook, problem)
-
-
-def _manager(plugins: dict[str, object]) -> pluggy.PluginManager:
-    manager = pluggy.PluginManager(hookspecs.PROJECT)
-    manager.add_hookspecs(hookspecs)
-    for name, plugin in plugins.items():
-        manager.register(plugin, name=name)
-    return manager
 
 
 def _implementations(manager: pluggy.PluginManager, hook: str, order: tuple[str, ...]) -> list[Implementation]:
@@ -89,7 +85,7 @@ class SourceSet:
             if name not in self.estimates:
                 initial = config.initial_acceptance.get(name, registration.initial_acceptance)
                 self.estimates[name] = AcceptanceEstimate(name, initial, config.ema)
-        manager = _manager(self.instances)
+        manager = plugin_manager(self.instances, "source")  # PluginError on a misspelled or unmarked hook
         self._hooks = {hook: _implementations(manager, hook, self.names)
                        for hook in ("goose_reset", "goose_prefill", "goose_propose", "goose_auxiliary_rows",
                                     "goose_successors", "goose_observe")}
@@ -226,20 +222,27 @@ class TopologyPlanner:
         self.vocab_size = vocab_size
         self.faults = faults or FaultLog()
         self.instance = known.topology(name).factory(config)
-        manager = _manager({name: self.instance})
+        manager = plugin_manager({name: self.instance}, "topology")  # PluginError on a misspelled or unmarked hook
         plans = _implementations(manager, "goose_plan_tree", (name,))
         if not plans:
-            raise TypeError(f"topology {name!r} does not implement goose_plan_tree")
+            raise PluginError(f"topology {name!r} does not implement goose_plan_tree")
         self._plan = plans[0]
         hints = _implementations(manager, "goose_spine_lengths", (name,))
         self._hint = hints[0] if hints else None
 
     def plan(self, pool: CandidatePool, budget: int) -> DraftTree:
-        """The topology's tree for ``pool`` within ``budget`` draft nodes; the bare anchor if it fails."""
+        """The topology's tree for ``pool`` within ``budget`` draft nodes.
+
+        The bare anchor (a plain decoding step) when the planner answers None (no tree this cycle,
+        not a fault) or fails (logged once).
+        """
         _, function, argnames = self._plan
         arguments = {"pool": pool, "budget": budget, "config": self.config}
         try:
-            return checked_tree(function(**{a: arguments[a] for a in argnames}), pool, budget, self.vocab_size)
+            tree = function(**{a: arguments[a] for a in argnames})
+            if tree is None:
+                return DraftTree.single(pool.anchor, pool.source_names)
+            return checked_tree(tree, pool, budget, self.vocab_size)
         except Exception as error:  # a faulty planner costs speed for a cycle, never correctness
             self.faults.warn("topology", self.name, "goose_plan_tree", f"{type(error).__name__}: {error}")
             return DraftTree.single(pool.anchor, pool.source_names)

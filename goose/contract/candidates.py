@@ -27,24 +27,21 @@ class CandidateError(ValueError):
     """A source returned a malformed draft or successor table."""
 
 
-def before_eos(tokens: Sequence[int], eos: frozenset[int]) -> Sequence[int]:
-    """``tokens`` up to (not including) the first EOS: a draft past an EOS can never be accepted
-    beyond it, and drafting the EOS itself gains nothing (if all before it is accepted, the bonus
-    token is that EOS for free)."""
-    if eos.isdisjoint(tokens):  # the common case, decided in C
-        return tokens
-    for position, token in enumerate(tokens):
-        if token in eos:
-            return tokens[:position]
-    return tokens
-
-
 def common_prefix(first: Sequence[int] | np.ndarray, second: Sequence[int] | np.ndarray) -> int:
     """Length of the common leading run of two token sequences."""
     first, second = np.asarray(first), np.asarray(second)
     length = min(first.shape[0], second.shape[0])
     differs = np.flatnonzero(first[:length] != second[:length])
     return int(differs[0]) if differs.shape[0] else length
+
+
+def without_trailing_repeats(values: Sequence[float]) -> tuple[float, ...]:
+    """A per-depth sequence in its shortest form: its last value repeats, so trailing copies of it say nothing."""
+    values = list(values)
+    end = len(values)
+    while end > 1 and values[end - 2] == values[end - 1]:
+        end -= 1
+    return tuple(values[:end])
 
 
 @dataclass(frozen=True)

@@ -114,8 +114,3 @@ class VerifyOutcome:
     accepted: np.ndarray
     path_kind: PathKind
     harvest: Harvest
-
-    def source_counts(self, source_id: int) -> tuple[int, int]:
-        """(tested, accepted) draft nodes of one source in this cycle."""
-        mine = self.tree.source_ids == source_id
-        return int(np.count_nonzero(mine & self.reached)), int(np.count_nonzero(mine & self.accepted))

@@ -6,18 +6,24 @@ tokenizer with a suffix array (:mod:`goose.sources.rest.datastore`, built by
 :mod:`goose.sources.rest.corpus`, ``goose datastore build``). Each cycle:
 
 1. **Longest suffix.** The longest suffix of the context, ``max_span`` down to ``min_span``
-   tokens, that occurs in the datastore (one vectorised binary search for all spans at once).
-   A longer shared history makes the continuations more specific, so the longest span wins even
-   when a shorter one has more occurrences.
-2. **Occurrences.** Up to ``max_occurrences`` of them, sampled at an even stride over the suffix
-   array range (its order is the continuations' order, so a prefix of it would be biased).
-3. **Frequency trie.** Their next ``continuation_length`` tokens (cut at a document end, at EOS,
-   and at ids outside the model's vocabulary) are merged into a trie, one ``np.unique`` over
-   (parent node, token) keys per depth, never a Python loop over continuations. The
-   ``max_nodes`` most frequent nodes are kept (ties: shallower first, which keeps every kept
-   node's ancestors), and each node's score is count(node) / count(parent): the datastore's
-   conditional frequency of that token after its path, which is what planners expect a score to
-   estimate. The draft is that trie; a chain planner takes its most valuable root path.
+   tokens, that occurs in the datastore (one vectorised binary search over the suffix array for
+   all spans at once, :meth:`goose.sources.rest.suffix_index.SuffixIndex.longest_match`). A
+   longer shared history makes the continuations more specific, so the longest span wins even
+   when a shorter one has more occurrences. With ``learn_outputs`` the side store (below) is
+   searched the same way; the longer of the two matches drafts, and on a tie both do.
+2. **Occurrences.** Up to ``max_occurrences`` of the match, sampled at an even stride over its
+   suffix-array range (the range is sorted by what follows, so its first entries would be a
+   biased sample), each read for its next ``continuation_length`` tokens.
+3. **Frequency trie.** The continuations are cut at a document end, at EOS and at ids outside
+   the model's vocabulary (:func:`goose.sources.toolkit.cut_at_stops`) and merged into a trie
+   with counts by :func:`goose.sources.toolkit.frequency_trie`: one lexicographic sort of the
+   rows, where a row opens a node at every depth from its first difference with the row before
+   it, then the ``max_nodes`` nodes with the highest counts (ties: shallower first, which keeps
+   every kept node's ancestors); array operations throughout, never a Python loop over
+   continuations. Each node's score is count(node) / count(parent): the datastore's conditional
+   frequency of that token after its path, which is what planners expect a score to estimate.
+   The draft is that trie (no ``depth_acceptance``: the source is ranked by the decoder's
+   estimate); a chain planner takes its most valuable root path.
 
 The datastore is opened (memory-mapped) once per decoder, at the first ``goose_prefill``, and
 checked against the model's tokenizer (``DecodeContext.tokenizer``): a datastore built for
@@ -38,7 +44,6 @@ they already say how the continuations compare.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +56,8 @@ from goose.contract.outcome import VerifyOutcome
 from goose.hookspecs import Register
 from goose.sources.rest.corpus import default_datastore
 from goose.sources.rest.datastore import Datastore
-from goose.sources.rest.suffix_index import DatastoreError, Match, SuffixIndex
+from goose.sources.rest.suffix_index import DatastoreError, SuffixIndex
+from goose.sources.toolkit import cut_at_stops, frequency_trie
 
 NAME = "rest"
 
@@ -81,84 +87,12 @@ class RestOptions(BaseModel):
         return self
 
 
-@dataclass(frozen=True)
-class FrequencyTrie:
-    """A trie of continuations: nodes in depth order (parents first), -1 = child of the anchor."""
-
-    tokens: np.ndarray  # int64 [m]
-    parents: np.ndarray  # int64 [m]
-    counts: np.ndarray  # int64 [m]: continuations through the node
-    scores: np.ndarray  # float32 [m]: counts / parent's count (the root's count is ``total``)
-    total: int  # continuations with at least one token
-    depths: np.ndarray  # int64 [m]: 1 for the anchor's children
-
-    def __len__(self) -> int:
-        return int(self.tokens.shape[0])
-
-
-def frequency_trie(continuations: np.ndarray, max_nodes: int) -> FrequencyTrie:
-    """Merge continuations (int64 [k, L]; a row ends at its first negative entry) into a trie; keep the top nodes.
-
-    Rows sorted lexicographically put every shared prefix in one run of rows, so a row opens a
-    node at depth d where its first d + 1 tokens differ from the row before it; the node's count
-    is the number of live rows in its run. Nodes are numbered depth by depth (parents first), in
-    row order within a depth. Then the ``max_nodes`` nodes with the highest counts are kept. A
-    child never counts more than its parent and ties go to the shallower node, so the kept set
-    holds every kept node's ancestors. A handful of 2-D array operations, whatever the depth
-    (this runs every cycle of the suffix memory, and of REST).
-    """
-    rows, length = continuations.shape
-    alive = np.cumprod(continuations >= 0, axis=1).astype(bool)  # a row is dead after its first -1
-    total = int(alive[:, 0].sum()) if length else 0
-    if total == 0 or max_nodes <= 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return FrequencyTrie(empty, empty, empty, np.zeros(0, dtype=np.float32), total, empty)
-    if total == 1:  # one continuation (a long match's usual case): the trie is its chain, every score 1
-        row = int(np.argmax(alive[:, 0]))
-        chain = continuations[row][alive[row]][:max_nodes].astype(np.int64)
-        ones = np.ones(chain.shape[0], dtype=np.int64)
-        depths = np.arange(1, chain.shape[0] + 1, dtype=np.int64)
-        return FrequencyTrie(chain, depths - 2, ones, ones.astype(np.float32), 1, depths)
-    cleaned = np.where(alive, continuations, -1)
-    order = np.lexsort(cleaned.T[::-1])  # lexicographic; a dead entry (-1) sorts before every token
-    ordered, live = cleaned[order], alive[order]
-    differ = ordered[1:] != ordered[:-1]
-    first_difference = np.where(differ.any(axis=1), differ.argmax(axis=1), length)
-    opens = live & np.concatenate([np.ones((1, length), dtype=bool),
-                                   first_difference[:, None] <= np.arange(length)])
-    depth_of, row_of = np.nonzero(opens.T)  # depth-major: parents get lower ids than children
-    count = depth_of.shape[0]
-    ids = np.full((rows, length), -1, dtype=np.int64)
-    ids[row_of, depth_of] = np.arange(count)
-    # each live cell belongs to the node opened at or above it in its column
-    opener = np.maximum.accumulate(np.where(opens, np.arange(rows)[:, None], -1), axis=0)
-    node_of = np.where(live, ids[np.maximum(opener, 0), np.arange(length)], -1)
-    counts = np.bincount(node_of[live], minlength=count)
-    tokens = ordered[row_of, depth_of]
-    parents = np.where(depth_of > 0, node_of[row_of, np.maximum(depth_of - 1, 0)], -1)
-    # ids grow with depth, so sorting the kept ids puts parents before children
-    kept = np.sort(np.lexsort((depth_of, -counts))[:max_nodes])
-    position = np.full(count, -1, dtype=np.int64)
-    position[kept] = np.arange(kept.shape[0])
-    old_parents = parents[kept]
-    parent_counts = np.where(old_parents >= 0, counts[np.maximum(old_parents, 0)], total)
-    return FrequencyTrie(
-        tokens=tokens[kept].astype(np.int64),
-        parents=np.where(old_parents >= 0, position[np.maximum(old_parents, 0)], -1).astype(np.int64),
-        counts=counts[kept].astype(np.int64),
-        scores=(counts[kept] / parent_counts).astype(np.float32),
-        total=total,
-        depths=depth_of[kept].astype(np.int64) + 1,
-    )
-
-
 class RestSource:
     """Drafts a frequency trie of the datastore's continuations of the context's longest matching suffix."""
 
     name = NAME
 
     def __init__(self, config: GooseConfig) -> None:
-        self.config = config
         self.options = RestOptions.model_validate(config.options_for(NAME))
         # an explicit datastore is opened here so that a wrong path fails when the decoder is made,
         # not silently in a hook; the tokenizer check waits for the first context
@@ -209,7 +143,7 @@ class RestSource:
             index.continuations(match, options.max_occurrences, options.continuation_length)
             for index, match in found if match.span == span
         ])
-        trie = frequency_trie(self._cut(continuations, context), options.max_nodes)
+        trie = frequency_trie(cut_at_stops(continuations, context.eos_token_ids, context.vocab_size), options.max_nodes)
         self.last_span, self.last_occurrences = span, sum(m.count for _, m in found if m.span == span)
         if not len(trie):
             return None
@@ -250,17 +184,6 @@ class RestSource:
         self._bound = True
         return self.store
 
-    def _cut(self, continuations: np.ndarray, context: DecodeContext) -> np.ndarray:
-        """End each continuation at a document end, at EOS, or at an id the model does not have.
-
-        Drafting EOS never raises the yield (when every token before it is accepted, the bonus
-        token is that EOS for free), and text after it is not a continuation of this one.
-        """
-        stop = (continuations < 0) | (continuations >= context.vocab_size)
-        if context.eos_token_ids:
-            stop |= np.isin(continuations, np.fromiter(context.eos_token_ids, dtype=np.int64))
-        return np.where(np.cumsum(stop, axis=1) > 0, -1, continuations)
-
     def _learn_output(self) -> None:
         """Add the finished request's output to the side store (learn_outputs) and rebuild its index."""
         output, self._output = self._output, []
@@ -281,4 +204,4 @@ def goose_register_sources(register: Register) -> None:
              initial_acceptance=0.3)
 
 
-__all__ = ["NAME", "FrequencyTrie", "Match", "RestOptions", "RestSource", "frequency_trie"]
+__all__ = ["NAME", "RestOptions", "RestSource"]

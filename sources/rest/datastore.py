@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from goose.sources.rest.suffix_index import DatastoreError, SuffixIndex
-from goose.store.tokenizer_identity import tokenizer_fingerprint, tokenizer_identity
+from goose.sources.toolkit import same_tokenizer
+from goose.store.tokenizer_identity import tokenizer_identity
 
 FORMAT = "goose-datastore/1"
 MANIFEST = "manifest.json"
@@ -55,10 +56,9 @@ class Datastore(SuffixIndex):
 
     def check_tokenizer(self, tokenizer: Any) -> None:
         """Raise DatastoreError unless this datastore was built with ``tokenizer``'s vocabulary."""
-        built = self.manifest["tokenizer"]
-        if built["vocab_size"] == len(tokenizer) and built["fingerprint"] == tokenizer_fingerprint(tokenizer):
+        built, now = self.manifest["tokenizer"], tokenizer_identity(tokenizer)
+        if same_tokenizer(built, now):
             return
-        now = tokenizer_identity(tokenizer)
         raise DatastoreError(
             f"datastore {self.path} was built for tokenizer {built['name']!r} (vocabulary {built['vocab_size']}, "
             f"fingerprint {built['fingerprint'][:12]}), but the model's tokenizer is {now['name']!r} "

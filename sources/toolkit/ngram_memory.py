@@ -12,7 +12,7 @@ memory must stay bounded. Its layout:
   tokens are the entries under that key, and the number of entries is the count a suffix-tree
   node at depth n would hold. Drafting needs no more of the tree than that: the continuations
   read from the text at those starts, merged into a frequency trie, are the tree's subtree below
-  the matched node, with the same counts (``goose.sources.rest.frequency_trie`` does the merge).
+  the matched node, with the same counts (``goose.sources.toolkit.frequency_trie`` does the merge).
   The match length is one of the ``sizes``, not any length as in a suffix tree; the ladder is
   dense where matches are short and sparse where they are long, where one more token of match
   changes little.
@@ -62,11 +62,12 @@ from typing import Any
 
 import numpy as np
 
+from goose.sources.toolkit.fingerprint import ContextFingerprint
+
 FORMAT = "goose-ngram-memory/1"
 SEPARATOR = -1  # after every document in the store, and past the end of the current request
 HASH_BASE = 0x9E3779B97F4A7C15  # odd, so the hash of an n-gram mixes every token into all 64 bits
 _MASK = (1 << 64) - 1
-_FINGERPRINT = 16  # tokens compared at each end to notice a context that does not continue the indexed one
 
 
 class MemoryFileError(ValueError):
@@ -231,6 +232,7 @@ class NgramMemory:
         self._newest: dict[int, dict[int, int]] = {n: {} for n in self.sizes}  # key -> newest start
         self._previous: dict[int, list[int]] = {n: [] for n in self.sizes}  # start -> previous start, same key
         self._indexed = 0  # continuation starts below this are indexed
+        self._seen = ContextFingerprint()  # the current request's ends, to notice a context that is another one
 
     # --- earlier requests ---------------------------------------------------------------------
 
@@ -266,6 +268,7 @@ class NgramMemory:
         """Forget the current request's tokens (the earlier requests stay)."""
         self._length = 0
         self._hashes = [0]
+        self._seen.clear()
         for n in self.sizes:
             self._newest[n].clear()
             self._previous[n].clear()
@@ -283,6 +286,7 @@ class NgramMemory:
             self._live = grown
         self._live[self._length : end] = new
         self._length = end
+        self._seen.record(self._live[:end])
         hashes, value = self._hashes, self._hashes[-1]
         for token in new:
             value = (value * HASH_BASE + token) & _MASK
@@ -295,19 +299,10 @@ class NgramMemory:
         The context only grows by appending; a context that does not extend the current request
         (checked at both ends, O(1)) starts a new one.
         """
-        if not self._continues(tokens):
+        if not self._seen.continued_by(tokens):
             self.start_request()
         if tokens.shape[0] > self._length:
             self.extend(tokens[self._length :])
-
-    def _continues(self, tokens: np.ndarray) -> bool:
-        length = self._length
-        if tokens.shape[0] < length:
-            return False
-        head = min(length, _FINGERPRINT)
-        tail = max(head, length - _FINGERPRINT)
-        return bool(np.array_equal(tokens[:head], self._live[:head])
-                    and np.array_equal(tokens[tail:length], self._live[tail:length]))
 
     def _index_live(self) -> None:
         """Index continuation starts up to the last token: start s under the key of the n tokens before it."""
