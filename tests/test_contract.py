@@ -188,7 +188,7 @@ def test_the_example_line_source_is_short_drafts_and_stays_lossless(smollm2) -> 
     spec.loader.exec_module(example)
     model, tokenizer = smollm2
     prompt = ("def area(shape, size):\n    if shape == 'square':\n        return size * size\n"
-              "    if shape == 'cube':\n        return size * size * size\n    if shape == 'circle':\n")
+              "    if shape == 'cube':\n        return size * size * size\n    if shape == 'circle':")
     registrations = goose.register(plugins.SourcePlugin("line", example.LineSource, initial_acceptance=0.5))
     try:
         result = GooseDecoder(model, tokenizer, GooseConfig(sources=["line"]), chat=False).generate(prompt, 24)
@@ -196,4 +196,4 @@ def test_the_example_line_source_is_short_drafts_and_stays_lossless(smollm2) -> 
         plugins.unregister(registrations)
     reference = AutoregressiveDecoder(model, tokenizer, chat=False).generate(prompt, 24)
     assert result.new_token_ids == reference.new_token_ids
-    assert result.stats.source_reached["line"] > 0  # it drafted, and the target tested its tokens
+    assert result.stats.source_tested["line"] > 0  # it drafted, and the target tested its tokens

@@ -169,7 +169,7 @@ def test_faulty_plugins_are_skipped_and_output_is_unchanged(smollm2, caplog, fau
     assert sum("source 'garbage' skipped in goose_successors" in w for w in warnings) == 1, warnings
     assert sum("'raising' skipped in goose_observe" in w for w in warnings) == 1, warnings
     assert decoder.sources.faults.counts[("raising", "goose_propose")] == result.stats.verify_steps  # counted
-    assert result.stats.source_reached["context_match"] > 0  # the healthy sources still drafted
+    assert result.stats.source_tested["context_match"] > 0  # the healthy sources still drafted
 
 
 def test_test_plugins_do_not_outlive_their_test() -> None:

@@ -252,7 +252,7 @@ def test_lossless_with_the_suffix_memory(model_name: str, request) -> None:
         for prompt, want in zip(prompts, expected, strict=True):
             result = goose.generate(prompt, 64)
             assert result.new_token_ids == want, (name, prompt[:40])
-            tested += result.stats.source_reached[NAME]
+            tested += result.stats.source_tested[NAME]
     assert tested > 0  # the memory's drafts really were verified
 
 

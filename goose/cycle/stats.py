@@ -18,7 +18,7 @@ class GenerationStats:
     accepted_lengths: list[int] = field(default_factory=list)
     tree_sizes: list[int] = field(default_factory=list)
     auxiliary_rows: int = 0  # rows that rode in verify passes without being drafted (Lookahead's window)
-    source_reached: Counter[str] = field(default_factory=Counter)
+    source_tested: Counter[str] = field(default_factory=Counter)  # draft tokens tested: their parent was accepted
     source_accepted: Counter[str] = field(default_factory=Counter)
     path_kinds: Counter[str] = field(default_factory=Counter)
     prefill_s: float = 0.0
@@ -32,8 +32,8 @@ class GenerationStats:
         self.tree_sizes.append(tree_size)
         self.auxiliary_rows += auxiliary_rows
         self.path_kinds[kind.value] += 1
-        for name, (reached, accepted) in per_source.items():
-            self.source_reached[name] += reached
+        for name, (tested, accepted) in per_source.items():
+            self.source_tested[name] += tested
             self.source_accepted[name] += accepted
 
     @property
@@ -49,8 +49,8 @@ class GenerationStats:
     def source_acceptance(self) -> dict[str, float]:
         """Per source: accepted / tested draft nodes (a node is tested when its parent was accepted)."""
         return {
-            name: (self.source_accepted[name] / reached if reached else 0.0)
-            for name, reached in sorted(self.source_reached.items())
+            name: (self.source_accepted[name] / tested if tested else 0.0)
+            for name, tested in sorted(self.source_tested.items())
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -64,7 +64,7 @@ class GenerationStats:
             "mean_tree_size": round(sum(self.tree_sizes) / len(self.tree_sizes), 2) if self.tree_sizes else 0.0,
             "auxiliary_rows": self.auxiliary_rows,
             "source_acceptance": {k: round(v, 4) for k, v in self.source_acceptance.items()},
-            "source_tested": dict(self.source_reached),
+            "source_tested": dict(self.source_tested),
             "source_accepted": dict(self.source_accepted),
             "path_kinds": {kind.value: self.path_kinds.get(kind.value, 0) for kind in PathKind},
             "accepted_lengths": list(self.accepted_lengths),
