@@ -31,7 +31,9 @@ from goose.serve.errors import APIError
 logger = logging.getLogger("goose.serve")
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
-MAX_HEADER_BYTES = 16 << 10  # request line and headers together; h11 refuses more (a 400)
+# headers together: h11 closes a connection whose unfinished headers pass it (only then: it buffers no
+# more), and RequestGuard answers 431 to finished ones that do (they came in one read)
+MAX_HEADER_BYTES = 16 << 10
 JSON_MEDIA_TYPE = "application/json"
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
@@ -168,6 +170,9 @@ class RequestGuard:
         await self.app(scope, _replay(body, receive), send)
 
     def _refusal(self, scope: Scope, headers: dict[str, str]) -> APIError | None:
+        if sum(len(name) + len(value) + 4 for name, value in scope["headers"]) > MAX_HEADER_BYTES:
+            return APIError(431, f"the request headers are larger than {MAX_HEADER_BYTES} bytes",
+                            code="headers_too_large")
         server = scope.get("server")
         port = server[1] if server else None
         host = headers.get("host", "")
@@ -280,6 +285,15 @@ class GuardedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """A request h11 cannot parse (or headers over the limit): the 400 in OpenAI's shape, then close."""
+        error = APIError(400, f"invalid HTTP request: {msg}", code="invalid_http")
+        start, body = error_response_messages(error, close=True)
+        for event in (h11.Response(status_code=400, headers=start["headers"], reason=b"Bad Request"),
+                      h11.Data(data=body["body"]), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
 
     def _watch(self) -> None:
         """Arm the deadline of the request's current part: headers (IDLE), body (SEND_BODY), none after."""
