@@ -404,7 +404,7 @@ def test_malformed_bodies_and_routes(server: Server) -> None:
     _assert_400(server.post("/v1/completions", None, raw=b"\xff\xfe\x00"), None)
     no_content_type = httpx.post(server.url + "/v1/chat/completions", content=json.dumps(CHAT), headers=AUTH,
                                  timeout=60)
-    assert no_content_type.status_code == 200  # curl -d without -H Content-Type still works
+    assert no_content_type.status_code == 415  # JSON content type required (tests/test_serve_hardening.py)
     too_big = server.post("/v1/completions", None, raw=b'{"prompt": "' + b"x" * (5 << 20) + b'"}')
     assert too_big.status_code == 413 and too_big.json()["error"]["message"]
     missing = server.get("/v1/nothing")

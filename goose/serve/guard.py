@@ -43,7 +43,7 @@ def error_response_messages(error: APIError, *, close: bool = False) -> tuple[Me
     body = json.dumps(error.body()).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in error.headers.items()]
-    if close:  # the body was not read: close rather than let the client keep sending it
+    if close:  # the client stopped sending: nothing to wait for
         headers.append((b"connection", b"close"))
     return ({"type": "http.response.start", "status": error.status, "headers": headers},
             {"type": "http.response.body", "body": body, "more_body": False})
@@ -158,7 +158,10 @@ class RequestGuard:
         headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
         refusal = self._refusal(scope, headers)
         if refusal is not None:
-            for message in error_response_messages(refusal, close=True):
+            # the connection stays open: uvicorn reads what is left of the body and drops it (within the
+            # protocol's body deadline); closing at once would reset a client still sending it, before it
+            # could read the answer
+            for message in error_response_messages(refusal):
                 await send(message)
             return
         if scope["method"] not in BODY_METHODS:
@@ -218,7 +221,7 @@ class RequestGuard:
                 return None  # CountRequests logs it and counts a 499
             body += message.get("body", b"")
             if len(body) > self.max_body_bytes:  # a chunked body, or more than its Content-Length said
-                for answer in error_response_messages(_too_large(self.max_body_bytes), close=True):
+                for answer in error_response_messages(_too_large(self.max_body_bytes)):
                     await send(answer)
                 return None
             if not message.get("more_body", False):
