@@ -9,22 +9,16 @@ the bare anchor (a plain autoregressive step).
 
 from __future__ import annotations
 
-import goose
 from goose.config import GooseConfig
 from goose.contract.candidates import CandidatePool
-from goose.contract.tree import ROOT, DraftTree
-from goose.hookspecs import Register
-from goose.topologies.toolkit import Planner, grow_branches
+from goose.contract.tree import ROOT, TreeBuilder
+from goose.topologies.toolkit import Planner, grow_branches, registration
 
 
 class ChainTopology(Planner):
     """PLD's linear chain, falling back to a greedy successor chain."""
 
-    @goose.hookimpl
-    def goose_plan_tree(self, pool: CandidatePool, budget: int, config: GooseConfig) -> DraftTree:
-        builder = pool.builder(budget)
-        if budget <= 0:
-            return builder.build()
+    def lay(self, pool: CandidatePool, builder: TreeBuilder, budget: int, config: GooseConfig) -> None:
         if pool.drafting:
             source = pool.drafting[0]
             tokens, _ = source.draft.best_path
@@ -42,9 +36,10 @@ class ChainTopology(Planner):
                 min_score=config.min_score,
                 top_k=1,
             )
-        return builder.build()
 
 
-@goose.hookimpl
-def goose_register_topologies(register: Register) -> None:
-    register("chain", ChainTopology, description="PLD: the best draft as one linear chain (no tree)")
+goose_register_topologies = registration(
+    "chain",
+    ChainTopology,
+    "PLD: the best draft as one linear chain (no tree)",
+)

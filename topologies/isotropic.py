@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-import goose
 from goose.config import GooseConfig
 from goose.contract.candidates import CandidatePool
-from goose.contract.tree import ROOT, DraftTree, TreeBuilder
-from goose.hookspecs import Register
-from goose.topologies.toolkit import Planner
+from goose.contract.tree import ROOT, TreeBuilder
+from goose.topologies.toolkit import Planner, registration
 
 NOT_IN_DRAFT = -2  # a tree node that is not on a drafting source's trie (-1 is the trie's root, the anchor)
 
@@ -29,9 +27,7 @@ NOT_IN_DRAFT = -2  # a tree node that is not on a drafting source's trie (-1 is 
 class IsotropicTopology(Planner):
     """A balanced tree with fan-out ``config.isotropic_k``, all sources merged at every node."""
 
-    @goose.hookimpl
-    def goose_plan_tree(self, pool: CandidatePool, budget: int, config: GooseConfig) -> DraftTree:
-        builder = pool.builder(budget)
+    def lay(self, pool: CandidatePool, builder: TreeBuilder, budget: int, config: GooseConfig) -> None:
         # draft_nodes[s, v]: the node of drafting source s's trie that tree node v stands for
         draft_nodes = np.full((len(pool.drafting), budget + 1), NOT_IN_DRAFT, dtype=np.int64)
         draft_nodes[:, ROOT] = -1
@@ -42,7 +38,6 @@ class IsotropicTopology(Planner):
             if frontier.shape[0] == 0 or builder.room == 0:
                 break
             frontier = grow_level(pool, builder, frontier, draft_nodes, path_scores, config)
-        return builder.build()
 
 
 def proposals(
@@ -129,10 +124,8 @@ def grow_level(
     return laid[laid >= 0]
 
 
-@goose.hookimpl
-def goose_register_topologies(register: Register) -> None:
-    register(
-        "isotropic",
-        IsotropicTopology,
-        description="Iso(k): balanced k-ary tree, all sources' candidates merged at every node (baseline)",
-    )
+goose_register_topologies = registration(
+    "isotropic",
+    IsotropicTopology,
+    "Iso(k): balanced k-ary tree, all sources' candidates merged at every node (baseline)",
+)

@@ -44,10 +44,9 @@ import numpy as np
 import goose
 from goose.config import GooseConfig
 from goose.contract.candidates import CandidatePool, SourceCandidates
-from goose.contract.tree import ROOT, DraftTree, TreeBuilder
-from goose.hookspecs import Register
+from goose.contract.tree import ROOT, TreeBuilder
 from goose.planning.allocation import best_spine_tree
-from goose.topologies.toolkit import Planner, grow_branches, harmonic_split
+from goose.topologies.toolkit import Planner, grow_branches, harmonic_split, registration
 from goose.topologies.transition_tree import lay_transition_tree
 
 
@@ -60,22 +59,18 @@ def spine_length(budget: int, ratio: float, consensus: int, available: int) -> i
 class SpineTopology(Planner):
     """The anisotropic spine tree of the Goose paper (BuildSpineTree), with consensus bypass."""
 
-    @goose.hookimpl
-    def goose_plan_tree(self, pool: CandidatePool, budget: int, config: GooseConfig) -> DraftTree:
-        builder = pool.builder(budget)
-        if budget <= 0:
-            return builder.build()
+    def lay(self, pool: CandidatePool, builder: TreeBuilder, budget: int, config: GooseConfig) -> None:
         if not pool.drafting:
             if pool.branching:
                 lay_transition_tree(pool, builder, pool.branching[0], budget, config)
-            return builder.build()
+            return
 
         spine_source = pool.drafting[0]
         tokens, path_scores = spine_source.draft.best_path
         length, alone = self._spine_rule(pool, budget, tokens.shape[0], config)
         if alone:
             builder.add_chain(ROOT, tokens[:length], spine_source.source_id, spine=True)
-            return builder.build()
+            return
 
         if config.spine_tokens == "transition":  # ablation: the same spine shape, transition tokens on it
             spine = self._transition_spine(pool, builder, pool.branching[0], length, config)
@@ -83,7 +78,6 @@ class SpineTopology(Planner):
         else:
             spine = builder.add_chain(ROOT, tokens[:length], spine_source.source_id, spine=True)
         self._add_branches(pool, builder, pool.branching[0], spine, path_scores[: spine.shape[0]], config)
-        return builder.build()
 
     @goose.hookimpl
     def goose_spine_lengths(
@@ -156,10 +150,8 @@ class SpineTopology(Planner):
         )
 
 
-@goose.hookimpl
-def goose_register_topologies(register: Register) -> None:
-    register(
-        "spine",
-        SpineTopology,
-        description="Goose BuildSpineTree: context-match spine, harmonic transition branches, consensus bypass",
-    )
+goose_register_topologies = registration(
+    "spine",
+    SpineTopology,
+    "Goose BuildSpineTree: context-match spine, harmonic transition branches, consensus bypass",
+)

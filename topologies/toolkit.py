@@ -16,25 +16,53 @@ selection below ranks nodes by path score.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numpy.typing import ArrayLike
 
 from goose.config import GooseConfig
 from goose.contract.candidates import CandidatePool, SourceCandidates
-from goose.contract.tree import TreeBuilder
+from goose.contract.tree import DraftTree, TreeBuilder
+from goose.hookspecs import Register, hookimpl
 
 EMPTY = np.zeros(0, dtype=np.int64)
 
 
 class Planner:
-    """A planner with no state of its own: ``goose_plan_tree`` gets the decoder's config with every call.
+    """A planner with no state of its own that lays its tree into the pool's builder.
 
     The registry makes every topology with ``factory(config)``; a planner that keeps nothing
-    between cycles subclasses this and implements only its hooks.
+    between cycles subclasses this and implements :meth:`lay`, which is called only for a positive
+    budget (otherwise the tree is the bare anchor), and ``goose_spine_lengths`` if it has a hint.
     """
 
     def __init__(self, config: GooseConfig) -> None:
         del config  # read per call from the hook's ``config`` argument
+
+    @hookimpl
+    def goose_plan_tree(self, pool: CandidatePool, budget: int, config: GooseConfig) -> DraftTree:
+        builder = pool.builder(budget)
+        if budget > 0:
+            self.lay(pool, builder, budget, config)
+        return builder.build()
+
+    def lay(self, pool: CandidatePool, builder: TreeBuilder, budget: int, config: GooseConfig) -> None:
+        """Lay at most ``budget`` (> 0) draft nodes for ``pool`` with ``builder``."""
+        raise NotImplementedError
+
+
+def registration(name: str, factory: Callable[[GooseConfig], object], description: str) -> Callable[[Register], None]:
+    """The ``goose_register_topologies`` hook of a module that provides one planner::
+
+        goose_register_topologies = registration("chain", ChainTopology, "PLD: the best draft as one chain")
+    """
+
+    @hookimpl
+    def goose_register_topologies(register: Register) -> None:
+        register(name, factory, description=description)
+
+    return goose_register_topologies
 
 
 def harmonic_split(total: int, count: int) -> np.ndarray:

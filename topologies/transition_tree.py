@@ -23,12 +23,10 @@ from functools import lru_cache
 
 import numpy as np
 
-import goose
 from goose.config import GooseConfig
 from goose.contract.candidates import CandidatePool, SourceCandidates
-from goose.contract.tree import ROOT, DraftTree, TreeBuilder
-from goose.hookspecs import Register
-from goose.topologies.toolkit import Planner
+from goose.contract.tree import ROOT, TreeBuilder
+from goose.topologies.toolkit import Planner, registration
 
 DEPTH_DECAY = 0.6
 RANK_EXPONENT = 1.3
@@ -93,18 +91,13 @@ def lay_transition_tree(
 class TransitionTreeTopology(Planner):
     """TR's static tree shape, filled by the most trusted branching source; the bare anchor without one."""
 
-    @goose.hookimpl
-    def goose_plan_tree(self, pool: CandidatePool, budget: int, config: GooseConfig) -> DraftTree:
-        builder = pool.builder(budget)
-        if pool.branching and budget > 0:
+    def lay(self, pool: CandidatePool, builder: TreeBuilder, budget: int, config: GooseConfig) -> None:
+        if pool.branching:
             lay_transition_tree(pool, builder, pool.branching[0], budget, config)
-        return builder.build()
 
 
-@goose.hookimpl
-def goose_register_topologies(register: Register) -> None:
-    register(
-        "transition_tree",
-        TransitionTreeTopology,
-        description="Token Recycling: a static tree (top ranks deepest) filled with transition successors",
-    )
+goose_register_topologies = registration(
+    "transition_tree",
+    TransitionTreeTopology,
+    "Token Recycling: a static tree (top ranks deepest) filled with transition successors",
+)
