@@ -92,7 +92,6 @@ class PhraseListSource:
     name = NAME
 
     def __init__(self, config: GooseConfig) -> None:
-        self.config = config
         self.options = PhraseListOptions.model_validate(config.options_for(NAME))
         self.texts: list[str] = [p for p in self.options.phrases if isinstance(p, str)]
         self.token_phrases: list[tuple[int, ...]] = [tuple(p) for p in self.options.phrases if not isinstance(p, str)]
