@@ -79,7 +79,8 @@ class Draft:
     ``consensus`` counts leading chain tokens that several independent matches agree on (planners
     may extend or bypass on it). ``depth_acceptance`` optionally says how far this very draft is
     trusted per depth (entry i: token i + 1 accepted given its parent was; the last entry repeats);
-    the automatic budget sizes the spine by it.
+    the pool then ranks the source by its chain-equivalent rate (:func:`chain_rate`) instead of the
+    decoder's estimate, and the automatic budget sizes the spine by it.
     """
 
     tokens: np.ndarray
