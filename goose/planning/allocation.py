@@ -67,7 +67,6 @@ __all__ = [
     "expected_tau_tree",
     "multi_spine_allocation",
     "node_values",
-    "without_trailing_repeats",
 ]
 
 
@@ -215,15 +214,6 @@ def _rounded(acceptance: float | Sequence[float]) -> tuple[float, ...]:
     if not values.size:
         raise ValueError("acceptance needs at least one value")
     return tuple(quantize_all(values, ALLOCATION_STEP))
-
-
-def without_trailing_repeats(values: Sequence[float]) -> tuple[float, ...]:
-    """A per-depth sequence in its shortest form: its last value repeats, so trailing copies of it say nothing."""
-    values = list(values)
-    end = len(values)
-    while end > 1 and values[end - 2] == values[end - 1]:
-        end -= 1
-    return tuple(values[:end])
 
 
 def _per_depth(acceptance: tuple[float, ...], length: int) -> np.ndarray:

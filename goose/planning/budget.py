@@ -24,8 +24,8 @@ from functools import lru_cache
 import numpy as np
 
 from goose.contract.acceptance import BUDGET_STEP, quantize, quantize_all
-from goose.contract.candidates import CandidatePool
-from goose.planning.allocation import best_spine_tree, without_trailing_repeats
+from goose.contract.candidates import CandidatePool, without_trailing_repeats
+from goose.planning.allocation import best_spine_tree
 from goose.planning.cost import CostCurve
 
 CANDIDATE_BUDGETS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128)
