@@ -76,8 +76,9 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = load_model(args)
     name = args.served_model_name or args.model
     engine = Engine(model, tokenizer, config, max_queue=args.max_queue)
+    origins = tuple(origin.rstrip("/").lower() for origin in args.cors_origin)  # as browsers write them
     app = create_app(engine, name, api_key=args.api_key, hosts=HostRule(args.host, args.allowed_host),
-                     cors_origins=tuple(args.cors_origin), body_timeout_s=args.body_timeout, docs=args.docs)
+                     cors_origins=origins, body_timeout_s=args.body_timeout, docs=args.docs)
     print(f"goose serve: {name} ({args.dtype}, {args.device}), sources {','.join(config.sources)}, topology "
           f"{config.topology}, budget {config.budget}; warming up", file=sys.stderr)
     # h11 always (httptools, if installed, would bypass the header deadline), headers of 16 KiB at most
