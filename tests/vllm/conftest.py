@@ -107,11 +107,34 @@ def spec_counters(llm: vllm.LLM) -> dict[str, int]:
     return {wanted[metric.name]: int(metric.value) for metric in llm.get_metrics() if metric.name in wanted}
 
 
+# the chat questions the OpenAI-server test asks (tests/vllm/test_server.py)
+QUESTIONS = [
+    "Write a Python function is_palindrome(s) that ignores case and spaces, with three example calls.",
+    "Explain in three sentences why the sky is blue.",
+]
+
+
 @pytest.fixture(scope="session")
-def reference(model_path: str, prompts: list[list[int]]) -> list[list[int]]:
-    """Every prompt decoded alone by vLLM without speculation: what every Goose run must reproduce."""
+def no_speculation(model_path: str, prompts: list[list[int]]) -> dict[str, list]:
+    """vLLM without speculation, one engine for the session: every prompt decoded alone (``outputs``) and
+    each of QUESTIONS as a chat (``chat``, the text), the server rendering its chat template as ``LLM.chat`` does."""
     llm = start_llm(model_path)
     try:
-        return [generate(llm, [ids])[0] for ids in prompts]
+        outputs = [generate(llm, [ids])[0] for ids in prompts]
+        chats = [llm.chat([{"role": "user", "content": question}], greedy(), use_tqdm=False)[0].outputs[0].text
+                 for question in QUESTIONS]
+        return {"outputs": outputs, "chat": chats}
     finally:
         stop(llm)
+
+
+@pytest.fixture(scope="session")
+def reference(no_speculation: dict[str, list]) -> list[list[int]]:
+    """Every prompt decoded alone by vLLM without speculation: what every Goose run must reproduce."""
+    return no_speculation["outputs"]
+
+
+@pytest.fixture(scope="session")
+def chat_reference(no_speculation: dict[str, list]) -> list[str]:
+    """The text of each of QUESTIONS answered by vLLM without speculation (greedy, MAX_TOKENS)."""
+    return no_speculation["chat"]

@@ -1,4 +1,8 @@
-"""vLLM's OpenAI server with the Goose proposer answers a chat request with the text it gives without speculation."""
+"""vLLM's OpenAI server with the Goose proposer answers a chat request with the text vLLM gives without speculation.
+
+The text without speculation comes from the session's offline engine (``LLM.chat``: the same chat
+template and greedy decoding the server applies), so the suite starts one server, not two.
+"""
 
 from __future__ import annotations
 
@@ -16,14 +20,10 @@ import httpx
 import openai
 import pytest
 
-from tests.vllm.conftest import MAX_MODEL_LEN, MAX_NUM_SEQS, MAX_TOKENS, goose_speculation
+from tests.vllm.conftest import MAX_MODEL_LEN, MAX_NUM_SEQS, MAX_TOKENS, QUESTIONS, goose_speculation
 
 SERVED_NAME = "smollm2"
 START_TIMEOUT_S = 300.0
-QUESTIONS = [
-    "Write a Python function is_palindrome(s) that ignores case and spaces, with three example calls.",
-    "Explain in three sentences why the sky is blue.",
-]
 
 
 def free_port() -> int:
@@ -81,9 +81,8 @@ def chat_answers(client: openai.OpenAI) -> list[str]:
     return answers
 
 
-def test_chat_through_the_server_equals_no_speculation(model_path):
-    with openai_server(model_path, None) as client:
-        expected = chat_answers(client)
+def test_chat_through_the_server_equals_no_speculation(model_path, chat_reference):
+    expected = chat_reference
     with openai_server(model_path, goose_speculation()) as client:
         answers = chat_answers(client)
         metrics = httpx.get(str(client.base_url).removesuffix("/v1/") + "/metrics", timeout=10.0).text
