@@ -159,3 +159,28 @@ def test_a_repeating_run_is_drafted_past_the_context_end_and_trusted_by_depth(sm
     deep = int(source.by_depth.bins(np.array([32]))[0])
     assert source.by_depth.tested[deep:].sum() > 0  # draft tokens were tested at copy depths >= 32
     assert source.by_depth.rates[deep:].max() > source.options.depth_prior  # and learned to hold
+
+
+def test_one_pass_over_the_budgets_equals_the_optimum_per_budget() -> None:
+    """``spine_yields`` (every candidate budget at once) is ``best_spine_tree`` budget by budget, and the
+    planner's choice from it is the one the per-budget rates give (the first of the fastest)."""
+    from goose.planning.allocation import best_spine_tree, spine_yields
+    from goose.planning.budget import CANDIDATE_BUDGETS
+
+    generator = np.random.default_rng(0)
+    planner = BudgetPlanner(_curve({1: 1.0, 8: 1.1, 16: 1.4, 32: 1.9, 64: 2.5, 128: 3.6}))
+    for trial in range(150):
+        depths = int(generator.integers(1, 8))
+        on_grid = np.round(generator.random(depths) * 50) / 50  # the planner's cache grid (0.02)
+        p_s = tuple(on_grid.tolist()) if trial % 2 else float(on_grid[0])
+        p_t = 0.0 if trial % 5 == 0 else round(float(generator.random()) * 30) / 50
+        length = int(generator.integers(0, 140))
+        caps = tuple(min(length, int(c)) for c in generator.integers(0, 140, len(CANDIDATE_BUDGETS)))
+        max_depth = int(generator.integers(1, 8))
+        one_pass = spine_yields(p_s, p_t, CANDIDATE_BUDGETS, caps, max_depth)
+        per_budget = [best_spine_tree(p_s, p_t, n, max_depth, max_spine=cap).expected_tau
+                      for n, cap in zip(CANDIDATE_BUDGETS, caps, strict=True)]
+        np.testing.assert_allclose(one_pass, per_budget, rtol=0, atol=1e-12)
+        rates = [planner.expected_rate(n, p_s, cap, p_t) for n, cap in zip(CANDIDATE_BUDGETS, caps, strict=True)]
+        chosen = CANDIDATE_BUDGETS[max(range(len(rates)), key=rates.__getitem__)]
+        assert planner.choose(p_s, length, p_t, caps) == chosen

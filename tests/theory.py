@@ -33,18 +33,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from goose.planning import multi_spine
 from goose.planning.allocation import (
     MultiSpineAllocation,
     SpineSpec,
     TreeShape,
-    _grid,
-    _multi_shape,
-    _probability,
-    _rounded,
     best_spine_tree,
     branch_unit,
     expected_tau_tree,
 )
+from goose.planning.grid import grid, probability
 
 __all__ = [
     "expected_tau_chain",
@@ -66,7 +64,7 @@ __all__ = [
 
 def match_probability(p_t: float, width: int) -> float:
     """phi = 1 - (1 - p_t)^width: one of ``width`` branch heads is correct (first match)."""
-    return 1.0 - (1.0 - _probability(p_t, "p_t")) ** width
+    return 1.0 - (1.0 - probability(p_t, "p_t")) ** width
 
 
 def mean_branch_extra(p_t: float, branch_depth: int) -> float:
@@ -75,7 +73,7 @@ def mean_branch_extra(p_t: float, branch_depth: int) -> float:
     Below its head a branch follows the top successor; each further token is accepted with p_t given
     the previous one, so the extra length L has P(L >= j) = p_t^j for j < D and E[L] is the sum.
     """
-    p_t = _probability(p_t, "p_t")
+    p_t = probability(p_t, "p_t")
     return sum(p_t**j for j in range(1, max(1, branch_depth)))
 
 
@@ -88,7 +86,7 @@ def expected_tau_spine(
     ``spine_len + 1`` (also the last spine node, whose branches continue past the spine). Each
     branch is ``branch_depth`` tokens deep; see the module docstring for the derivation.
     """
-    p_s, p_t = _probability(p_s, "p_s"), _probability(p_t, "p_t")
+    p_s, p_t = probability(p_s, "p_s"), probability(p_t, "p_t")
     m = int(spine_len)
     widths = [int(w) for w in widths]
     if m < 0 or len(widths) not in (m, m + 1) or any(w < 0 for w in widths):
@@ -160,7 +158,7 @@ def transition_tree_shape(levels: Sequence[tuple[np.ndarray, np.ndarray]]) -> np
 
 def expected_tau_transition_tree(p_t: float, shape: Sequence[int] | np.ndarray | Sequence[tuple]) -> float:
     """E[tau] of a transition-only tree (every node p_t): ``shape`` is a parent array or a level template."""
-    p_t = _probability(p_t, "p_t")
+    p_t = probability(p_t, "p_t")
     if len(shape) and isinstance(shape[0], tuple):
         shape = transition_tree_shape(shape)  # type: ignore[arg-type]
     parents = np.asarray(shape, dtype=np.int64)
@@ -178,7 +176,6 @@ def optimal_allocation(
 def multi_spine_shape(spines: Sequence[SpineSpec], p_t: float, allocation: MultiSpineAllocation,
                       max_depth: int = 6) -> TreeShape:
     """The tree a :class:`MultiSpineAllocation` describes (for Monte Carlo and inspection)."""
-    key = tuple((_rounded(s.acceptance), s.available, 0 if k == 0 else s.attach) for k, s in enumerate(spines))
     budget = max(1, allocation.size)
-    unit_parents, _ = branch_unit(_grid(p_t), budget, max_depth)
-    return _multi_shape(key, _grid(p_t), allocation, unit_parents)
+    unit_parents, _ = branch_unit(grid(p_t), budget, max_depth)
+    return multi_spine.multi_spine_shape(multi_spine.spine_keys(spines), grid(p_t), allocation, unit_parents)

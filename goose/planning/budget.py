@@ -25,8 +25,8 @@ import numpy as np
 
 from goose.contract.acceptance import BUDGET_STEP, quantize, quantize_all
 from goose.contract.candidates import CandidatePool, without_trailing_repeats
-from goose.planning.allocation import best_spine_tree
 from goose.planning.cost import CostCurve
+from goose.planning.spine_tree import best_spine_tree, spine_yields
 
 CANDIDATE_BUDGETS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128)
 
@@ -108,9 +108,10 @@ class BudgetPlanner:
     def _best(self, spine_acceptance: tuple[float, ...], spine_caps: tuple[int, ...], branch_acceptance: float,
               overhead_bucket: float, extra_rows: int) -> int:
         del overhead_bucket  # part of the cache key only: a new overhead level re-evaluates the choice
-        rates = [self.expected_rate(n, spine_acceptance, cap, branch_acceptance, extra_rows)
-                 for n, cap in zip(self.candidates, spine_caps, strict=True)]
-        return self.candidates[max(range(len(rates)), key=rates.__getitem__)]
+        # every candidate budget's best tree in one pass (what expected_rate works out for one budget)
+        taus = spine_yields(spine_acceptance, branch_acceptance, self.candidates, spine_caps, self.max_depth)
+        rates = taus / (self.curve(np.asarray(self.candidates) + 1 + extra_rows) + self.overhead_s)
+        return self.candidates[int(np.argmax(rates))]  # the first of equal rates, the smallest budget
 
 
 def _bucket(value: float) -> float:
