@@ -121,3 +121,42 @@ def test_the_cache_grows_in_place_across_many_passes(smollm2) -> None:
     next_logits = verifier.verify(DraftTree.single(accepted[-1]))[0]
     expected = sequential_logits(model, accepted)
     assert (next_logits - expected).abs().max().item() < TOLERANCE
+
+
+def _commit_tree_paths(model, context: list[int], stacked: bool) -> Verifier:
+    """Passes of small trees whose accepted paths skip rows (non-chain commits), with the layer stack or without."""
+    verifier = Verifier(model)
+    verifier.stacked = stacked
+    verifier.prefill(context[:-1])
+    anchor = context[-1]
+    for step in range(6):
+        # node 1 is a decoy sibling, so a path through node 2 keeps rows 0, 2, 3, ...: the kept rows move
+        tree = build_tree(anchor, [0, 0, 2, 3, 2], [7 + step, 11, 12 + step, 13, 14])
+        verifier.verify(tree)
+        path = np.array([2, 3, 4][: 1 + step % 3])
+        verifier.commit(path)
+        anchor = 20 + step
+    verifier.verify(DraftTree.single(anchor))  # the last commit's rows move at the start of this pass
+    return verifier
+
+
+def _assert_same_caches(model, context: list[int]) -> None:
+    stacked, per_layer = _commit_tree_paths(model, context, True), _commit_tree_paths(model, context, False)
+    layers = stacked.cache.layers
+    assert len(stacked.stack.members) == len(layers) and not stacked.stack.loners  # one gather moved them all
+    assert not per_layer.stack.members and len(per_layer.stack.loners) == len(layers)
+    for mine, theirs in zip(layers, per_layer.cache.layers, strict=True):
+        assert mine.keys.shape == theirs.keys.shape
+        assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
+
+
+def test_one_gather_commit_equals_the_per_layer_commit_smollm2(smollm2) -> None:
+    model, tokenizer = smollm2
+    _assert_same_caches(model, tokenizer.encode("def add(a, b):\n    return a + b\n"))
+
+
+def test_one_gather_commit_equals_the_per_layer_commit_gemma3_past_the_window(gemma3) -> None:
+    """Gemma 3's sliding-window layers share the stack with its global layers, past the 512-token window."""
+    model, tokenizer = gemma3
+    text = " ".join(f"item {i} costs {i * 7 % 13} dollars." for i in range(120))
+    _assert_same_caches(model, tokenizer.encode(text)[:600])

@@ -5,7 +5,8 @@ attention mask (True = may attend), explicit position ids (context length + dept
 built from transformers' public ``Cache`` class. Models with sliding-window layers (Gemma 3) take
 a dict of masks, one per attention type. Every layer keeps its whole history (the sliding window
 is enforced by the mask), which keeps rollback to the accepted path an index copy on the sequence
-axis.
+axis, and every layer of the usual shape keeps it in one shared tensor (:class:`LayerStack`), so
+that copy is one gather for all layers at once.
 
 Per cycle the tree crosses to the model's device once: one host array holding the tokens, the
 positions and the tree's ancestor block, and the accepted rows of the previous pass when they must
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 import torch
@@ -32,26 +34,96 @@ class ContextOverflowError(ValueError):
     """The prompt (plus what must follow it) does not fit the model's context."""
 
 
+class LayerStack:
+    """The keys and values of every layer of one shape in one tensor [layers, 2, batch, heads, capacity, dim].
+
+    Layers join as they first see keys (the first forward); each layer's storage is a view of its slot,
+    so moving kept rows on the sequence axis is one gather and one copy for the whole cache instead
+    of four kernels per layer. A layer whose keys differ in shape, dtype or device from the first
+    layer's (or one past ``slots``) keeps its own storage and moves alone.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.members: list[GrowingLayer] = []
+        self.loners: list[GrowingLayer] = []
+        self.store: torch.Tensor | None = None
+
+    def join(self, layer: GrowingLayer, key_states: torch.Tensor, value_states: torch.Tensor) -> bool:
+        """Whether ``layer`` shares the stack's storage (its slot is then ``len(members) - 1``)."""
+        if self.members:
+            first = self.store
+            assert first is not None
+            fits = (len(self.members) < self.slots and key_states.shape[:-2] == first.shape[2:-2]
+                    and key_states.shape[-1] == first.shape[-1] and key_states.dtype == first.dtype
+                    and key_states.device == first.device)
+        else:
+            fits = self.slots > 0
+        fits = fits and key_states.shape == value_states.shape and key_states.dtype == value_states.dtype
+        (self.members if fits else self.loners).append(layer)
+        if fits:
+            if self.store is None:
+                self.store = key_states.new_empty((self.slots, 2, *key_states.shape[:-2], 0, key_states.shape[-1]))
+            slot = len(self.members) - 1
+            layer.attach(self.store[slot, 0], self.store[slot, 1])
+        return fits
+
+    def reserve(self, needed: int) -> None:
+        """Room for ``needed`` rows in every member (storage doubles; the rows held so far are copied once)."""
+        assert self.store is not None
+        held = self.store.shape[-2]
+        if needed <= held:
+            return
+        store = self.store.new_empty((*self.store.shape[:-2], max(needed, 2 * held, 256), self.store.shape[-1]))
+        if held:
+            store[..., :held, :] = self.store
+        self.store = store
+        for slot, layer in enumerate(self.members):
+            layer.attach(store[slot, 0], store[slot, 1])
+
+    def move(self, start: int, rows: torch.Tensor) -> None:
+        """Move rows ``rows`` (absolute, ascending) to ``start, start + 1, ...`` in every layer."""
+        if self.store is not None and self.members:
+            self.store[..., start : start + rows.shape[0], :] = self.store.index_select(-2, rows)
+        for layer in self.loners:
+            layer.move(start, rows)
+
+
 class GrowingLayer(DynamicLayer):
-    """One layer's key/value cache in storage that grows by doubling.
+    """One layer's key/value cache in storage that grows by doubling, shared with the other layers.
 
     transformers' ``DynamicLayer`` concatenates every new pass onto its keys, which copies the whole
     cache once per forward; here a pass writes only its own rows, and rolling back to the accepted
-    path moves only the kept rows.
+    path moves only the kept rows. The storage is the layer's slot of a :class:`LayerStack` (or its
+    own, when its shape is not the stack's).
     """
+
+    def __init__(self, stack: LayerStack | None = None) -> None:
+        super().__init__()
+        self.stack = stack
+        self.stacked = False
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
         self.length = 0
         self._keys = key_states.new_empty(0)
         self._values = value_states.new_empty(0)
+        self.stacked = self.stack is not None and self.stack.join(self, key_states, value_states)
+
+    def attach(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Hold keys and values in this storage from now on (the stack's slot: rows already copied)."""
+        self._keys, self._values = keys, values
+        self._cut(self.length)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object,
                **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         end = self.length + key_states.shape[-2]
-        if self._keys.ndim != key_states.ndim or end > self._keys.shape[-2]:
+        if self.stacked:
+            assert self.stack is not None
+            self.stack.reserve(end)
+        elif self._keys.ndim != key_states.ndim or end > self._keys.shape[-2]:
             self._grow(key_states, value_states, end)
         self._keys[..., self.length : end, :] = key_states
         self._values[..., self.length : end, :] = value_states
@@ -73,14 +145,14 @@ class GrowingLayer(DynamicLayer):
         self.values = self._values[..., :length, :]
 
     def move(self, start: int, rows: torch.Tensor) -> None:
-        """Move the rows at ``start + rows`` (ascending) to ``start, start + 1, ...``.
+        """Move the rows at ``rows`` (absolute, ascending) to ``start, start + 1, ...``.
 
         The storage past the cut keeps a pass's rows until the next pass writes there, so a commit can
         cut first and move the kept rows later, before that write.
         """
         end = start + rows.shape[0]
-        self._keys[..., start:end, :] = self._keys.index_select(-2, start + rows)
-        self._values[..., start:end, :] = self._values.index_select(-2, start + rows)
+        self._keys[..., start:end, :] = self._keys.index_select(-2, rows)
+        self._values[..., start:end, :] = self._values.index_select(-2, rows)
 
     def truncate(self, length: int) -> None:
         if self.is_initialized:
@@ -111,12 +183,15 @@ class Verifier:
         # transformers 5.x renamed `past_key_values` to `cache`; speak whichever this version knows
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._key_positions = torch.arange(0, device=self.device)  # 0..n-1, grown as the context grows
+        self._layers = int(getattr(config, "num_hidden_layers", 0) or 0)
+        self.stacked = True  # layers of one shape share one tensor; False: each its own (the per-layer move)
         self.reset()
 
     def reset(self) -> None:
-        self.cache = Cache(layer_class_to_replicate=GrowingLayer)
+        self.stack = LayerStack(self._layers if self.stacked else 0)
+        self.cache = Cache(layer_class_to_replicate=partial(GrowingLayer, self.stack))
         self.past_length = 0  # tokens whose key/values are in the cache and belong to the context
-        self._pending: tuple[int, np.ndarray] | None = None  # (start, kept rows) of a commit still to move
+        self._pending: tuple[int, np.ndarray] | None = None  # (start, kept rows' absolute indices) still to move
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: list[int], logits_to_keep: int = 1) -> torch.Tensor:
@@ -151,15 +226,13 @@ class Verifier:
         rows = tokens.shape[0]
         moved = self._pending[1] if self._pending is not None else np.zeros(0, dtype=np.int64)
         # the one host-to-device copy of the cycle: tokens, positions, the ancestor block, and the rows
-        # the previous commit keeps
+        # the previous commit keeps (absolute indices in the cache)
         packed = torch.from_numpy(np.concatenate([tokens, positions, block.ravel(), moved])).to(self.device,
                                                                                                 non_blocking=True)
         tokens_on_device, positions_on_device = packed[:rows], packed[rows : 2 * rows]
         block_on_device = packed[2 * rows : 2 * rows + rows * rows].view(rows, rows).bool()
         if self._pending is not None:
-            start = self._pending[0]
-            for layer in self.cache.layers:
-                layer.move(start, packed[2 * rows + rows * rows :])
+            self.stack.move(self._pending[0], packed[2 * rows + rows * rows :])
             self._pending = None
         output = self.model(
             input_ids=tokens_on_device[None],
@@ -190,8 +263,8 @@ class Verifier:
         """Keep the anchor and the accepted draft nodes ``path`` of the last pass; drop every other row.
 
         The cache is cut after the kept rows at once. A chain-shaped path is already in place; other
-        kept rows move to the front of the pass's slots (an index copy on the sequence axis) at the
-        start of the next pass, which carries their indices in its one host-to-device copy.
+        kept rows move to the front of the pass's slots (one gather on the sequence axis of the layer
+        stack) at the start of the next pass, which carries their indices in its one host-to-device copy.
         """
         keep = np.concatenate([[0], np.asarray(path, dtype=np.int64)])
         start = self.past_length
@@ -199,7 +272,7 @@ class Verifier:
         for layer in self.cache.layers:
             layer.truncate(start + kept)
         if not (keep == np.arange(kept)).all():
-            self._pending = (start, keep)
+            self._pending = (start, start + keep)
         self.past_length = start + kept
 
     def discard(self) -> None:
