@@ -218,7 +218,7 @@ class RequestGuard:
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
-                logger.info("%s %s: the body was not received within %.0f s (408, connection closed)",
+                logger.info("%s %s: the body was not received within %g s (408, connection closed)",
                             scope["method"], scope["path"], self.body_timeout_s)
                 error = APIError(408, f"the request body was not received within {self.body_timeout_s:g} s",
                                  code="request_timeout")
