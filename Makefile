@@ -9,7 +9,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.goose-vllm-installed
 
-.PHONY: demo test lint setup vllm-setup clean
+.PHONY: demo test test-fast lint setup vllm-setup clean
 
 setup: $(STAMP)
 
@@ -46,10 +46,17 @@ TEST_WORKERS ?= 2
 demo: $(STAMP)
 	$(VENV)/bin/goose generate "Write a Python function that merges two sorted lists." --compare-ar
 
+# Each pytest run ends with its time per group (lossless, sampling, hf, serve, ...: tests/conftest.py).
 test: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/ruff check goose sources topologies tests examples plugins scripts
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests --ignore=tests/vllm
 	$(VLLM_PY) -m pytest -q tests/vllm
+
+# The edit loop: ruff and every test not marked slow (no Gemma 3, no server process, no long
+# real-model run; SmolLM2 only for short runs). `make test` runs everything.
+test-fast: $(STAMP)
+	$(VENV)/bin/ruff check goose sources topologies tests examples plugins scripts
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not slow" tests --ignore=tests/vllm
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV)
