@@ -334,27 +334,16 @@ def decode(model, tokenizer, prompt: str, tokens: int, **config: object) -> list
     return GooseDecoder(model, tokenizer, GooseConfig(**config)).generate(prompt, tokens).new_token_ids
 
 
-_GREEDY: dict[tuple[int, str], list[int]] = {}
-
-
-def greedy(model, tokenizer, prompt: str, chat: bool = True) -> list[int]:
-    """The autoregressive reference (64 tokens), computed once per model and prompt in this module."""
-    key = (id(model), prompt)
-    if key not in _GREEDY:
-        _GREEDY[key] = AutoregressiveDecoder(model, tokenizer, chat=chat).generate(prompt, 64).new_token_ids
-    return _GREEDY[key]
-
-
 SMOLLM2_PROMPTS = dataset_prompts("humaneval", 1) + dataset_prompts("gsm8k", 1) + dataset_prompts("mt_bench", 1)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("topology", ["chain", "spine"])
-def test_lossless_on_smollm2(smollm2, topology: str) -> None:
+def test_lossless_on_smollm2(smollm2, ar_reference, topology: str) -> None:
     model, tokenizer = smollm2
     accepted_drafts = 0
     for prompt in SMOLLM2_PROMPTS:
-        expected = greedy(model, tokenizer, prompt)
+        expected = ar_reference(model, tokenizer, prompt, 64).new_token_ids
         result = GooseDecoder(model, tokenizer, GooseConfig(sources=["lookahead"], topology=topology)).generate(
             prompt, 64)
         assert result.new_token_ids == expected
@@ -363,10 +352,10 @@ def test_lossless_on_smollm2(smollm2, topology: str) -> None:
 
 
 @pytest.mark.slow
-def test_lossless_with_other_sources_and_without_the_window(smollm2, windowless: str) -> None:
+def test_lossless_with_other_sources_and_without_the_window(smollm2, ar_reference, windowless: str) -> None:
     model, tokenizer = smollm2
     prompt = SMOLLM2_PROMPTS[0]
-    expected = greedy(model, tokenizer, prompt)
+    expected = ar_reference(model, tokenizer, prompt, 64).new_token_ids
     assert decode(model, tokenizer, prompt, 64, sources=["context_match", "lookahead", "bigram_transition"]) == expected
     # the window's rows change no output: the same source with and without them in the verify pass
     small = {"lookahead": {"window": 4, "ngram": 3}}  # the subclass reads lookahead's options too
@@ -376,10 +365,10 @@ def test_lossless_with_other_sources_and_without_the_window(smollm2, windowless:
 
 
 @pytest.mark.slow
-def test_lossless_on_gemma3(gemma3) -> None:
+def test_lossless_on_gemma3(gemma3, ar_reference) -> None:
     model, tokenizer = gemma3
     prompt = dataset_prompts("humaneval", 1)[0]
-    expected = greedy(model, tokenizer, prompt, chat=False)
+    expected = ar_reference(model, tokenizer, prompt, 64, chat=False).new_token_ids
     result = GooseDecoder(model, tokenizer, GooseConfig(sources=["lookahead"], topology="chain"),
                           chat=False).generate(prompt, 64)
     assert result.new_token_ids == expected

@@ -17,7 +17,7 @@ from goose import cli
 from goose.bench.methods import ALL_METHODS, with_datastore
 from goose.config import GooseConfig
 from goose.contract.candidates import DecodeContext
-from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
+from goose.cycle.decoder import GooseDecoder
 from goose.sources.rest import RestOptions, RestSource
 from goose.sources.rest.corpus import build, default_datastore, default_datastore_path
 from goose.sources.rest.datastore import Datastore
@@ -310,35 +310,36 @@ def test_propose_returns_a_valid_trie(small_store: Datastore, smollm2) -> None:
     assert tokenizer.decode(draft.tokens[:1]).strip() in {",", "):", ")", "):\n"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("topology", ["chain", "spine"])
-def test_rest_is_lossless_smollm2(small_store: Datastore, smollm2, topology: str) -> None:
+def test_rest_is_lossless_smollm2(small_store: Datastore, smollm2, ar_reference, topology: str) -> None:
     model, tokenizer = smollm2
     sources = ["rest"] if topology == "chain" else ["rest", "bigram_transition"]
     config = GooseConfig(sources=sources, topology=topology,
                          source_options={"rest": {"datastore": str(small_store.path)}})
     goose = GooseDecoder(model, tokenizer, config)
-    baseline = AutoregressiveDecoder(model, tokenizer)
     tested = 0
     for prompt in dataset_prompts("humaneval", 2):
         result = goose.generate(prompt, 64)
-        assert result.new_token_ids == baseline.generate(prompt, 64).new_token_ids
+        assert result.new_token_ids == ar_reference(model, tokenizer, prompt, 64).new_token_ids
         tested += result.stats.source_tested["rest"]
     assert tested > 0  # rest drafted and the target checked its nodes
     assert goose.sources.instances["rest"].matched > 0
 
 
-def test_rest_is_lossless_gemma(tmp_path: Path, corpus: Path, gemma3) -> None:
+@pytest.mark.slow
+def test_rest_is_lossless_gemma(tmp_path: Path, corpus: Path, gemma3, ar_reference) -> None:
     model, tokenizer = gemma3
     store = build(tokenizer, [corpus], tmp_path / "gemma-store", progress=False)
     config = GooseConfig(sources=["rest"], topology="chain", source_options={"rest": {"datastore": str(store.path)}})
     prompt = dataset_prompts("humaneval", 1)[0]
     result = GooseDecoder(model, tokenizer, config, chat=False).generate(prompt, 32)
-    expected = AutoregressiveDecoder(model, tokenizer, chat=False).generate(prompt, 32)
-    assert result.new_token_ids == expected.new_token_ids
+    assert result.new_token_ids == ar_reference(model, tokenizer, prompt, 32, chat=False).new_token_ids
     assert result.stats.source_tested["rest"] > 0
 
 
-def test_learn_outputs_retrieves_earlier_answers(small_store: Datastore, smollm2) -> None:
+@pytest.mark.slow
+def test_learn_outputs_retrieves_earlier_answers(small_store: Datastore, smollm2, ar_reference) -> None:
     model, tokenizer = smollm2
     options = {"datastore": str(small_store.path), "learn_outputs": True}
     goose = GooseDecoder(model, tokenizer, GooseConfig(sources=["rest"], topology="chain",
@@ -346,8 +347,7 @@ def test_learn_outputs_retrieves_earlier_answers(small_store: Datastore, smollm2
     prompt = dataset_prompts("humaneval", 2)[1]
     first = goose.generate(prompt, 48)
     second = goose.generate(prompt, 48)  # the first answer is now in the side store
-    assert second.new_token_ids == first.new_token_ids == AutoregressiveDecoder(model, tokenizer).generate(
-        prompt, 48).new_token_ids
+    assert second.new_token_ids == first.new_token_ids == ar_reference(model, tokenizer, prompt, 48).new_token_ids
     assert second.stats.verify_steps < first.stats.verify_steps / 2
     assert second.stats.source_acceptance["rest"] > 0.8
     source = goose.sources.instances["rest"]
@@ -382,6 +382,7 @@ def test_default_stdlib_datastore_builds_once(tmp_path: Path, smollm2) -> None:
 # --- the bench with a datastore of one's own ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_bench_drafts_from_the_datastore_given(small_store: Datastore, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     """`goose bench --datastore` puts the folder into every REST method (and only those), checks it first."""

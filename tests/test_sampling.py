@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from goose.config import GooseConfig
-from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
+from goose.cycle.decoder import GooseDecoder
 from goose.cycle.sampling import Sampler, SamplingParams, inverse_cdf, uniform
 from tests.conftest import dataset_prompts
 
@@ -141,39 +141,71 @@ SMOLLM2_PROMPTS = (dataset_prompts("humaneval", 3) + dataset_prompts("gsm8k", 3)
                    + dataset_prompts("mt_bench", 2))
 GEMMA3_PROMPTS = (dataset_prompts("humaneval", 1) + dataset_prompts("gsm8k", 1) + dataset_prompts("mbpp", 1)
                   + dataset_prompts("mt_bench", 1))
+# Every prompt runs every temperature with its cut (prompts alternate between the cuts), so each
+# (temperature, cut) setting meets 5 SmolLM2 and 2 Gemma 3 prompts; the topologies take turns, one
+# per (prompt, temperature), so each topology meets every prompt, every temperature and both cuts.
 
 
-def assert_sampled_goose_equals_ar(model, tokenizer, prompt: str, chat: bool, seed: int, cut: int) -> None:
-    """Every temperature with one of the cuts (top-p 0.9 or top-k 50), every topology; one seeded AR reference each."""
-    ar = AutoregressiveDecoder(model, tokenizer, chat=chat)
-    top_p, top_k = CUTS[cut]
-    for temperature in TEMPERATURES:
+def topology_for(index: int, temperature: int) -> str:
+    """The topology that prompt ``index`` runs at its ``temperature``-th temperature: each in turn."""
+    names = list(TOPOLOGIES)
+    return names[(index + temperature) % len(names)]
+
+
+def runs(prompts: int) -> list[tuple[int, float, int, str]]:
+    """(prompt, temperature, cut, topology) of every sampled Goose run of a model's test."""
+    return [(index, temperature, index % 2, topology_for(index, t)) for index in range(prompts)
+            for t, temperature in enumerate(TEMPERATURES)]
+
+
+def test_every_topology_meets_every_prompt_temperature_and_cut_of_each_model() -> None:
+    for prompts, per_setting in ((len(SMOLLM2_PROMPTS), 5), (len(GEMMA3_PROMPTS), 2)):
+        planned = runs(prompts)
+        for temperature in TEMPERATURES:
+            for cut in range(len(CUTS)):
+                assert len({i for i, t, c, _ in planned if (t, c) == (temperature, cut)}) >= per_setting
+        for topology in TOPOLOGIES:
+            assert {i for i, *_, name in planned if name == topology} == set(range(prompts))
+            assert {t for _, t, _, name in planned if name == topology} == set(TEMPERATURES)
+            for cut in range(len(CUTS)):  # each topology under each cut on >= 2 prompts
+                assert len({i for i, _, c, name in planned if (name, c) == (topology, cut)}) >= 2
+    # with ten prompts every (topology, temperature, cut) is met, most of them twice
+    assert {(name, t, c) for _, t, c, name in runs(len(SMOLLM2_PROMPTS))} == {
+        (name, t, c) for name in TOPOLOGIES for t in TEMPERATURES for c in range(len(CUTS))}
+
+
+def assert_sampled_goose_equals_ar(ar_reference, model, tokenizer, prompt: str, chat: bool, seed: int,
+                                   index: int) -> None:
+    """Every temperature with the prompt's cut (top-p 0.9 or top-k 50), the topologies in turn; one seeded
+    AR reference per temperature."""
+    top_p, top_k = CUTS[index % 2]
+    for t, temperature in enumerate(TEMPERATURES):
         options = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
-        reference = ar.generate(prompt, NEW_TOKENS, **options)
+        reference = ar_reference(model, tokenizer, prompt, NEW_TOKENS, chat=chat, **options)
         assert reference.seed == seed
-        for topology, sources in TOPOLOGIES.items():
-            decoder = GooseDecoder(model, tokenizer, GooseConfig(sources=sources, topology=topology), chat=chat)
-            result = decoder.generate(prompt, NEW_TOKENS, **options)
-            assert result.new_token_ids == reference.new_token_ids, (topology, options)
+        topology = topology_for(index, t)
+        config = GooseConfig(sources=TOPOLOGIES[topology], topology=topology)
+        result = GooseDecoder(model, tokenizer, config, chat=chat).generate(prompt, NEW_TOKENS, **options)
+        assert result.new_token_ids == reference.new_token_ids, (topology, options)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(SMOLLM2_PROMPTS)))
-def test_smollm2_sampled_goose_equals_the_seeded_sampler(smollm2, index: int) -> None:
+def test_smollm2_sampled_goose_equals_the_seeded_sampler(smollm2, ar_reference, index: int) -> None:
     model, tokenizer = smollm2
-    assert_sampled_goose_equals_ar(model, tokenizer, SMOLLM2_PROMPTS[index], chat=True, seed=1000 + index,
-                                   cut=index % 2)
+    assert_sampled_goose_equals_ar(ar_reference, model, tokenizer, SMOLLM2_PROMPTS[index], chat=True,
+                                   seed=1000 + index, index=index)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(GEMMA3_PROMPTS)))
-def test_gemma3_sampled_goose_equals_the_seeded_sampler(gemma3, index: int) -> None:
+def test_gemma3_sampled_goose_equals_the_seeded_sampler(gemma3, ar_reference, index: int) -> None:
     model, tokenizer = gemma3
-    assert_sampled_goose_equals_ar(model, tokenizer, GEMMA3_PROMPTS[index], chat=False, seed=2000 + index,
-                                   cut=index % 2)
+    assert_sampled_goose_equals_ar(ar_reference, model, tokenizer, GEMMA3_PROMPTS[index], chat=False,
+                                   seed=2000 + index, index=index)
 
 
-def test_seeds_replay_and_a_missing_seed_is_picked_and_reported(smollm2) -> None:
+def test_seeds_replay_and_a_missing_seed_is_picked_and_reported(smollm2, ar_reference) -> None:
     model, tokenizer = smollm2
     decoder = GooseDecoder(model, tokenizer, GooseConfig(temperature=0.8))  # sampling set in the config
     prompt = "Write a short poem about the sea."
@@ -184,13 +216,13 @@ def test_seeds_replay_and_a_missing_seed_is_picked_and_reported(smollm2) -> None
     assert other.new_token_ids != first.new_token_ids  # another seed, another text (24 tokens at T=0.8)
     greedy = decoder.generate(prompt, NEW_TOKENS, temperature=0.0)  # a call overrides the config
     assert greedy.seed is None
-    assert greedy.new_token_ids == AutoregressiveDecoder(model, tokenizer).generate(prompt, NEW_TOKENS).new_token_ids
+    assert greedy.new_token_ids == ar_reference(model, tokenizer, prompt, NEW_TOKENS).new_token_ids
 
 
-def test_temperature_zero_is_the_greedy_path(smollm2) -> None:
+def test_temperature_zero_is_the_greedy_path(smollm2, ar_reference) -> None:
     model, tokenizer = smollm2
     prompt = dataset_prompts("gsm8k", 1)[0]
-    reference = AutoregressiveDecoder(model, tokenizer).generate(prompt, 32).new_token_ids
+    reference = ar_reference(model, tokenizer, prompt, 32).new_token_ids
     explicit = GooseDecoder(model, tokenizer).generate(prompt, 32, temperature=0.0, top_p=0.5, seed=4)
     assert explicit.new_token_ids == reference and explicit.seed is None
 

@@ -29,7 +29,6 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from goose import cli
-from goose.cycle.decoder import AutoregressiveDecoder
 from goose.models import encode_chat, encode_prompt
 from goose.serve.stop import StopScanner
 
@@ -141,11 +140,12 @@ def client(server: Server) -> openai.OpenAI:
 
 
 class Reference:
-    """Greedy autoregressive output of the same model in this process: (text, token count, finish reason)."""
+    """Greedy autoregressive output of the same model in this process: (text, token count, finish reason).
 
-    def __init__(self, model: Any, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self.decoder = AutoregressiveDecoder(model, tokenizer, chat=False)
+    The runs come from the session's ``ar_reference`` (each computed once per test run)."""
+
+    def __init__(self, model: Any, tokenizer: Any, ar_reference: Any) -> None:
+        self.model, self.tokenizer, self.ar_reference = model, tokenizer, ar_reference
 
     def chat(self, messages: list[dict[str, str]], max_tokens: int) -> tuple[str, int, str]:
         return self._run(encode_chat(self.tokenizer, messages), max_tokens)
@@ -156,14 +156,17 @@ class Reference:
     def ids(self, prompt: str) -> list[int]:
         return encode_prompt(self.tokenizer, prompt, chat=False)
 
+    def generate(self, prompt_ids: list[int], max_tokens: int, **options: Any) -> Any:
+        return self.ar_reference(self.model, self.tokenizer, prompt_ids, max_tokens, chat=False, **options)
+
     def _run(self, prompt_ids: list[int], max_tokens: int) -> tuple[str, int, str]:
-        result = self.decoder.generate(prompt_ids, max_tokens)
+        result = self.generate(prompt_ids, max_tokens)
         return result.text, len(result.new_token_ids), "stop" if result.stop_reason == "eos" else "length"
 
 
 @pytest.fixture(scope="module")
-def reference(smollm2) -> Reference:
-    return Reference(*smollm2)
+def reference(smollm2, ar_reference) -> Reference:
+    return Reference(*smollm2, ar_reference)
 
 
 def _goose(response: Any) -> dict[str, Any]:
@@ -210,14 +213,14 @@ def test_chat_equals_goose_generate(client: openai.OpenAI) -> None:
     """The contract: a temperature-0 chat request's content is `goose generate PROMPT`'s text."""
     prompt = "Write a haiku about geese."
     response = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
-                                              temperature=0, max_tokens=64)
+                                              temperature=0, max_tokens=32)
     generated = subprocess.run(
         [sys.executable, "-m", "goose", "generate", prompt, "--dtype", "float32", "--device", DEVICE,
-         "--max-new-tokens", "64", "--threads", os.environ.get("GOOSE_TEST_THREADS", "2")],
+         "--max-new-tokens", "32", "--threads", os.environ.get("GOOSE_TEST_THREADS", "2")],
         capture_output=True, text=True, timeout=600, cwd=REPO, check=True)
     assert response.choices[0].message.content + "\n" == generated.stdout
     assert response.choices[0].message.role == "assistant"
-    assert response.usage.prompt_tokens > 0 and 0 < response.usage.completion_tokens <= 64
+    assert response.usage.prompt_tokens > 0 and 0 < response.usage.completion_tokens <= 32
     assert response.usage.total_tokens == response.usage.prompt_tokens + response.usage.completion_tokens
     _assert_stats(_goose(response), response.usage.completion_tokens)
 
@@ -317,7 +320,7 @@ def test_sampled_requests_replay_by_seed_and_equal_the_seeded_sampler(client: op
     assert _goose(first)["seed"] == 7
     # float32: the server's sampled text is the seeded autoregressive sampler's
     ids = encode_chat(reference.tokenizer, messages)
-    expected = reference.decoder.generate(ids, 24, **options)
+    expected = reference.generate(ids, 24, **options)
     assert first.choices[0].message.content == expected.text
     streamed = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, stream=True, **options)
     assert "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices) == expected.text
