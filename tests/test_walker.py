@@ -84,3 +84,37 @@ def test_sampled_walk_follows_the_drawn_tokens_and_draws_only_on_its_path() -> N
         assert walked.tokens == tokens == greedy.tokens and walked.kind is kind
         assert np.array_equal(walked.reached, greedy.reached) and np.array_equal(walked.accepted, greedy.accepted)
         assert drawn_at == [0, *walked.path.tolist()]  # one draw per row on the path, none elsewhere
+
+
+def test_rows_drawn_in_one_batch_are_the_rows_drawn_one_by_one(smollm2) -> None:
+    """``Sampler.draw_rows`` over a batch of real rows gives each row the token ``draw`` gives it alone."""
+    import torch
+
+    from goose.cycle.sampling import Sampler, SamplingParams
+
+    model, tokenizer = smollm2
+    ids = tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n\n    return")
+    with torch.inference_mode():
+        rows = model(input_ids=torch.tensor([ids])).logits[0, -12:]
+    positions = list(range(30, 42))
+    for params in (SamplingParams(temperature=0.8), SamplingParams(temperature=1.0, top_k=20),
+                   SamplingParams(temperature=0.7, top_k=50, top_p=0.9), SamplingParams(temperature=0.7, top_p=0.9)):
+        for seed in range(5):
+            sampler = Sampler(params, seed)
+            one_by_one = [sampler.draw(row, position) for row, position in zip(rows, positions, strict=True)]
+            assert sampler.draw_rows(rows, positions).tolist() == one_by_one
+
+
+def test_the_batched_sampled_walk_is_the_seeded_autoregressive_sampler(smollm2) -> None:
+    """Every tree row drawn in one batch (as on a GPU), float32: token for token the seeded sampler's output."""
+    from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
+
+    model, tokenizer = smollm2
+    prompt = "Repeat after me: one two three four five six seven. One two three four five six seven."
+    for options in ({"temperature": 0.7, "seed": 3}, {"temperature": 1.0, "top_k": 40, "seed": 11}):
+        reference = AutoregressiveDecoder(model, tokenizer).generate(prompt, 32, **options).new_token_ids
+        decoder = GooseDecoder(model, tokenizer, budget=12)
+        decoder.draw_all_rows = True
+        result = decoder.generate(prompt, 32, **options)
+        assert result.new_token_ids == reference
+        assert result.stats.verify_steps < 32  # drafts were accepted: the walk went past the anchor's row

@@ -272,6 +272,7 @@ class GooseDecoder(_Decoding):
         self._cost_curve = cost_curve
         self._budget_planner: BudgetPlanner | None = None
         self._cycles_unpriced: dict[str, int] = {}  # per source: cycles since its auxiliary rows last rode
+        self.draw_all_rows = False  # sampled: draw every tree row in one batch on the CPU too (as on a GPU)
 
     @property
     def budget_planner(self) -> BudgetPlanner | None:
@@ -332,7 +333,7 @@ class GooseDecoder(_Decoding):
             if request.sampler is None:
                 walked = walk(tree, readout.predictions[: tree.size])
             else:
-                walked = walk_sampled(tree, _row_draw(request, logits, tree, verifier.past_length))
+                walked = walk_sampled(tree, self._row_draws(request.sampler, logits, tree, verifier.past_length))
             verifier.commit(walked.path)
             kept = request.accept(walked.tokens)
             clock.lap("walk+commit")
@@ -372,15 +373,23 @@ class GooseDecoder(_Decoding):
             self._cycles_unpriced[name] = waited
         return kept
 
+    def _row_draws(self, sampler: Sampler, logits: torch.Tensor, tree: DraftTree, past: int) -> Callable[[int], int]:
+        """The target's token at a tree node's row (the row at depth d predicts position past + 1 + d).
+
+        Off the CPU every tree row is warped and drawn in one batch and read back once, so the walk
+        waits on the device once, not once per drawn token; on the CPU a read costs nothing and each
+        row off the path would cost a softmax over the vocabulary, so only the walked rows are drawn.
+        Either way a row's token is the one the seeded autoregressive sampler draws there.
+        """
+        if not self.draw_all_rows and logits.device.type == "cpu":
+            return lambda node: sampler.draw(logits[node], past + 1 + int(tree.depths[node]))
+        drawn = sampler.draw_rows(logits[: tree.size], (past + 1 + tree.depths).tolist()).cpu().numpy()
+        return lambda node: int(drawn[node])
+
     def _context(self, request: _Request) -> DecodeContext:
         return DecodeContext(tokens=request.tokens, prompt_length=len(request.prompt_ids),
                              vocab_size=self.verifier.vocab_size, eos_token_ids=request.eos_ids,
                              tokenizer=self.tokenizer)
-
-
-def _row_draw(request: _Request, logits: torch.Tensor, tree: DraftTree, past: int) -> Callable[[int], int]:
-    """The target's token at a tree node's row: the row at depth d predicts the token at position past + 1 + d."""
-    return lambda node: request.next_token(logits[node], past + 1 + int(tree.depths[node]))
 
 
 def _prompt_harvest(prompt_ids: list[int], logits: torch.Tensor, k: int) -> Harvest:

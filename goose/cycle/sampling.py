@@ -16,6 +16,7 @@ therefore token-identical to the seeded autoregressive sampler, whatever the sou
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Annotated
 
 import torch
@@ -81,7 +82,9 @@ class Sampler:
       top-p with threshold top_p / M over the candidates renormalised does.
     - temperature alone: the support is the whole vocabulary.
 
-    Goose's walk and the autoregressive sampler both draw here, so they stay token-identical.
+    Goose's walk and the autoregressive sampler both draw here (:meth:`draw_rows`; :meth:`draw` is
+    one row of it), so they stay token-identical: a row's draw is the same whichever rows are warped
+    with it, since every step works row by row (temperature, top-k, softmax, cumulative sum, search).
     """
 
     def __init__(self, params: SamplingParams, seed: int) -> None:
@@ -121,8 +124,37 @@ class Sampler:
 
     def draw(self, row: torch.Tensor, position: int) -> int:
         """The token at absolute ``position`` given the logits ``row`` [V] that predict it."""
-        ids, probabilities = self.support(row)
-        return int(ids[inverse_cdf(probabilities, torch.tensor([uniform(self.seed, position)]))[0]])
+        return int(self.draw_rows(row[None], [position])[0])
+
+    def draw_rows(self, rows: torch.Tensor, positions: Sequence[int]) -> torch.Tensor:
+        """The tokens at absolute ``positions`` given the logits ``rows`` [n, V] that predict them: int64 [n].
+
+        The rows are warped and drawn together and the result stays on the device, so a caller that
+        needs many rows' draws (the sampled walk) reads them all at once. Top-k finds its support's
+        size with one read (the same size in every row unless the k-th value ties); top-p alone
+        searches each row's candidates in turn, reading their mass.
+        """
+        uniforms = torch.tensor([uniform(self.seed, position) for position in positions], dtype=torch.float64)
+        if self.top_k is None and self.params.top_p < 1.0:
+            return torch.stack([ids[inverse_cdf(probabilities, uniforms[i : i + 1])[0]]
+                                for i, (ids, probabilities) in enumerate(map(self.support, rows))])
+        no_ids = self._no_ids.to(rows.device)
+        scaled = rows.float()
+        if self.temperature is not None:
+            scaled = self.temperature(no_ids, scaled)
+        if self.top_k is None:  # temperature alone: the support is the whole vocabulary
+            return inverse_cdf_rows(torch.softmax(scaled, dim=-1), uniforms)
+        scaled = self.top_k(no_ids, scaled)
+        kept = (scaled > -torch.inf).sum(dim=-1).tolist()
+        if len(set(kept)) > 1:  # ties at the k-th value in some row: supports of different sizes
+            return torch.cat([self.draw_rows(row[None], [position]) for row, position in zip(rows, positions,
+                                                                                             strict=True)])
+        ids = torch.topk(scaled, kept[0], dim=-1).indices.sort(dim=-1).values  # the support, ascending ids
+        warped = scaled.gather(-1, ids)
+        if self.params.top_p < 1.0:
+            warped = TopPLogitsWarper(top_p=self.params.top_p)(no_ids, warped)
+        chosen = inverse_cdf_rows(torch.softmax(warped, dim=-1), uniforms)
+        return ids.gather(-1, chosen[:, None])[:, 0]
 
 
 def _largest_with_ties(scores: torch.Tensor, count: int) -> torch.Tensor:
@@ -152,3 +184,12 @@ def inverse_cdf(probabilities: torch.Tensor, uniforms: torch.Tensor) -> torch.Te
     # u * total can round up to the total (rare); then the draw is the first token where the mass reaches
     # the total, which has mass of its own. A minimum on the device, so no draw waits on a host check.
     return torch.minimum(indices, torch.searchsorted(cumulative, cumulative[-1:], right=False))
+
+
+def inverse_cdf_rows(probabilities: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """:func:`inverse_cdf` row by row: for row i of ``probabilities`` [n, c], the draw of ``uniforms[i]``: [n]."""
+    cumulative = torch.cumsum(probabilities, dim=-1)
+    total = cumulative[:, -1:]
+    thresholds = total * uniforms.to(cumulative.dtype).to(cumulative.device)[:, None]
+    indices = torch.searchsorted(cumulative, thresholds, right=True)
+    return torch.minimum(indices, torch.searchsorted(cumulative, total, right=False))[:, 0]
