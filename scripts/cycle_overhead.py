@@ -4,7 +4,10 @@ Each cycle is a forward pass plus Goose's own work (drafting, planning, building
 reading the logits, walking, committing the cache, observing). The model's forward is timed with
 forward hooks (public torch API); what is left of a cycle is Goose's. Prompts of the given lengths
 are cut from the benchmark files (code and questions, plain text, no chat template), each
-generated ``--repeats`` times after a warm-up; medians are printed and written as JSON.
+generated ``--repeats`` times after a warm-up; medians are printed and written as JSON, with the
+decoder's per-phase times (its profile; "verify" there is the pass's inputs and readout, the
+forward taken out) and a digest of the output tokens, so two versions of the code can be compared
+on the same prompts (run one with PYTHONPATH pointing at the other's checkout).
 
     python scripts/cycle_overhead.py --model gemma3-270m --dtype bfloat16 --lengths 1024,4096,16384
 """
@@ -12,6 +15,7 @@ generated ``--repeats`` times after a warm-up; medians are printed and written a
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import time
@@ -23,6 +27,7 @@ from goose import models
 from goose.bench.prompts import default_data_dir
 from goose.config import GooseConfig
 from goose.cycle.decoder import GooseDecoder
+from goose.planning.cost import CostCurve
 
 
 def long_prompt(tokenizer, length: int, data_dir: Path) -> list[int]:
@@ -46,6 +51,10 @@ def main() -> None:
     parser.add_argument("--lengths", default="1024,4096,16384")
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per generation")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--temperature", type=float, default=0.0, help="> 0: seeded sampling (seed 0)")
+    parser.add_argument("--curve", type=Path, default=None,
+                        help="a saved cost curve (JSON) for the automatic budget, instead of this machine's: "
+                        "two runs then plan by the same prices whatever the machine's load while measuring")
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None, help="JSON file for the per-run rows and the medians")
     args = parser.parse_args()
@@ -61,7 +70,9 @@ def main() -> None:
 
     model.register_forward_pre_hook(lambda *_: started.append(synchronized()))
     model.register_forward_hook(lambda *_: forward_s.append(synchronized() - started[-1]))
-    decoder = GooseDecoder(model, tokenizer, GooseConfig(), chat=False)
+    config = GooseConfig(temperature=args.temperature, seed=0 if args.temperature > 0 else None)
+    curve = CostCurve.load(args.curve) if args.curve else None
+    decoder = GooseDecoder(model, tokenizer, config, chat=False, profile=True, cost_curve=curve)
     rows = []
     for length in (int(value) for value in args.lengths.split(",")):
         prompt = long_prompt(tokenizer, length, args.data_dir or default_data_dir())
@@ -76,13 +87,22 @@ def main() -> None:
                 continue  # warm-up: one-off costs (kernels, allocations, the cost curve) land here
             steps = max(1, result.stats.verify_steps)
             cycle_forward = sum(forward_s[1:])  # the first forward is the prefill
+            phases = dict(result.stats.profile)
+            phases["verify"] = phases.get("verify", 0.0) - cycle_forward  # the pass's inputs and readout
             row = {"length": length, "steps": steps, "tau": round(result.stats.tau, 2),
-                   "outside_ms": round(1000 * (wall - result.stats.prefill_s - cycle_forward) / steps, 2),
-                   "forward_ms": round(1000 * cycle_forward / steps, 2)}
+                   "outside_ms": round(1000 * (wall - result.stats.prefill_s - cycle_forward) / steps, 3),
+                   "forward_ms": round(1000 * cycle_forward / steps, 2),
+                   "phases_us": {k: round(1e6 * v / steps, 1) for k, v in sorted(phases.items())},
+                   "tokens": hashlib.sha1(str(result.new_token_ids).encode()).hexdigest()[:12]}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    medians = {length: {key: statistics.median(r[key] for r in rows if r["length"] == length)
-                        for key in ("outside_ms", "forward_ms")} for length in sorted({r["length"] for r in rows})}
+    medians = {}
+    for length in sorted({r["length"] for r in rows}):
+        mine = [r for r in rows if r["length"] == length]
+        medians[length] = {key: statistics.median(r[key] for r in mine) for key in ("outside_ms", "forward_ms")}
+        medians[length]["phases_us"] = {phase: statistics.median(r["phases_us"][phase] for r in mine)
+                                        for phase in mine[0]["phases_us"]}
+        medians[length]["tokens"] = sorted({r["tokens"] for r in mine})
     print(json.dumps(medians))
     if args.out:
         args.out.write_text(json.dumps({"rows": rows, "medians": medians}, indent=1))
