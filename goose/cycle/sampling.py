@@ -143,7 +143,7 @@ class Sampler:
         if self.temperature is not None:
             scaled = self.temperature(no_ids, scaled)
         if self.top_k is None:  # temperature alone: the support is the whole vocabulary
-            return inverse_cdf_rows(torch.softmax(scaled, dim=-1), uniforms)
+            return inverse_cdf(torch.softmax(scaled, dim=-1), uniforms[:, None])[:, 0]
         scaled = self.top_k(no_ids, scaled)
         kept = (scaled > -torch.inf).sum(dim=-1).tolist()
         if len(set(kept)) > 1:  # ties at the k-th value in some row: supports of different sizes
@@ -153,7 +153,7 @@ class Sampler:
         warped = scaled.gather(-1, ids)
         if self.params.top_p < 1.0:
             warped = TopPLogitsWarper(top_p=self.params.top_p)(no_ids, warped)
-        chosen = inverse_cdf_rows(torch.softmax(warped, dim=-1), uniforms)
+        chosen = inverse_cdf(torch.softmax(warped, dim=-1), uniforms[:, None])[:, 0]
         return ids.gather(-1, chosen[:, None])[:, 0]
 
 
@@ -177,19 +177,15 @@ def _nucleus_candidates(scaled: torch.Tensor, top_p: float) -> tuple[torch.Tenso
 
 
 def inverse_cdf(probabilities: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """For each u in ``uniforms``, the first token whose cumulative mass exceeds u * total (never one of zero mass)."""
+    """For each u in ``uniforms``, the first token whose cumulative mass exceeds u * total (never one of zero mass).
+
+    One row (``probabilities`` [c], ``uniforms`` [m]: [m]) or a batch of rows (``probabilities`` [n, c],
+    ``uniforms`` [n, m]: [n, m], row i's draws from row i's mass).
+    """
     cumulative = torch.cumsum(probabilities, dim=-1)
-    thresholds = cumulative[-1] * uniforms.to(cumulative.dtype).to(cumulative.device)
+    total = cumulative[..., -1:]
+    thresholds = total * uniforms.to(cumulative.dtype).to(cumulative.device)
     indices = torch.searchsorted(cumulative, thresholds, right=True)
     # u * total can round up to the total (rare); then the draw is the first token where the mass reaches
     # the total, which has mass of its own. A minimum on the device, so no draw waits on a host check.
-    return torch.minimum(indices, torch.searchsorted(cumulative, cumulative[-1:], right=False))
-
-
-def inverse_cdf_rows(probabilities: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """:func:`inverse_cdf` row by row: for row i of ``probabilities`` [n, c], the draw of ``uniforms[i]``: [n]."""
-    cumulative = torch.cumsum(probabilities, dim=-1)
-    total = cumulative[:, -1:]
-    thresholds = total * uniforms.to(cumulative.dtype).to(cumulative.device)[:, None]
-    indices = torch.searchsorted(cumulative, thresholds, right=True)
-    return torch.minimum(indices, torch.searchsorted(cumulative, total, right=False))[:, 0]
+    return torch.minimum(indices, torch.searchsorted(cumulative, total, right=False))
