@@ -28,7 +28,7 @@ from goose import cli
 from goose.serve.app import create_app
 from goose.serve.guard import HostRule
 from goose.serve.metrics import ServerMetrics
-from tests.test_server import DEVICE, MODEL, REPO, Server, _free_port
+from tests.test_server import DEVICE, MODEL, Server, _free_port, start_server
 
 pytestmark = pytest.mark.xdist_group("server")
 
@@ -48,22 +48,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                "--threads", os.environ.get("GOOSE_TEST_THREADS", "2"), "--port", str(port),
                "--body-timeout", str(BODY_TIMEOUT_S), "--header-timeout", str(HEADER_TIMEOUT_S),
                "--cors-origin", ALLOWED_ORIGIN]
-    with log.open("wb") as output:
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=REPO)
-    running = Server(f"http://127.0.0.1:{port}", process, log)
-    deadline = time.monotonic() + 300
-    while True:
-        if process.poll() is not None:
-            pytest.fail(f"goose serve exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if running.get("/health").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"goose serve did not come up:\n{log.read_text()[-3000:]}")
-        time.sleep(0.3)
+    running = start_server(command, port, log)
+    process = running.process
     yield running
     if process.poll() is None:  # the SIGTERM test did not run (deselected or failed early)
         process.kill()

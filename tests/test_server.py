@@ -79,13 +79,8 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    port = _free_port()
-    log = tmp_path_factory.mktemp("serve") / "server.log"
-    command = [sys.executable, "-m", "goose", "serve", "--model", MODEL, "--dtype", "float32", "--device", DEVICE,
-               "--threads", os.environ.get("GOOSE_TEST_THREADS", "2"), "--port", str(port), "--api-key", API_KEY,
-               "--max-queue", str(MAX_QUEUE)]
+def start_server(command: list[str], port: int, log: Path) -> Server:
+    """Start ``goose serve`` (``command``) and wait until its /health answers; the test fails if it never does."""
     with log.open("wb") as output:
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=REPO)
     running = Server(f"http://127.0.0.1:{port}", process, log)
@@ -95,13 +90,23 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             pytest.fail(f"goose serve exited with {process.returncode}:\n{log.read_text()[-3000:]}")
         try:
             if running.get("/health").status_code == 200:
-                break
+                return running
         except httpx.TransportError:
             pass
         if time.monotonic() > deadline:
             process.kill()
             pytest.fail(f"goose serve did not come up:\n{log.read_text()[-3000:]}")
-        time.sleep(0.5)
+        time.sleep(0.3)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    port = _free_port()
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    command = [sys.executable, "-m", "goose", "serve", "--model", MODEL, "--dtype", "float32", "--device", DEVICE,
+               "--threads", os.environ.get("GOOSE_TEST_THREADS", "2"), "--port", str(port), "--api-key", API_KEY,
+               "--max-queue", str(MAX_QUEUE)]
+    running = start_server(command, port, log)
     yield running
     _stop_with_a_generation_in_flight(running)
 
