@@ -84,11 +84,11 @@ class GooseConfig(BaseModel):
         "source registered with)",
     )
     harvest_top_k: int = Field(default=10, ge=1, description="top-k of every verified position sent to observers")
-    prefill_harvest: int | None = Field(
-        default=256,
-        ge=0,
-        description="prompt positions (the last ones) whose top-k is harvested at prefill; None = all. "
-        "Bounded because each harvested position costs one lm_head row (262k wide on Gemma 3)",
+    prefill_harvest: int | Literal["auto"] | None = Field(
+        default="auto",
+        description="prompt positions (the last ones) whose top-k is harvested at prefill; None = all; 'auto': "
+        "as many as cost at most 3% of the prompt's forward (each costs one output-layer row, 262k wide on "
+        "Gemma 3), at most 256",
     )
     source_options: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per-source options, validated by each source's own model"
@@ -108,6 +108,13 @@ class GooseConfig(BaseModel):
     def _budget_positive(cls, value: int | str) -> int | str:
         if isinstance(value, int) and value < 1:
             raise ValueError("budget must be >= 1 draft node (or 'auto')")
+        return value
+
+    @field_validator("prefill_harvest")
+    @classmethod
+    def _harvest_not_negative(cls, value: int | str | None) -> int | str | None:
+        if isinstance(value, int) and value < 0:
+            raise ValueError("prefill_harvest must be >= 0 prompt positions, 'auto' or None (all)")
         return value
 
     @field_validator("sources")

@@ -55,6 +55,8 @@ def main() -> None:
     parser.add_argument("--curve", type=Path, default=None,
                         help="a saved cost curve (JSON) for the automatic budget, instead of this machine's: "
                         "two runs then plan by the same prices whatever the machine's load while measuring")
+    parser.add_argument("--prefill-harvest", default="auto",
+                        help="GooseConfig.prefill_harvest: 'auto', 'all', or a number of prompt positions")
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None, help="JSON file for the per-run rows and the medians")
     args = parser.parse_args()
@@ -70,7 +72,9 @@ def main() -> None:
 
     model.register_forward_pre_hook(lambda *_: started.append(synchronized()))
     model.register_forward_hook(lambda *_: forward_s.append(synchronized() - started[-1]))
-    config = GooseConfig(temperature=args.temperature, seed=0 if args.temperature > 0 else None)
+    harvest = {"auto": "auto", "all": None}.get(args.prefill_harvest, args.prefill_harvest)
+    config = GooseConfig(temperature=args.temperature, seed=0 if args.temperature > 0 else None,
+                         prefill_harvest=harvest if harvest in ("auto", None) else int(harvest))
     curve = CostCurve.load(args.curve) if args.curve else None
     decoder = GooseDecoder(model, tokenizer, config, chat=False, profile=True, cost_curve=curve)
     rows = []

@@ -31,7 +31,7 @@ from goose.cycle.stats import GenerationStats
 from goose.cycle.verifier import ContextOverflowError, Verifier
 from goose.cycle.walker import walk, walk_sampled
 from goose.planning.budget import BudgetPlanner
-from goose.planning.cost import CostCurve, load_or_measure
+from goose.planning.cost import CostCurve, harvest_rows, load_or_measure, output_layer_weight
 from goose.plugins import PluginError
 
 Prompt = str | list[int] | torch.Tensor
@@ -272,6 +272,7 @@ class GooseDecoder(_Decoding):
         self._cost_curve = cost_curve
         self._budget_planner: BudgetPlanner | None = None
         self._cycles_unpriced: dict[str, int] = {}  # per source: cycles since its auxiliary rows last rode
+        self._output_row_weight = output_layer_weight(model)  # prices the prefill harvest (prefill_harvest="auto")
         self.draw_all_rows = False  # sampled: draw every tree row in one batch on the CPU too (as on a GPU)
 
     @property
@@ -293,13 +294,13 @@ class GooseDecoder(_Decoding):
         config, sources, verifier = self.config, self.sources, self.verifier
         budget_planner = self.budget_planner
         prompt_length = len(request.prompt_ids)
-        harvest_rows = min(prompt_length if config.prefill_harvest is None else config.prefill_harvest,
-                           prompt_length - 1)
         sources.reset()
-        prompt_logits = self._prefill(request, stats, harvest_rows)
-        sources.prefill(self._context(request), _prompt_harvest(request.prompt_ids, prompt_logits[:-1],
-                                                                config.harvest_top_k))
-        yield request.tokens[-1:].tolist()
+        prompt_logits = self._prefill(request, stats, harvest_rows(config.prefill_harvest, prompt_length,
+                                                                   self._output_row_weight))
+        yield request.tokens[-1:].tolist()  # the first token goes out before the sources read the prompt
+        if request.stop_reason is None:
+            sources.prefill(self._context(request), _prompt_harvest(request.prompt_ids, prompt_logits[:-1],
+                                                                    config.harvest_top_k))
         clock = _PhaseClock(stats if self.profile else None)
 
         while request.stop_reason is None:

@@ -1,15 +1,17 @@
 """Reading the target's logits: the greedy token and the top-k of every row, in one pass and one read.
 
 Every cycle needs the argmax of each verified row (the walk) and the top-k of each tree row (the
-harvest). For a large vocabulary both are expensive on a CPU, ``argmax`` more than ``max`` (the
-same answer, see below), and both are cheaper done together.
+harvest). For a large vocabulary both are expensive on a CPU: ``argmax`` and ``max(dim)`` (which
+also track positions) read the logits several times slower than ``amax``, and ``topk`` slower still.
 
-One pass does both here. The vocabulary is cut into blocks and each block's maximum (value and
-first position) is taken: that is the only full read of the logits. The row's argmax is the
-first position of the first block holding the largest maximum, so it is exactly ``argmax``'s
-first-occurrence answer. The top-k lie in the k blocks with the largest maxima (a value outside
-them has k larger block maxima above it, hence k larger values), so a top-k over those k
-blocks, k * block values, equals the full top-k up to the order of exact ties.
+So the vocabulary is cut into blocks of ``BLOCK`` values and each block's maximum (``amax``, values
+only) is taken: that is the only full read of the logits. Then only a few blocks are looked at:
+
+- the row's argmax lies in the first block holding the largest maximum, at the first position of
+  that maximum there: exactly ``argmax``'s first-occurrence answer;
+- the top-k lie in the k blocks with the largest maxima (a value outside them has k larger block
+  maxima above it, hence k larger values), so a top-k over those k blocks, k * BLOCK values, equals
+  the full top-k up to the order of exactly tied values.
 
 ``torch.max(dim)`` and ``torch.argmax`` both document first-occurrence ties; the decoder and the
 autoregressive loop both read their greedy token through :func:`greedy`, so they agree even
@@ -23,12 +25,42 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-BLOCK = 1024  # values per block: small enough that k blocks are cheap to rescan, large enough to pay
+BLOCK = 128  # values per block: small enough that k blocks are cheap to rescan, large enough to pay
+
+
+def _block_maxima(logits: torch.Tensor) -> torch.Tensor:
+    """The maximum of every block of ``BLOCK`` values of each row [n, ceil(V / BLOCK)] (the last may be shorter)."""
+    vocab = logits.shape[-1]
+    whole = vocab // BLOCK * BLOCK
+    maxima = logits[:, :whole].unflatten(1, (vocab // BLOCK, BLOCK)).amax(dim=-1)
+    if whole < vocab:
+        maxima = torch.cat([maxima, logits[:, whole:].amax(dim=-1, keepdim=True)], dim=1)
+    return maxima
+
+
+def _blocks(logits: torch.Tensor, chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, vocabulary positions) [n, m * BLOCK] of the blocks ``chosen`` [n, m] of each row, in that order.
+
+    The shorter last block reads past the vocabulary: those slots hold -inf, so they are never chosen.
+    """
+    vocab = logits.shape[-1]
+    positions = (chosen[:, :, None] * BLOCK + torch.arange(BLOCK, device=logits.device)).flatten(1)
+    if vocab % BLOCK == 0:
+        return logits.gather(1, positions), positions
+    values = logits.gather(1, positions.clamp(max=vocab - 1)).masked_fill(positions >= vocab, float("-inf"))
+    return values, positions
+
+
+def _argmax_from_blocks(logits: torch.Tensor, maxima: torch.Tensor) -> torch.Tensor:
+    values, positions = _blocks(logits, maxima.argmax(dim=-1, keepdim=True))  # the first block with the maximum
+    return positions.gather(1, values.argmax(dim=-1, keepdim=True)).squeeze(1)
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
     """Argmax of each row of ``logits`` [n, V] (first occurrence on ties), int64 [n] on the same device."""
-    return logits.max(dim=-1).indices
+    if logits.shape[-1] < 4 * BLOCK:
+        return logits.argmax(dim=-1)
+    return _argmax_from_blocks(logits, _block_maxima(logits))
 
 
 def greedy_and_top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -39,26 +71,13 @@ def greedy_and_top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
     """
     vocab = logits.shape[-1]
     k = min(k, vocab)
-    blocks = vocab // BLOCK
-    if blocks < 4 * k:
+    if vocab // BLOCK < 4 * k:
         values, indices = logits.topk(k, dim=-1)
-        return greedy(logits), indices, values
-    whole = blocks * BLOCK
-    block_max, block_arg = logits[:, :whole].unflatten(1, (blocks, BLOCK)).max(dim=-1)
-    if whole < vocab:  # the last, shorter block
-        tail_max, tail_arg = logits[:, whole:].max(dim=-1, keepdim=True)
-        block_max, block_arg = torch.cat([block_max, tail_max], 1), torch.cat([block_arg, tail_arg], 1)
-    best_block = block_max.max(dim=-1).indices  # first block holding the row's maximum
-    argmax = best_block * BLOCK + block_arg.gather(1, best_block[:, None]).squeeze(1)
-
-    kept_blocks = block_max.topk(k, dim=-1).indices  # [n, k]
-    positions = (kept_blocks[:, :, None] * BLOCK + torch.arange(BLOCK, device=logits.device)).flatten(1)
-    if whole == vocab:
-        candidates = logits.gather(1, positions)
-    else:  # the shorter last block reads past the vocabulary: those slots can never be chosen
-        candidates = logits.gather(1, positions.clamp(max=vocab - 1)).masked_fill(positions >= vocab, float("-inf"))
+        return logits.argmax(dim=-1), indices, values
+    maxima = _block_maxima(logits)
+    candidates, positions = _blocks(logits, maxima.topk(k, dim=-1).indices)
     values, chosen = candidates.topk(k, dim=-1)
-    return argmax, positions.gather(1, chosen), values
+    return _argmax_from_blocks(logits, maxima), positions.gather(1, chosen), values
 
 
 @dataclass(frozen=True)
@@ -73,15 +92,18 @@ class Readout:
 def read(logits: torch.Tensor, tree_rows: int, k: int) -> Readout:
     """Argmax of every row and top-k of the first ``tree_rows`` rows of ``logits`` [rows, V], in one device read.
 
-    The three results travel to the host as one float tensor (one device-to-host copy and sync):
-    token ids are exact in float32 below 2**24 and in float64 above.
+    Off the CPU the three results travel to the host as one float tensor (one device-to-host copy
+    and sync): token ids are exact in float32 below 2**24 and in float64 above. On the CPU the
+    arrays are the tensors' own memory, so nothing is packed or copied.
     """
     rows = logits.shape[0]
     predictions, top_tokens, top_logits = greedy_and_top_k(logits[:tree_rows], k)
     if rows > tree_rows:
         predictions = torch.cat([predictions, greedy(logits[tree_rows:])])
-    carrier = torch.float32 if logits.shape[-1] < 2**24 else torch.float64
     top_scores = torch.softmax(top_logits.float(), dim=-1)
+    if logits.device.type == "cpu":
+        return Readout(predictions.numpy(), top_tokens.numpy(), top_scores.numpy())
+    carrier = torch.float32 if logits.shape[-1] < 2**24 else torch.float64
     host = torch.cat([predictions.to(carrier), top_tokens.flatten().to(carrier),
                       top_scores.flatten().to(carrier)]).cpu().numpy()
     kept = top_tokens.shape[1]

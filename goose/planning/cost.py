@@ -30,7 +30,7 @@ logger = logging.getLogger("goose.planning.cost")
 DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 CALIBRATION_CONTEXT = 256  # tokens of context while measuring: a typical prompt length
 HARVEST_TOP_K = GooseConfig.model_fields["harvest_top_k"].default  # what a default decoder reads per row
-CURVE_FORMAT = 4  # part of the cache key: bump when measure() changes, so stale curves are re-measured
+CURVE_FORMAT = 5  # part of the cache key: bump when measure() changes, so stale curves are re-measured
 
 
 @dataclass(frozen=True)
@@ -133,3 +133,38 @@ def load_or_measure(model: torch.nn.Module, cache_dir: Path | None = None, refre
     temporary.write_text(json.dumps(curve.to_dict()))
     temporary.replace(path)
     return curve
+
+
+HARVEST_SHARE = 0.03  # the most of the prompt's forward the automatic prefill harvest may add
+HARVEST_CAP = 256  # beyond this many prompt positions the bigram table gains little from more
+
+
+def output_layer_weight(model: torch.nn.Module) -> float:
+    """One output-layer row's multiply-adds against one token's pass through the body of the model.
+
+    Counted in parameters (a row of the output layer reads every weight of that layer; a token's
+    pass reads every other weight but the input embedding, a table lookup), so it is the same on
+    every device. Attention over the context is left out: it only makes the body dearer, so the
+    harvest it bounds is never underestimated in cost.
+    """
+    head = model.get_output_embeddings().weight
+    table = model.get_input_embeddings().weight
+    counted = {head.data_ptr(), table.data_ptr()}
+    body = sum(p.numel() for p in model.parameters() if p.data_ptr() not in counted)
+    return head.numel() / max(1, body)
+
+
+def harvest_rows(setting: int | str | None, prompt_length: int, row_weight: float) -> int:
+    """How many of the last prompt positions the prefill harvests (``GooseConfig.prefill_harvest``).
+
+    ``"auto"``: as many as the share ``HARVEST_SHARE`` of the prompt's forward pays for, each
+    costing ``row_weight`` tokens' worth (see :func:`output_layer_weight`), at most ``HARVEST_CAP``.
+    The last position is read for the first token in any case, so at most ``prompt_length - 1``.
+    """
+    if setting is None:
+        wanted = prompt_length
+    elif setting == "auto":
+        wanted = min(HARVEST_CAP, int(HARVEST_SHARE * prompt_length / row_weight))
+    else:
+        wanted = int(setting)
+    return max(0, min(wanted, prompt_length - 1))
