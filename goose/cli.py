@@ -183,6 +183,7 @@ def _run_generate(args: argparse.Namespace) -> int:
         report |= {
             "ar_new_token_ids": ar.new_token_ids,
             "ar_tokens_per_s": round(ar.stats.tokens_per_s, 3),
+            "ar_prefill_s": round(ar.stats.prefill_s, 4),  # time to first token, as prefill_s is Goose's
             "speedup": round(result.stats.tokens_per_s / ar.stats.tokens_per_s, 3) if ar.stats.tokens_per_s else None,
             "identical_to_ar": ar.new_token_ids == result.new_token_ids,
         }

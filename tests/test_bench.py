@@ -333,7 +333,12 @@ def test_bench_end_to_end_on_smollm2(tmp_path: Path) -> None:
         assert row["identical_to_ar"] == 1.0, method
         assert row["tau"] >= 1.0 and row["speedup"] > 0
     assert lookup(summary["results"], "hf_pld", "humaneval")["samples"] == 1
-    assert "| `goose` |" in (tmp_path / "report.md").read_text()
+    # time to first token for every method: ours from the decoder, the HF peer's from a streamer's clock
+    for record in records:
+        assert 0 < record["first_token_s"] < record["wall_s"], record["method"]
+    assert lookup(summary["results"], "hf_pld", ALL)["first_token_s"] == records[-1]["first_token_s"]
+    report = (tmp_path / "report.md").read_text()
+    assert "| `goose` |" in report and "### Time to first token" in report
 
 
 @pytest.mark.slow

@@ -102,6 +102,7 @@ def test_goose_generate_with_the_plugin_is_lossless(phrase_list_installed: None)
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert report["identical_to_ar"] is True
     assert report["new_tokens"] == 32
+    assert report["prefill_s"] > 0 and report["ar_prefill_s"] > 0  # both times to first token
     assert report["source_accepted"].get("phrase_list", 0) > 0  # the phrase was drafted and accepted
 
 

@@ -9,7 +9,9 @@ Per (method, dataset):
 - ``tokens_per_s``: the mean of per-sample tokens/s;
 - ``identical_to_ar``: the fraction of samples whose token ids equal ``ar``'s (1.0 = lossless);
 - ``source_acceptance``: per source, accepted / tested draft nodes pooled over the dataset;
-- ``path_kinds``: the share of verification steps of each accepted-path kind.
+- ``path_kinds``: the share of verification steps of each accepted-path kind;
+- ``first_token_s``: the median time to first token (the call to the first new token of a
+  sample's first turn; the ``all`` row's median is over every sample).
 
 The ``all`` row of a method is the mean over its datasets of ``speedup``, ``tau``,
 ``tokens_per_s`` and ``speedup_vs_hf_ar`` (each dataset weighs the same, as in the paper's "mean"
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from statistics import fmean
+from statistics import fmean, median
 from typing import Any
 
 from goose.bench.records import Record
@@ -33,6 +35,11 @@ Row = dict[str, Any]
 def _mean(values: Iterable[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return fmean(present) if present else None
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return median(present) if present else None
 
 
 def _pooled(records: Sequence[Record]) -> Row:
@@ -67,6 +74,7 @@ def _dataset_row(method: str, dataset: str, records: Sequence[Record]) -> Row:
         "tau": accepted / steps if steps else None,
         "tokens_per_s": _mean(r["tokens_per_s"] for r in records),
         "new_tokens": _mean(r["new_tokens"] for r in records),
+        "first_token_s": _median(r.get("first_token_s") for r in records),
     }
 
 
@@ -77,6 +85,7 @@ def _all_row(method: str, rows: Sequence[Row], records: Sequence[Record]) -> Row
         **_pooled(records),
         **{key: _mean(row[key] for row in rows)
            for key in ("speedup", "speedup_vs_hf_ar", "tau", "tokens_per_s", "new_tokens")},
+        "first_token_s": _median(r.get("first_token_s") for r in records),
     }
 
 

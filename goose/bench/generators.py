@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.generation.streamers import BaseStreamer
 
 from goose.bench.methods import Method
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
@@ -43,6 +44,7 @@ class TurnOutput:
     accepted_lengths: list[int] | None = None
     tree_sizes: list[int] | None = None  # rows of every verify pass (anchor included), for cost-curve predictions
     stats: dict[str, Any] | None = None
+    first_token_s: float | None = None  # from the call to the first new token (the prefill and its token)
 
     @property
     def verify_steps(self) -> int | None:
@@ -88,6 +90,7 @@ class DecoderGenerator:
         return TurnOutput(
             prompt_tokens=len(prompt_ids), new_token_ids=result.new_token_ids, text=result.text, wall_s=wall_s,
             stop_reason=result.stop_reason, accepted_lengths=list(result.stats.accepted_lengths),
+            first_token_s=result.stats.prefill_s,
             tree_sizes=list(result.stats.tree_sizes) if isinstance(self.decoder, GooseDecoder)
             else [1] * result.stats.verify_steps,
             stats={key: full[key] for key in _STATS_KEYS},
@@ -123,10 +126,12 @@ class HuggingFaceGenerator:
         with warnings.catch_warnings(), torch.inference_mode():
             warnings.simplefilter("ignore")
             _synchronize(self.device)
-            started = time.perf_counter()
+            clock = _FirstTokenClock()
+            started = clock.started = time.perf_counter()
             output = self.model.generate(
                 input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-                eos_token_id=self.eos_ids or None, pad_token_id=self.pad_id, **decoding, **dict(self.method.fields),
+                eos_token_id=self.eos_ids or None, pad_token_id=self.pad_id, streamer=clock,
+                **decoding, **dict(self.method.fields),
             )
             _synchronize(self.device)
             wall_s = time.perf_counter() - started
@@ -134,7 +139,24 @@ class HuggingFaceGenerator:
         stop = "eos" if new_ids and new_ids[-1] in self.eos_ids else "max_new_tokens"
         text = self.tokenizer.decode(new_ids, skip_special_tokens=True)
         return TurnOutput(prompt_tokens=len(prompt_ids), new_token_ids=new_ids, text=text, wall_s=wall_s,
-                          stop_reason=stop)
+                          stop_reason=stop, first_token_s=clock.first_token_s)
+
+
+class _FirstTokenClock(BaseStreamer):
+    """A streamer that only notes when ``generate`` hands over its first new token (the first put is the prompt)."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.puts = 0
+        self.first_token_s: float | None = None
+
+    def put(self, value: torch.Tensor) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            self.first_token_s = time.perf_counter() - self.started
+
+    def end(self) -> None:
+        pass
 
 
 def make_generator(method: Method, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,

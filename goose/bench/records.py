@@ -67,6 +67,8 @@ def build_record(model: str, method: str, sample: Sample, outputs: Sequence[Turn
         "new_tokens": new_tokens,
         "wall_s": wall_s,
         "tokens_per_s": new_tokens / wall_s if wall_s > 0 else 0.0,
+        # time to the first token of the first turn (later turns' prefills hold only the new turn)
+        "first_token_s": outputs[0].first_token_s if outputs else None,
         "verify_steps": len(accept_lengths) if counted else None,
         # tokens per verification call; the prefill's first token is no verification step's
         "tau": (sum(accept_lengths) / len(accept_lengths)) if counted and accept_lengths else None,

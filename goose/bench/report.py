@@ -43,6 +43,10 @@ def _gain(value: float | None, base: float | None) -> float | None:
     return value / base - 1 if value is not None and base else None
 
 
+def _ratio(value: float | None, base: float | None) -> float | None:
+    return value / base if value is not None and base else None
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -120,6 +124,17 @@ def _peer_table(view: _View) -> str | None:
     header = ["method", *(_title(d) for d in view.datasets), "mean"]
     return ("### Speedup over Hugging Face `generate` (the peer users call)\n\n"
             + _table(header, [ar_speed, *rows]))
+
+
+def _first_token_table(view: _View) -> str | None:
+    base = view.value("ar", ALL, "first_token_s")
+    rows = [[f"`{m}`", *view.per_dataset(lambda d, m=m: _f(view.value(m, d, "first_token_s"), 3)),
+             _f(view.value(m, ALL, "first_token_s"), 3), _x(_ratio(view.value(m, ALL, "first_token_s"), base))]
+            for m in view.methods if view.value(m, ALL, "first_token_s") is not None]
+    if not rows:
+        return None
+    header = ["method", *(_title(d) for d in view.datasets), "median", "vs `ar`"]
+    return "### Time to first token (s, median)\n\n" + _table(header, rows)
 
 
 def _topology_table(view: _View) -> str | None:
@@ -286,8 +301,8 @@ def _study_tables(view: _View) -> str | None:
 
 
 SECTIONS: tuple[Callable[[_View], str | None], ...] = (
-    _header, _main_table, _peer_table, _topology_table, _synergy_table, _acceptance_table, _path_table,
-    _category_tables, _ablation_table, _sweep_table, _study_tables, _unavailable, _definitions,
+    _header, _main_table, _peer_table, _first_token_table, _topology_table, _synergy_table, _acceptance_table,
+    _path_table, _category_tables, _ablation_table, _sweep_table, _study_tables, _unavailable, _definitions,
 )
 
 
