@@ -27,9 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if action.dest == "model":
             action.help = "model(s), comma-separated: smollm2-135m (default), gemma3-270m, a Hugging Face id or a path"
     parser.add_argument("--datasets", default=None,
-                        help="comma-separated: humaneval, mbpp, classeval, gsm8k, mt_bench, spec_bench, or paths of "
-                             "JSONL files whose lines hold a 'prompt' string or a 'turns' list "
-                             "(default: the paper's five)")
+                        help="comma-separated: humaneval, mbpp, classeval, gsm8k, mt_bench, spec_bench; where "
+                             "prompt lookup is strongest: edit (code edits of installed packages' functions, see "
+                             "python -m goose.bench.edit_set --list), rag, summarization (Spec-Bench's categories); "
+                             "or paths of JSONL files whose lines hold a 'prompt' string or a 'turns' list, and "
+                             "optionally a 'prediction' (default: the paper's five)")
     parser.add_argument("--methods", default=None,
                         help="comma-separated methods (default: the main table; see --list-methods); "
                              "ar is always run, as the baseline")

@@ -17,7 +17,11 @@ from typing import Any
 
 # The five datasets of the paper's tables, in the paper's column order, and Spec-Bench.
 PAPER_DATASETS: tuple[str, ...] = ("humaneval", "mbpp", "classeval", "gsm8k", "mt_bench")
-KNOWN_DATASETS: tuple[str, ...] = (*PAPER_DATASETS, "spec_bench")
+# Where prompt lookup is strongest: Spec-Bench's long-context categories, and the edit set
+# (goose.bench.edit_set: code edits of installed packages' functions, each with its prediction).
+SPEC_BENCH_CATEGORIES: tuple[str, ...] = ("rag", "summarization")
+COPY_DATASETS: tuple[str, ...] = ("edit", *SPEC_BENCH_CATEGORIES)
+KNOWN_DATASETS: tuple[str, ...] = (*PAPER_DATASETS, "spec_bench", *COPY_DATASETS)
 
 # Display names for tables and plots.
 DATASET_TITLES: dict[str, str] = {
@@ -27,6 +31,9 @@ DATASET_TITLES: dict[str, str] = {
     "gsm8k": "GSM8K",
     "mt_bench": "MT-Bench",
     "spec_bench": "Spec-Bench",
+    "edit": "Edits",
+    "rag": "RAG",
+    "summarization": "Summaries",
 }
 
 
@@ -38,6 +45,7 @@ class Sample:
     question_id: int | str
     turns: tuple[str, ...]
     category: str | None = None
+    prediction: str | None = None  # the expected output's draft (the edit set: the code to edit)
 
 
 class DatasetError(ValueError):
@@ -81,6 +89,8 @@ _FORMATS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "gsm8k": _gsm8k,
     "mt_bench": _turns,
     "spec_bench": _turns,
+    "rag": _turns,
+    "summarization": _turns,
 }
 
 
@@ -120,7 +130,7 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 def resolve_dataset(spec: str, data_dir: Path) -> tuple[str, Path, bool]:
     """(dataset name, file, is a known benchmark) for a ``--datasets`` entry: a name or a JSONL path."""
     if spec in KNOWN_DATASETS:
-        path = data_dir / f"{spec}.jsonl"
+        path = data_dir / f"{'spec_bench' if spec in SPEC_BENCH_CATEGORIES else spec}.jsonl"
         if not path.is_file():
             raise DatasetError(f"dataset {spec!r}: {path} not found (set --data-dir or GOOSE_DATA)")
         return spec, path, True
@@ -133,21 +143,29 @@ def resolve_dataset(spec: str, data_dir: Path) -> tuple[str, Path, bool]:
 
 def load_samples(spec: str, data_dir: Path | None = None, limit: int | None = None) -> list[Sample]:
     """The first ``limit`` samples (all when None) of a known dataset or a custom JSONL file."""
+    if spec == "edit":
+        from goose.bench.edit_set import build
+
+        return [Sample("edit", task.question_id, (task.prompt,), task.category, task.prediction)
+                for task in build()][:limit]
     name, path, known = resolve_dataset(spec, data_dir or default_data_dir())
     formatter = _FORMATS[name] if known else _custom
     samples: list[Sample] = []
     for number, record in _records(path):
         if limit is not None and len(samples) >= limit:
             break
+        if name in SPEC_BENCH_CATEGORIES and record.get("category") != name:
+            continue
         try:
             turns = formatter(record)
         except (KeyError, IndexError, TypeError) as error:
             raise DatasetError(f"{path}:{number}: cannot format a {name} prompt ({error})") from None
         if not any(turn.strip() for turn in turns):
             raise DatasetError(f"{path}:{number}: empty prompt")
-        category = record.get("category")
+        category, prediction = record.get("category"), record.get("prediction")
         samples.append(Sample(dataset=name, question_id=_question_id(record, len(samples)), turns=tuple(turns),
-                              category=category if isinstance(category, str) else None))
+                              category=category if isinstance(category, str) else None,
+                              prediction=prediction if isinstance(prediction, str) else None))
     if not samples:
         raise DatasetError(f"{path}: no samples")
     return samples
