@@ -65,7 +65,10 @@ token), so a source may index it incrementally. A new request always starts with
 then ``goose_prefill``; a request may end without a last ``goose_observe``. ``vocab_size`` (in
 ``DecodeContext`` and every check) is the number of rows of the model's output layer, which may
 exceed ``len(tokenizer)`` (padded embeddings): every token id a plugin returns must lie in
-``[0, vocab_size)`` (ids the tokenizer lacks pass that check).
+``[0, vocab_size)`` (ids the tokenizer lacks pass that check). ``DecodeContext.prediction`` is
+the request's predicted output (OpenAI's Predicted Outputs) as read-only token ids, the same array
+every cycle of the request, or None; any source may draft from it. A request that carries one adds
+the built-in ``prediction`` source in front of the decoder's sources for that request.
 
 **Acceptance.** A source does not keep or report its own acceptance rate: the decoder keeps one
 :class:`goose.contract.acceptance.AcceptanceEstimate` per source, made for the name it was

@@ -71,8 +71,10 @@ class SourceSet:
 
     def __init__(self, names: list[str] | tuple[str, ...], config: GooseConfig, vocab_size: int,
                  known: Registry | None = None, faults: FaultLog | None = None,
-                 estimates: dict[str, AcceptanceEstimate] | None = None) -> None:
-        """``estimates``: acceptance estimates to share with other source sets (one per name is made if absent)."""
+                 estimates: dict[str, AcceptanceEstimate] | None = None,
+                 instances: dict[str, Any] | None = None) -> None:
+        """``estimates``, ``instances``: acceptance estimates and source instances to share with another
+        source set (one of each per name is made where absent)."""
         known = known or registry()
         self.names: tuple[str, ...] = tuple(names)
         self.vocab_size = vocab_size
@@ -81,7 +83,8 @@ class SourceSet:
         self.estimates = estimates if estimates is not None else {}
         for name in self.names:
             registration = known.source(name)
-            self.instances[name] = registration.factory(config)
+            shared = (instances or {}).get(name)
+            self.instances[name] = shared if shared is not None else registration.factory(config)
             if name not in self.estimates:
                 initial = config.initial_acceptance.get(name, registration.initial_acceptance)
                 self.estimates[name] = AcceptanceEstimate(name, initial, config.ema)

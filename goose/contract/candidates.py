@@ -50,7 +50,8 @@ class DecodeContext:
 
     ``tokens`` is a read-only int64 view into the decoder's buffer; copy what you keep past the call.
     ``tokenizer`` is the target's tokenizer (None when the caller has none), for sources that work
-    with text (datastores, phrase lists).
+    with text (datastores, phrase lists). ``prediction`` is the request's predicted output (OpenAI's
+    Predicted Outputs) as read-only int64 token ids, or None; the same array every cycle of a request.
     """
 
     tokens: np.ndarray
@@ -58,6 +59,7 @@ class DecodeContext:
     vocab_size: int
     eos_token_ids: frozenset[int]
     tokenizer: Any = None
+    prediction: np.ndarray | None = None
 
     @property
     def anchor(self) -> int:

@@ -82,6 +82,7 @@ class _Request:
     max_new_tokens: int
     eos_ids: frozenset[int]
     sampler: Sampler | None = None
+    prediction: np.ndarray | None = None  # the predicted output's token ids (read-only), if the request has one
     buffer: np.ndarray = field(init=False)
     length: int = field(init=False)
     stop_reason: str | None = None
@@ -153,6 +154,7 @@ class _Decoding:
     def _request(self, prompt: Prompt, max_new_tokens: int, options: dict[str, Any]) -> _Request:
         check_request(prompt, max_new_tokens)
         eos_token_ids: Iterable[int] | None = options.pop("eos_token_ids", None)
+        prediction: str | list[int] | None = options.pop("prediction", None)
         unknown = set(options) - set(SamplingParams.model_fields)
         if unknown:
             raise TypeError(f"unknown generation option(s): {', '.join(sorted(unknown))}")
@@ -166,15 +168,40 @@ class _Decoding:
         eos = self.eos_ids if eos_token_ids is None else frozenset(int(t) for t in eos_token_ids)
         sampler = None if sampling.greedy else Sampler(sampling, random_seed() if sampling.seed is None
                                                        else sampling.seed)
-        return _Request(ids, max_new_tokens, eos, sampler)
+        return _Request(ids, max_new_tokens, eos, sampler, self._prediction_ids(prediction, len(ids)))
+
+    def _prediction_ids(self, prediction: str | list[int] | None, prompt_length: int) -> np.ndarray | None:
+        """The prediction's token ids (text is tokenized without special tokens); ValueError naming what is wrong."""
+        if prediction is None:
+            return None
+        if isinstance(prediction, str):
+            if self.tokenizer is None:
+                raise ValueError("a text prediction needs a tokenizer; give token ids or pass the tokenizer")
+            ids = self.tokenizer.encode(prediction, add_special_tokens=False)
+        elif isinstance(prediction, list | tuple) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                          for t in prediction):
+            ids = list(prediction)
+            if any(t < 0 or t >= self.verifier.vocab_size for t in ids):
+                raise ValueError(f"prediction token ids must be ints in [0, {self.verifier.vocab_size})")
+        else:
+            raise ValueError(f"prediction must be text or a list of token ids, not {type(prediction).__name__}")
+        if not ids:
+            raise ValueError("prediction is empty: give the expected output's text, or no prediction")
+        if prompt_length + len(ids) >= self.verifier.max_positions:
+            raise ValueError(f"prediction of {len(ids)} tokens with a prompt of {prompt_length} does not fit the "
+                             f"model's context of {self.verifier.max_positions}")
+        array = np.asarray(ids, dtype=np.int64)
+        array.flags.writeable = False
+        return array
 
     def stream(self, prompt: Prompt, max_new_tokens: int = 128, **options: Any) -> Iterator[Chunk]:
         """Yield the output as it is accepted; ``last_result`` holds the full result afterwards.
 
         ``options``: ``temperature``, ``top_p``, ``top_k``, ``seed`` (see :class:`SamplingParams`;
         None keeps the decoder's default) and ``eos_token_ids`` (the tokens that end the output;
-        default: the model's and the tokenizer's EOS). Stopping the iteration ends the generation at
-        the next cycle.
+        default: the model's and the tokenizer's EOS) and ``prediction`` (the expected output, text or
+        token ids, as in OpenAI's Predicted Outputs: Goose drafts from it; the output is the same with
+        or without it). Stopping the iteration ends the generation at the next cycle.
         """
         request = self._request(prompt, max_new_tokens, dict(options))
         stats = GenerationStats()
@@ -272,6 +299,7 @@ class GooseDecoder(_Decoding):
         self._cost_curve = cost_curve
         self._budget_planner: BudgetPlanner | None = None
         self._cycles_unpriced: dict[str, int] = {}  # per source: cycles since its auxiliary rows last rode
+        self._predicting: SourceSet | None = None  # self.sources plus the prediction source (see _sources_for)
         self._output_row_weight = output_layer_weight(model)  # prices the prefill harvest (prefill_harvest="auto")
         self.draw_all_rows = False  # sampled: draw every tree row in one batch on the CPU too (as on a GPU)
 
@@ -291,7 +319,7 @@ class GooseDecoder(_Decoding):
         return self._budget_planner
 
     def _cycles(self, request: _Request, stats: GenerationStats) -> Iterator[list[int]]:
-        config, sources, verifier = self.config, self.sources, self.verifier
+        config, sources, verifier = self.config, self._sources_for(request), self.verifier
         budget_planner = self.budget_planner
         prompt_length = len(request.prompt_ids)
         sources.reset()
@@ -353,6 +381,20 @@ class GooseDecoder(_Decoding):
                 budget_planner.observe_cycle(tree.size, len(kept))
             yield kept
 
+    def _sources_for(self, request: _Request) -> SourceSet:
+        """The decoder's sources, with the prediction source in front when the request carries a prediction.
+
+        That set is made once, on the first request with a prediction, and shares every other source's
+        instance and acceptance estimate with the decoder's own set, so what they learn carries over.
+        """
+        if request.prediction is None or "prediction" in self.sources.names:
+            return self.sources
+        if self._predicting is None:
+            self._predicting = SourceSet(("prediction", *self.sources.names), self.config, self.verifier.vocab_size,
+                                         faults=self.sources.faults, estimates=self.sources.estimates,
+                                         instances=self.sources.instances)
+        return self._predicting
+
     def _rows_that_pay(self, auxiliary: list[tuple[str, AuxiliaryRows]],
                        planner: BudgetPlanner | None) -> list[tuple[str, AuxiliaryRows]]:
         """The auxiliary rows worth their time this cycle by the cost curve (``GooseConfig.price_rows``).
@@ -390,7 +432,7 @@ class GooseDecoder(_Decoding):
     def _context(self, request: _Request) -> DecodeContext:
         return DecodeContext(tokens=request.tokens, prompt_length=len(request.prompt_ids),
                              vocab_size=self.verifier.vocab_size, eos_token_ids=request.eos_ids,
-                             tokenizer=self.tokenizer)
+                             tokenizer=self.tokenizer, prediction=request.prediction)
 
 
 def _prompt_harvest(prompt_ids: list[int], logits: torch.Tensor, k: int) -> Harvest:

@@ -66,6 +66,10 @@ class GenerationStats:
             "source_acceptance": {k: round(v, 4) for k, v in self.source_acceptance.items()},
             "source_tested": dict(self.source_tested),
             "source_accepted": dict(self.source_accepted),
+            # OpenAI's Predicted Outputs counters: prediction tokens the target checked and kept / refused
+            "accepted_prediction_tokens": self.source_accepted.get("prediction", 0),
+            "rejected_prediction_tokens": self.source_tested.get("prediction", 0) - self.source_accepted.get(
+                "prediction", 0),
             "path_kinds": {kind.value: self.path_kinds.get(kind.value, 0) for kind in PathKind},
             "accepted_lengths": list(self.accepted_lengths),
             **({"profile_s": {k: round(v, 4) for k, v in self.profile.items()}} if self.profile else {}),

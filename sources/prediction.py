@@ -1,0 +1,108 @@
+"""Prediction: draft the request's predicted output (OpenAI's Predicted Outputs), re-synced after every departure.
+
+A client that edits a file knows most of the answer in advance: the file itself. It sends it as
+the request's ``prediction`` (``DecodeContext.prediction``, token ids), and this source drafts the
+prediction's continuation from where the output stands in it. The output departs where the edit
+is (a new docstring, a renamed parameter) and usually rejoins the prediction a few tokens later,
+as in a diff; so after every departure the source looks for the output's latest tokens in the
+prediction again, nearest after the last place the two agreed, and drafts from there.
+
+Without a prediction the source drafts nothing and costs one attribute read a cycle. It is the
+request's most trusted source (a high initial acceptance), so planners give it the spine, and,
+like every draft, its tokens are verified: the prediction changes how many tokens a pass yields,
+never the output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+from pydantic import BaseModel, ConfigDict, Field
+
+import goose
+from goose.config import GooseConfig
+from goose.contract.candidates import DecodeContext, Draft
+from goose.hookspecs import Register
+from goose.sources.toolkit import before_eos
+
+NAME = "prediction"
+
+
+class PredictionOptions(BaseModel):
+    """Options of the prediction source (``GooseConfig.source_options["prediction"]``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_continuation: int = Field(default=64, ge=1, description="most prediction tokens one draft carries")
+    resync_ngram: int = Field(
+        default=3, ge=1,
+        description="after a departure, the longest run of the output's last tokens looked up in the prediction; "
+        "shorter runs down to one token are tried in turn, nearest after the last agreement first",
+    )
+
+
+class PredictionSource:
+    """Follows the output through the request's prediction; one instance per decoder, state per request."""
+
+    name = NAME
+
+    def __init__(self, config: GooseConfig) -> None:
+        self.options = PredictionOptions.model_validate(config.options_for(NAME))
+        self.goose_reset()
+
+    @goose.hookimpl
+    def goose_reset(self) -> None:
+        self.prediction: np.ndarray | None = None
+        self.cursor: int | None = None  # the prediction position the output's end is aligned with
+        self.agreed = 0  # the prediction position just after the last token the output and it agreed on
+        self.seen = 0  # context length the alignment has followed
+        self.resyncs = 0
+
+    @goose.hookimpl
+    def goose_propose(self, context: DecodeContext) -> Draft | None:
+        prediction = context.prediction
+        if prediction is None or prediction.shape[0] == 0:
+            return None
+        if self.prediction is not prediction:  # a new request: the output starts at the prediction's start
+            self.goose_reset()
+            self.prediction, self.cursor, self.seen = prediction, 0, context.prompt_length
+        self._follow(context.tokens)
+        if self.cursor is None:
+            self.cursor = self._resync(context.tokens[context.prompt_length :])
+        if self.cursor is None or self.cursor >= prediction.shape[0]:
+            return None
+        draft = before_eos(prediction[self.cursor : self.cursor + self.options.max_continuation].tolist(),
+                           context.eos_token_ids)
+        return Draft.chain(draft) if draft else None
+
+    def _follow(self, tokens: np.ndarray) -> None:
+        """Advance the alignment over the tokens appended since the last call; a mismatch loses it."""
+        prediction = self.prediction
+        assert prediction is not None
+        for token in tokens[self.seen :].tolist():
+            if self.cursor is not None and self.cursor < prediction.shape[0] and prediction[self.cursor] == token:
+                self.cursor += 1
+                self.agreed = self.cursor
+            else:
+                self.cursor = None
+        self.seen = int(tokens.shape[0])
+
+    def _resync(self, output: np.ndarray) -> int | None:
+        """Where the prediction continues the output's latest tokens, nearest after the last agreement."""
+        assert self.prediction is not None
+        for n in range(min(self.options.resync_ngram, output.shape[0]), 0, -1):
+            if self.prediction.shape[0] <= n:
+                continue
+            windows = sliding_window_view(self.prediction[:-1], n)  # an occurrence must leave a token to draft
+            ends = np.flatnonzero((windows == output[-n:]).all(axis=1)) + n
+            if ends.size:
+                after = ends[ends >= self.agreed]
+                self.resyncs += 1
+                return int(after[0] if after.size else ends[-1])
+        return None
+
+
+@goose.hookimpl
+def goose_register_sources(register: Register) -> None:
+    register(NAME, PredictionSource, description="the request's predicted output (OpenAI Predicted Outputs)",
+             initial_acceptance=0.9)

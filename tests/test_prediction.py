@@ -1,0 +1,85 @@
+"""Predicted Outputs: the prediction drafts, re-syncs after a departure, and never changes the output (float32)."""
+
+from __future__ import annotations
+
+import pytest
+
+from goose.cycle.decoder import GooseDecoder
+from tests.conftest import dataset_prompts
+
+TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def case(smollm2, ar_reference):
+    model, tokenizer = smollm2
+    prompt = dataset_prompts("humaneval", 2)[1]
+    return model, tokenizer, prompt, ar_reference(model, tokenizer, prompt, TOKENS)
+
+
+def _counters(result) -> tuple[int, int, int]:
+    stats = result.stats.to_dict()
+    return (stats["accepted_prediction_tokens"], stats["rejected_prediction_tokens"],
+            result.stats.source_tested.get("prediction", 0))
+
+
+def test_the_output_itself_as_prediction_is_drafted_whole(case):
+    model, tokenizer, prompt, reference = case
+    decoder = GooseDecoder(model, tokenizer)
+    result = decoder.generate(prompt, TOKENS, prediction=list(reference.new_token_ids))
+    assert result.new_token_ids == reference.new_token_ids
+    accepted, rejected, tested = _counters(result)
+    assert accepted >= 0.8 * TOKENS and accepted + rejected == tested
+    assert result.stats.tau > 4  # a pass now yields several tokens
+
+
+def test_a_prediction_that_departs_midway_resyncs(case):
+    """A stretch of the prediction is replaced (an edit): the output departs there and rejoins after it."""
+    model, tokenizer, prompt, reference = case
+    ids = list(reference.new_token_ids)
+    edited = ids[:12] + tokenizer.encode(" banana split sundae", add_special_tokens=False) + ids[18:]
+    decoder = GooseDecoder(model, tokenizer)
+    result = decoder.generate(prompt, TOKENS, prediction=edited)
+    assert result.new_token_ids == reference.new_token_ids
+    source = decoder._predicting.instances["prediction"]
+    assert source.resyncs >= 1
+    accepted, rejected, tested = _counters(result)
+    assert accepted > 18 and rejected >= 1 and accepted + rejected == tested  # drafted again after the departure
+
+
+def test_an_unrelated_prediction_changes_nothing(case):
+    model, tokenizer, prompt, reference = case
+    decoder = GooseDecoder(model, tokenizer)
+    result = decoder.generate(prompt, TOKENS, prediction="The quick brown fox jumps over the lazy dog. " * 3)
+    assert result.new_token_ids == reference.new_token_ids
+    accepted, rejected, tested = _counters(result)
+    assert accepted + rejected == tested
+    plain = decoder.generate(prompt, TOKENS)  # the same decoder without a prediction: the prediction source is off
+    assert plain.new_token_ids == reference.new_token_ids and _counters(plain)[2] == 0
+
+
+def test_seeded_sampling_is_the_same_with_a_prediction(case, ar_reference):
+    model, tokenizer, prompt, _ = case
+    sampled = ar_reference(model, tokenizer, prompt, TOKENS, temperature=0.8, seed=1)
+    decoder = GooseDecoder(model, tokenizer)
+    for prediction in (list(sampled.new_token_ids), "def f(x):\n    return x\n"):
+        result = decoder.generate(prompt, TOKENS, temperature=0.8, seed=1, prediction=prediction)
+        assert result.new_token_ids == sampled.new_token_ids
+    assert _counters(result)[0] + _counters(result)[1] == _counters(result)[2]
+
+
+@pytest.mark.parametrize(("prediction", "message"), [
+    ("", "prediction is empty"), ([], "prediction is empty"), ([-1, 5], "prediction token ids"),
+    (3.5, "prediction must be text"), ([1] * 9000, "does not fit the model's context"),
+])
+def test_a_bad_prediction_is_a_clear_error(smollm2, prediction, message):
+    model, tokenizer = smollm2
+    with pytest.raises(ValueError, match=message):
+        GooseDecoder(model, tokenizer).generate("Hello", 4, prediction=prediction)
+
+
+def test_a_decoder_without_a_prediction_keeps_its_sources(smollm2):
+    model, tokenizer = smollm2
+    decoder = GooseDecoder(model, tokenizer)
+    result = decoder.generate("Hello", 4)
+    assert "prediction" not in decoder.sources.names and "prediction" not in result.stats.source_tested
