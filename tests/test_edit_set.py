@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from goose.bench import edit_set
 from goose.bench.edit_set import EXCLUDED, KINDS, MAX_LINES, MIN_LINES, PACKAGES, build, main
 from goose.bench.prompts import load_samples
 from tests.conftest import DATA_DIR
@@ -43,7 +44,8 @@ def test_kinds_pick_functions_that_suit_them(tasks):
         if task.category == "docstring":
             assert ast.get_docstring(function) is None
         if task.category == "fstrings":
-            assert re.search(r"\.format\(|%", task.prediction)
+            # a %-format of a string literal or a "...".format() call, not just a % sign somewhere
+            assert edit_set._uses_old_formatting(function), task.question_id
         if task.category == "rename":
             old = re.search(r"parameter `(\w+)`", task.prompt).group(1)
             assert old in [a.arg for a in function.args.args + function.args.kwonlyargs]
@@ -55,8 +57,11 @@ def test_a_bugfix_shows_a_flipped_comparison_and_names_the_fix(tasks):
         line, wrong, right = re.search(r"bug on line (\d+): `(.+)` should be `(.+)`\. Fix it", task.prompt).groups()
         shown = task.prediction.splitlines()[int(line) - 1]
         assert shown.strip() == wrong and wrong != right
-        # the right line is the original one: the function's source in its package holds it
+        # the mutation changed the code, and the fix restores a line of the package's own source
+        assert task.prediction.replace(wrong, right, 1) != task.prediction
         assert ast.parse(task.prediction.replace(wrong, right, 1))
+        sources = "".join(path.read_text(encoding="utf-8") for path in edit_set._files(task.package))
+        assert right in sources and wrong not in sources, task.question_id
 
 
 def test_rag_and_summarization_are_spec_bench_categories():
@@ -73,8 +78,9 @@ def test_the_written_set_loads_back_with_its_predictions(tmp_path: Path, tasks):
     assert [line["question_id"] for line in lines] == [t.question_id for t in tasks]
     samples = load_samples(str(path))
     assert [s.prediction for s in samples] == [t.prediction for t in tasks]
-    assert load_samples("edit", limit=3) == [load_samples("edit")[i] for i in range(3)]
-    assert load_samples("edit")[0].turns == (tasks[0].prompt,)
+    edits = load_samples("edit")  # each load builds the set again: two loads, not more, to keep the test short
+    assert load_samples("edit", limit=3) == edits[:3]
+    assert edits[0].turns == (tasks[0].prompt,) and edits[0].prediction == tasks[0].prediction
 
 
 def test_excluded_packages_are_refused():
