@@ -83,3 +83,18 @@ def test_a_decoder_without_a_prediction_keeps_its_sources(smollm2):
     decoder = GooseDecoder(model, tokenizer)
     result = decoder.generate("Hello", 4)
     assert "prediction" not in decoder.sources.names and "prediction" not in result.stats.source_tested
+
+
+def test_bench_sends_the_prediction_only_for_a_method_that_asks(smollm2):
+    from goose.bench.generators import DecoderGenerator
+    from goose.bench.methods import ALL_METHODS
+
+    model, tokenizer = smollm2
+    prompt_ids = tokenizer.encode("def add(a, b):\n    return a + b\n\nprint(add(1, 2))", add_special_tokens=False)
+    prediction = "def add(a, b):\n    return a + b\n"
+    outputs = {name: DecoderGenerator(ALL_METHODS[name], model, tokenizer).generate(prompt_ids, 12,
+                                                                                      prediction=prediction)
+               for name in ("goose", "goose_pred")}
+    assert outputs["goose"].new_token_ids == outputs["goose_pred"].new_token_ids
+    assert "prediction" in outputs["goose_pred"].stats["source_tested"]
+    assert "prediction" not in outputs["goose"].stats["source_tested"]

@@ -60,8 +60,8 @@ def _synchronize(device: torch.device) -> None:
 class Generator(Protocol):
     method: Method
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams | None = None
-                 ) -> TurnOutput: ...
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams | None = None,
+                 prediction: str | None = None) -> TurnOutput: ...
 
 
 class DecoderGenerator:
@@ -75,9 +75,12 @@ class DecoderGenerator:
             self.decoder = GooseDecoder(model, tokenizer, method.config())
         self.device = next(model.parameters()).device
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams | None = None
-                 ) -> TurnOutput:
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams | None = None,
+                 prediction: str | None = None) -> TurnOutput:
+        """``prediction`` reaches the decoder only for a method that sends it (``Method.prediction``)."""
         options = (sampling or SamplingParams()).model_dump()
+        if prediction is not None and self.method.prediction and isinstance(self.decoder, GooseDecoder):
+            options["prediction"] = prediction
         with torch.inference_mode():
             _synchronize(self.device)
             started = time.perf_counter()
@@ -111,8 +114,9 @@ class HuggingFaceGenerator:
         self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
         self.device = next(model.parameters()).device
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams | None = None
-                 ) -> TurnOutput:
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams | None = None,
+                 prediction: str | None = None) -> TurnOutput:
+        """``prediction`` is not sent: prompt lookup and plain decoding have no such input."""
         input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         attention_mask = torch.ones_like(input_ids)
         sampling = sampling or SamplingParams()

@@ -38,7 +38,8 @@ class Method:
     """One benchmarked method.
 
     ``fields``: GooseConfig fields for ``kind="goose"``; extra ``model.generate`` keyword arguments
-    for ``kind="hf"``; nothing for ``kind="ar"``.
+    for ``kind="hf"``; nothing for ``kind="ar"``. ``prediction``: the sample's prediction (the edit
+    set's code) goes with the request's first turn, as OpenAI's Predicted Outputs send it.
     """
 
     name: str
@@ -46,6 +47,7 @@ class Method:
     description: str
     group: str
     fields: Mapping[str, Any] = field(default_factory=dict)
+    prediction: bool = False
 
     def config(self) -> GooseConfig:
         """The method's GooseConfig (raises pydantic's ValidationError for unknown or bad fields)."""
@@ -127,7 +129,12 @@ SWEEP: dict[str, Method] = _sweep()
 # The three-source study (goose.bench.study): every pair and triple of sources under three shapes
 STUDY: dict[str, Method] = _table(*(Method(name, "goose", f"study: {name.replace('@', ' in ')}", "study", fields)
                                     for name, fields in study_configs().items()))
-ALL_METHODS: dict[str, Method] = {**METHODS, **ABLATIONS, **SWEEP, **STUDY}
+# Requests that carry the sample's prediction (datasets with one: edit, or a JSONL with a 'prediction')
+PREDICTION: dict[str, Method] = _table(
+    Method("goose_pred", "goose", "Goose with the sample's prediction as its most trusted source (Predicted "
+           "Outputs)", "prediction", prediction=True),
+)
+ALL_METHODS: dict[str, Method] = {**METHODS, **ABLATIONS, **SWEEP, **STUDY, **PREDICTION}
 
 MAIN_METHODS: tuple[str, ...] = tuple(METHODS)
 QUICK_METHODS: tuple[str, ...] = ("ar", "pld", "goose", "hf_pld")

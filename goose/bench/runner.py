@@ -131,9 +131,10 @@ def run_sample(generator: Generator, tokenizer: Any, sample: Sample, max_new_tok
                chat: bool, sampling: SamplingParams | None = None) -> list[TurnOutput]:
     """Every turn of ``sample``; turn k's prompt carries this method's own answers to turns < k."""
     outputs: list[TurnOutput] = []
-    for _ in sample.turns:
+    for turn in range(len(sample.turns)):
         prompt_ids = turn_prompt_ids(tokenizer, sample.turns, [o.text for o in outputs], chat=chat)
-        outputs.append(generator.generate(prompt_ids, max_new_tokens, sampling))
+        prediction = sample.prediction if turn == 0 else None  # the prediction is the first answer's
+        outputs.append(generator.generate(prompt_ids, max_new_tokens, sampling, prediction))
     return outputs
 
 
