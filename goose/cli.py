@@ -145,17 +145,40 @@ def _add_generate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare-ar", action="store_true",
                         help="also run plain autoregressive decoding (greedy, or the seeded sampler); report the "
                              "speedup and whether the outputs are identical")
+    parser.add_argument("--prediction", default=None, metavar="FILE",
+                        help="the expected output, as in OpenAI's Predicted Outputs (e.g. the file being edited): "
+                             "Goose drafts from it first; the output is the same with it or without it")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--profile", action="store_true", help="time each phase of the Goose cycle")
     parser.set_defaults(run=_run_generate)
+
+
+def _read_prediction(path: str | None) -> str | None:
+    """The --prediction file's text (- reads stdin); a one-line error when it cannot be read or is empty."""
+    if path is None:
+        return None
+    if path == "-":
+        text = sys.stdin.read()
+    else:
+        try:
+            with open(path, encoding="utf-8") as file:
+                text = file.read()
+        except (OSError, UnicodeDecodeError) as error:
+            raise ValueError(f"--prediction: cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
+    if not text:
+        raise ValueError(f"--prediction: {path} is empty: give the expected output, or leave the flag out")
+    return text
 
 
 def _run_generate(args: argparse.Namespace) -> int:
     from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder, check_request
     from goose.cycle.sampling import random_seed
 
+    if args.prompt == "-" and args.prediction == "-":
+        raise ValueError("--prediction - and the prompt - cannot both come from stdin")
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     check_request(prompt, args.max_new_tokens)  # before the model loads: a bad request fails at once
+    prediction = _read_prediction(args.prediction)
     config = decoding_config(args)
     if config.temperature > 0 and config.seed is None:  # one seed for Goose and the reference, reported
         config.seed = random_seed()
@@ -163,18 +186,20 @@ def _run_generate(args: argparse.Namespace) -> int:
     goose = GooseDecoder(model, tokenizer, config, chat=not args.no_chat, profile=args.profile)
     baseline = (AutoregressiveDecoder(model, tokenizer, chat=not args.no_chat, sampling=config.sampling_params())
                 if args.compare_ar else None)
+    options = {"prediction": prediction} if prediction is not None else {}
     if baseline is not None:  # warm both paths up so the first timed run pays no one-off costs
         baseline.generate(prompt, 4)
-        goose.generate(prompt, 4)
+        goose.generate(prompt, 4, **options)
     if args.json or baseline is not None:
-        result = goose.generate(prompt, args.max_new_tokens)
+        result = goose.generate(prompt, args.max_new_tokens, **options)
     else:
-        for chunk in goose.stream(prompt, args.max_new_tokens):
+        for chunk in goose.stream(prompt, args.max_new_tokens, **options):
             print(chunk.text, end="", flush=True)
         print()
         result = goose.last_result
     assert result is not None
-    report: dict[str, Any] = {"model": args.model, "dtype": args.dtype, "sources": config.sources,
+    sources = (["prediction"] if prediction is not None else []) + list(config.sources)  # the prediction first
+    report: dict[str, Any] = {"model": args.model, "dtype": args.dtype, "sources": sources,
                               "topology": config.topology, "budget": config.budget,
                               "temperature": config.temperature, "top_p": config.top_p, "top_k": config.top_k,
                               **result.to_dict()}
@@ -202,6 +227,9 @@ def _stats_line(report: dict[str, Any]) -> str:
             f"tau {report['tau']:.2f} over {report['verify_steps']} verify steps"
             + (f"; acceptance {acceptance}" if acceptance else "")
             + (f"; sampled, seed {report['seed']}" if report.get("seed") is not None else ""))
+    checked = report["accepted_prediction_tokens"] + report["rejected_prediction_tokens"]
+    if checked:
+        line += f"; prediction {report['accepted_prediction_tokens']} of {checked} checked tokens kept"
     if "speedup" in report:
         verdict = "identical" if report["identical_to_ar"] else "DIFFERENT from AR"
         line += f"; AR {report['ar_tokens_per_s']:.1f} tok/s -> {report['speedup']:.2f}x, {verdict}"

@@ -12,7 +12,9 @@ that loop: it runs the Goose cycle and returns what ``generate`` returns (the id
 Stopping criteria (``max_new_tokens``, ``eos_token_id``, ``max_time``, ``StopStringCriteria``, your
 own) are applied one token at a time inside each Goose cycle, so generation stops at exactly the
 token where plain ``generate`` stops; in float32 greedy output is token-identical to it. Goose
-options go through one keyword, ``goose_config=`` (a :class:`GooseConfig` or a dict of its fields).
+options go through one keyword, ``goose_config=`` (a :class:`GooseConfig` or a dict of its fields);
+``prediction=`` (text, token ids or a 1-D tensor of them) is OpenAI's Predicted Outputs: the expected
+output, which Goose drafts from first; the output is the same with it or without it.
 
 transformers (5.16 to 5.24 at least) hands a ``custom_generate`` callable neither the ``streamer``
 nor the ``tokenizer`` passed to ``generate`` (``_extract_generation_mode_kwargs`` replaces them by
@@ -111,6 +113,7 @@ def generate(
     goose_seed: int | None = None,
     goose_streamer: BaseStreamer | None = None,
     goose_tokenizer: PreTrainedTokenizerBase | None = None,
+    prediction: str | list[int] | torch.Tensor | None = None,
     **model_kwargs: Any,
 ) -> torch.LongTensor | GenerateDecoderOnlyOutput:
     """The Goose decoding loop, called by ``model.generate(..., custom_generate=goose.hf.generate)``.
@@ -119,12 +122,16 @@ def generate(
     not; use ``goose_streamer``/``goose_tokenizer``). ``goose_config``: Goose options.
     ``goose_seed``: the seed of a sampled generation (default: drawn from torch's global
     generator, so ``torch.manual_seed`` before ``generate`` makes a sampled call reproducible).
+    ``prediction``: the expected output (text needs a tokenizer: the model folder's or ``goose_tokenizer``).
     """
     # transformers has already put the prompt into its own streamer; ours gets it below, as generate does
     try:
         stream_to = _one_streamer(streamer, goose_streamer)
         _check_supported(input_ids, generation_config, synced_gpus, model_kwargs)
         sampling = _sampling_options(generation_config, logits_processor, goose_seed)
+        if prediction is not None:
+            is_tensor = isinstance(prediction, torch.Tensor)
+            sampling["prediction"] = prediction.flatten().tolist() if is_tensor else prediction
         config = _goose_config(goose_config)
         max_length = stopping_criteria.max_length or generation_config.max_length
         if goose_streamer is not None:

@@ -36,6 +36,9 @@ from goose.topologies.spine import SpineTopology
         (["generate", "hi", "--disable", "context_match", "--disable", "bigram_transition"],
          "every source is disabled"),
         (["generate", "hi", "--dtype", "int3"], "dtype"),
+        (["generate", "hi", "--prediction", "/no/such/file.py"], "--prediction: cannot read /no/such/file.py"),
+        (["generate", "hi", "--prediction", "/dev/null"], "--prediction: /dev/null is empty"),
+        (["generate", "-", "--prediction", "-"], "cannot both come from stdin"),
     ],
 )
 def test_cli_errors_are_one_line(argv: list[str], message: str, capsys) -> None:

@@ -86,6 +86,25 @@ def test_goose_config_and_return_dict(smollm2, smollm2_cases):
         assert out.scores is None and out.cache is None
 
 
+def test_prediction_drafts_and_changes_nothing(smollm2, smollm2_cases):
+    """prediction= (text, ids or a tensor) reaches the Goose loop; the output is plain generate's either way."""
+    model, tokenizer = smollm2
+    inputs, plain = smollm2_cases[0]
+    new_ids = plain[0, inputs["input_ids"].shape[1]:]
+    text = tokenizer.decode(new_ids, skip_special_tokens=True)
+    for prediction in (text, new_ids.tolist(), new_ids, "Geese fly south."):
+        out = model.generate(**inputs, max_new_tokens=SMOLLM2_TOKENS, custom_generate=goose.hf.generate,
+                             goose_tokenizer=tokenizer, prediction=prediction, goose_config={"budget": 12})
+        assert torch.equal(out, plain)
+        decoders = model.__dict__[goose.hf._STATE_ATTRIBUTE].decoders.values()
+        stats = next(d for d in decoders if d.config.budget == 12).last_result.stats
+        if prediction is not text and isinstance(prediction, str):  # unrelated: nothing to copy
+            continue
+        assert stats.source_accepted["prediction"] >= SMOLLM2_TOKENS // 2  # the output itself was predicted
+    with pytest.raises(ValueError, match="prediction is empty"):
+        model.generate(**inputs, max_new_tokens=4, custom_generate=goose.hf.generate, prediction=[])
+
+
 def test_stop_string_criterion_stops_where_plain_generate_stops(smollm2, smollm2_cases):
     model, tokenizer = smollm2
     inputs, full = smollm2_cases[0]

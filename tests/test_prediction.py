@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from goose import cli
 from goose.cycle.decoder import GooseDecoder
 from tests.conftest import dataset_prompts
 
@@ -98,3 +101,15 @@ def test_bench_sends_the_prediction_only_for_a_method_that_asks(smollm2):
     assert outputs["goose"].new_token_ids == outputs["goose_pred"].new_token_ids
     assert "prediction" in outputs["goose_pred"].stats["source_tested"]
     assert "prediction" not in outputs["goose"].stats["source_tested"]
+
+
+def test_goose_generate_prediction_file(case, tmp_path, capsys):
+    """`goose generate --prediction FILE --compare-ar --json`: identical to AR, the prediction's tokens kept."""
+    _, _, prompt, reference = case
+    predicted = tmp_path / "expected.txt"
+    predicted.write_text(reference.text)
+    assert cli.main(["generate", prompt, "--prediction", str(predicted), "--dtype", "float32", "--compare-ar",
+                     "--json", "--max-new-tokens", str(TOKENS)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["identical_to_ar"] and report["new_token_ids"] == reference.new_token_ids
+    assert report["sources"][0] == "prediction" and report["accepted_prediction_tokens"] >= TOKENS // 2

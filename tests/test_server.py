@@ -282,6 +282,44 @@ def test_goose_options_per_request_change_speed_not_output(client: openai.OpenAI
     assert _goose(default)["sources"] == ["context_match", "bigram_transition"]
 
 
+# --- Predicted Outputs ----------------------------------------------------------------------------
+
+
+def _prediction_counts(usage: Any) -> tuple[int, int]:
+    details = usage.completion_tokens_details
+    return details.accepted_prediction_tokens, details.rejected_prediction_tokens
+
+
+def test_predicted_outputs_through_the_openai_client(client: openai.OpenAI, reference: Reference) -> None:
+    """The openai client's prediction= drafts from the text, the answer is unchanged, and the counters add up."""
+    messages = [{"role": "user", "content": "Write a Python function that returns the square of a number."}]
+    text, tokens, _ = reference.chat(messages, 32)
+    plain = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=32)
+    assert plain.choices[0].message.content == text and _prediction_counts(plain.usage) == (0, 0)
+    edited = text.replace("square", "cube", 1)  # a prediction that departs and comes back
+    for predicted in (text, edited, "Geese migrate south in autumn."):
+        answer = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=32,
+                                                prediction={"type": "content", "content": predicted})
+        assert answer.choices[0].message.content == text
+        accepted, rejected = _prediction_counts(answer.usage)
+        stats = _goose(answer)
+        assert stats["sources"][0] == "prediction"
+        assert accepted == stats["source_accepted"].get("prediction", 0)
+        assert accepted + rejected == stats["source_tested"].get("prediction", 0)
+        if predicted == text:
+            assert accepted >= tokens // 2 and stats["tau"] > _goose(plain)["tau"]
+    streamed, chunks = _stream_chat(client, model=MODEL, messages=messages, temperature=0, max_tokens=32,
+                                    prediction={"type": "content", "content": [{"type": "text", "text": text}]},
+                                    stream_options={"include_usage": True})
+    assert streamed == text and _prediction_counts(chunks[-1].usage)[0] >= tokens // 2
+
+    prompt = "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists.\"\"\"\n"
+    completion_text, _, _ = reference.completion(prompt, 24)
+    completion = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24,
+                                           extra_body={"prediction": {"type": "content", "content": completion_text}})
+    assert completion.choices[0].text == completion_text and _prediction_counts(completion.usage)[0] > 0
+
+
 # --- stop sequences -----------------------------------------------------------------------------
 
 
@@ -371,6 +409,13 @@ BAD_CHAT: list[tuple[Any, str | None]] = [
     ({**CHAT, "budget": 0}, "budget"),
     ({**CHAT, "budget": "big"}, "budget"),
     ({**CHAT, "wibble": 1}, "wibble"),
+    ({**CHAT, "prediction": "def f(): pass"}, "prediction"),
+    ({**CHAT, "prediction": {"type": "content", "content": ""}}, "prediction.content"),
+    ({**CHAT, "prediction": {"type": "content", "content": []}}, "prediction.content"),
+    ({**CHAT, "prediction": {"type": "content", "content": [{"type": "text", "text": ""}]}}, "prediction.content"),
+    ({**CHAT, "prediction": {"type": "content", "content": 5}}, "prediction.content"),
+    ({**CHAT, "prediction": {"type": "text", "content": "x"}}, "prediction.type"),
+    ({**CHAT, "prediction": {"type": "content", "content": LONG}}, "prediction"),
     ([CHAT], None),
     ("hi", None),
 ]
@@ -385,6 +430,8 @@ BAD_COMPLETION: list[tuple[Any, str | None]] = [
     ({"prompt": "hi", "best_of": 3}, "best_of"),
     ({"prompt": "hi", "suffix": "x"}, "suffix"),
     ({"prompt": "hi", "logprobs": 2}, "logprobs"),
+    ({"prompt": "hi", "prediction": {"content": "x"}}, "prediction.type"),
+    ({"prompt": "hi", "prediction": {"type": "content", "content": LONG}}, "prediction"),
 ]
 
 

@@ -148,8 +148,9 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
         decoding, sampling = engine.decoding(body.sources, body.topology, body.budget), _sampling(body)
         prompt_ids = await run_in_threadpool(encoder.completion, body.prompt)
         max_tokens = encoder.token_limit(prompt_ids, body.max_tokens)
+        prediction = await _prediction_ids(encoder, body, prompt_ids)
         job = Job("completions", prompt_ids, max_tokens, body.stop_sequences, decoding, sampling,
-                  asyncio.get_running_loop(), body.ignore_eos)
+                  asyncio.get_running_loop(), body.ignore_eos, prediction)
         return await _answer(engine, job, request, body.stream, CompletionFormat(model_name))
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)],
@@ -160,8 +161,9 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
         prompt_ids = await run_in_threadpool(encoder.chat, body.messages)
         limit_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         max_tokens = encoder.token_limit(prompt_ids, body.token_limit, limit_field)
+        prediction = await _prediction_ids(encoder, body, prompt_ids)
         job = Job("chat", prompt_ids, max_tokens, body.stop_sequences, decoding, sampling, asyncio.get_running_loop(),
-                  body.ignore_eos)
+                  body.ignore_eos, prediction)
         return await _answer(engine, job, request, body.stream, ChatFormat(model_name))
 
     if docs:
@@ -274,6 +276,12 @@ def _parse(model: type[RequestModel], body: bytes) -> RequestModel:
         return model.model_validate_json(body)
     except ValidationError as error:
         raise from_validation_error(error) from None
+
+
+async def _prediction_ids(encoder: PromptEncoder, body: GenerationRequest, prompt_ids: list[int]) -> list[int] | None:
+    if body.prediction is None:
+        return None
+    return await run_in_threadpool(encoder.prediction, body.prediction.text, prompt_ids)
 
 
 def _sampling(body: GenerationRequest) -> dict[str, Any]:

@@ -90,6 +90,7 @@ class Job:
     sampling: dict[str, Any]
     loop: asyncio.AbstractEventLoop
     ignore_eos: bool = False
+    prediction: list[int] | None = None  # Predicted Outputs: the expected output's token ids
     arrived: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
@@ -308,8 +309,10 @@ class Engine:
             self.metrics.generations.labels(job.endpoint, "error").inc()
             return
         decoder.last_result = None
-        eos = {"eos_token_ids": ()} if job.ignore_eos else {}
-        generation = decoder.stream(job.prompt_ids, job.max_tokens, **job.sampling, **eos)
+        extra: dict[str, Any] = {"eos_token_ids": ()} if job.ignore_eos else {}
+        if job.prediction is not None:
+            extra["prediction"] = job.prediction
+        generation = decoder.stream(job.prompt_ids, job.max_tokens, **job.sampling, **extra)
         scanner = StopScanner(job.stop)
         text, produced, cycles, finish_reason = "", 0, 0, None
         try:
@@ -386,7 +389,9 @@ def _goose_stats(job: Job, result: Any, produced: int, cycles: int, started: flo
     by a stop string or a disconnect has no result, so only tokens, steps and time are known.)
     """
     decoding = job.decoding
-    common = {"sources": list(decoding.sources), "topology": decoding.topology, "budget": decoding.budget,
+    # a request's prediction drafts as its most trusted source, in front of the others
+    sources = (["prediction"] if job.prediction is not None else []) + list(decoding.sources)
+    common = {"sources": sources, "topology": decoding.topology, "budget": decoding.budget,
               "queue_s": round(started - job.arrived, 4)}
     if result is not None:
         fields = {key: value for key, value in result.stats.to_dict().items() if key in GooseStats.model_fields}

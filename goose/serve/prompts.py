@@ -71,6 +71,19 @@ class PromptEncoder:
         with self._lock:
             return self._fits(encode_prompt(self._tokenizer, text, chat=False), "prompt")
 
+    def prediction(self, text: str, prompt_ids: list[int]) -> list[int]:
+        """Ids of a Predicted Outputs text (no special tokens), checked to fit the context after the prompt."""
+        self._refuse_if_surely_too_long([text], "prediction")
+        with self._lock:
+            ids = self._tokenizer.encode(text, add_special_tokens=False)
+        if not ids:
+            raise bad_request("prediction: the predicted text encodes to no tokens", param="prediction")
+        if len(prompt_ids) + len(ids) >= self.context:
+            raise bad_request(f"prediction: a prediction of {len(ids)} tokens after a prompt of {len(prompt_ids)} "
+                              f"does not fit the model's context of {self.context} tokens", param="prediction",
+                              code="context_length_exceeded")
+        return ids
+
     def token_limit(self, prompt_ids: list[int], max_tokens: int | None, param: str = "max_tokens") -> int:
         """``max_tokens``, checked to fit after the prompt; by default all the context left."""
         room = self.context - len(prompt_ids)

@@ -23,6 +23,7 @@ from goose.serve.schemas import (
     ChatDelta,
     Completion,
     CompletionChoice,
+    CompletionTokensDetails,
     Usage,
 )
 
@@ -40,8 +41,10 @@ def _dump(chunk: ChatCompletionChunk | Completion) -> dict[str, Any]:
 
 
 def usage(finished: Finished) -> Usage:
+    details = CompletionTokensDetails(accepted_prediction_tokens=finished.stats.accepted_prediction_tokens,
+                                      rejected_prediction_tokens=finished.stats.rejected_prediction_tokens)
     return Usage(prompt_tokens=finished.prompt_tokens, completion_tokens=finished.completion_tokens,
-                 total_tokens=finished.prompt_tokens + finished.completion_tokens)
+                 total_tokens=finished.prompt_tokens + finished.completion_tokens, completion_tokens_details=details)
 
 
 class ChatFormat:

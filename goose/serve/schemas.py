@@ -1,8 +1,10 @@
 """The OpenAI wire format: request bodies (validated strictly) and the responses and stream chunks Goose sends.
 
 Requests are strict: a string where a number belongs, an unknown field or a bad value is a 400 naming the field.
-OpenAI options Goose does not implement (``n``, ``logprobs``, ``tools``, penalties, ...) are accepted only at
-their default values, so a client that sends ``n: 1`` or ``logprobs: false`` works and one that asks for more
+``prediction`` (OpenAI's Predicted Outputs) is honoured on both endpoints: its text becomes the request's most
+trusted draft source, and the output is the same with it or without it. OpenAI options Goose does not implement
+(``n``, ``logprobs``, ``tools``, penalties, ...) are accepted only at their default values, so a client that
+sends ``n: 1`` or ``logprobs: false`` works and one that asks for more
 is told no. Goose's own options (``sources``, ``topology``, ``budget``) and vLLM's ``top_k`` and ``ignore_eos``
 are extra top-level fields.
 """
@@ -41,7 +43,6 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "response_format": (({"type": "text"},), "structured output (response_format) is not supported"),
     "modalities": ((["text"],), "only text output is supported"),
     "audio": ((), "audio output is not supported"),
-    "prediction": ((), "predicted outputs are not supported"),
     "store": ((False,), "stored completions are not supported"),
 }
 
@@ -59,6 +60,30 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool | None = Field(default=None, description="accepted; the last chunk always carries usage")
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Prediction(_Strict):
+    """OpenAI's Predicted Outputs: text the output is expected to repeat (a file being edited, a draft)."""
+
+    type: Literal["content"] = Field(description="\"content\", the only type OpenAI defines")
+    content: str | Annotated[list[TextPart], Field(min_length=1)] = Field(
+        description="the predicted output: text, or a list of text parts")
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+    @field_validator("content", mode="after")
+    @classmethod
+    def _not_empty(cls, content: str | list[TextPart]) -> str | list[TextPart]:
+        if not (content if isinstance(content, str) else "".join(part.text for part in content)):
+            raise ValueError("the prediction is empty: give the expected output's text, or no prediction")
+        return content
 
 
 class GenerationRequest(_Strict):
@@ -84,6 +109,8 @@ class GenerationRequest(_Strict):
     budget: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
         default=None, description="Goose extra: draft-tree node budget or \"auto\"")
     ignore_eos: bool = Field(default=False, description="extra (as in vLLM): generate max_tokens tokens, past EOS")
+    prediction: Prediction | None = Field(
+        default=None, description="Predicted Outputs: the expected output, drafted from; the output is unchanged")
     # OpenAI options Goose does not implement: accepted at their defaults only
     n: Any = None
     logprobs: Any = None
@@ -119,11 +146,6 @@ class CompletionRequest(GenerationRequest):
     suffix: Any = None
 
 
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
-
-
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] = Field(description="text, or a list of text parts")
@@ -147,7 +169,6 @@ class ChatCompletionRequest(GenerationRequest):
     response_format: Any = None
     modalities: Any = None
     audio: Any = None
-    prediction: Any = None
     store: Any = None
 
     @property
@@ -158,10 +179,22 @@ class ChatCompletionRequest(GenerationRequest):
 # --- responses ----------------------------------------------------------------------------------
 
 
+class CompletionTokensDetails(BaseModel):
+    """OpenAI's breakdown of the completion tokens; Goose fills in the Predicted Outputs counters."""
+
+    accepted_prediction_tokens: int = Field(
+        description="prediction tokens the target checked and kept: in the output where the prediction had them")
+    rejected_prediction_tokens: int = Field(
+        description="prediction tokens the target checked and refused (verified for nothing)")
+    reasoning_tokens: int = 0
+    audio_tokens: int = 0
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    completion_tokens_details: CompletionTokensDetails | None = None
 
 
 class GooseStats(BaseModel):
@@ -182,6 +215,8 @@ class GooseStats(BaseModel):
     source_tested: dict[str, int]
     source_accepted: dict[str, int]
     path_kinds: dict[str, int]
+    accepted_prediction_tokens: int = Field(default=0, description="Predicted Outputs: prediction tokens kept")
+    rejected_prediction_tokens: int = Field(default=0, description="Predicted Outputs: prediction tokens refused")
     seed: int | None = Field(default=None, description="the seed a sampled request used")
     partial: bool = Field(default=False, description="true when only token and step counts could be measured")
 
