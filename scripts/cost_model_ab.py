@@ -49,6 +49,9 @@ def main() -> None:
                         help="bench methods, study methods included (pld first: the reference)")
     parser.add_argument("--variants", default="{}", help='JSON {"name": {GooseConfig fields}} to add')
     parser.add_argument("--datasets", default="humaneval,mbpp,classeval,gsm8k,mt_bench")
+    parser.add_argument("--prediction", default="",
+                        help="comma-separated names of the methods and variants sent each sample's prediction "
+                             "(default: the bench methods that send it, such as goose_pred)")
     args = parser.parse_args()
 
     torch.set_num_threads(2)
@@ -59,6 +62,8 @@ def main() -> None:
     configs.update({name: GooseConfig.model_validate(fields) for name, fields in json.loads(args.variants).items()})
     decoders = {name: GooseDecoder(model, tokenizer, config, profile=True, cost_curve=curve)
                 for name, config in configs.items()}
+    predicting = set(filter(None, args.prediction.split(","))) | {
+        name for name in configs if name in ALL_METHODS and ALL_METHODS[name].prediction}
 
     samples = [s for dataset in args.datasets.split(",") for s in load_samples(dataset, limit=args.limit)]
     runs: dict[str, list[dict]] = {name: [] for name in configs}
@@ -66,8 +71,9 @@ def main() -> None:
         prompt_ids = encode_prompt(tokenizer, sample.turns[0])  # the chat template where the model has one
         texts = []
         for name, decoder in decoders.items():
+            options = {"prediction": sample.prediction} if name in predicting and sample.prediction else {}
             with torch.inference_mode():
-                result = decoder.generate(prompt_ids, args.max_new_tokens)
+                result = decoder.generate(prompt_ids, args.max_new_tokens, **options)
             decoder.verifier.reset()
             stats = result.stats
             own_time = sum(stats.profile.values()) - stats.profile.get("verify", 0.0)

@@ -11,6 +11,11 @@ Without a prediction the source drafts nothing and costs one attribute read a cy
 request's most trusted source (a high initial acceptance), so planners give it the spine, and,
 like every draft, its tokens are verified: the prediction changes how many tokens a pass yields,
 never the output.
+
+A draft's ``consensus`` is how many tokens the output has followed the prediction in a row since
+it last departed (up to the draft's length). It is this source's evidence of a reliable copy, as
+agreeing n-gram matches are context match's: a long run lets a planner lay the spine alone (the
+consensus bypass) instead of spending rows on transition branches beside a copy that holds.
 """
 
 from __future__ import annotations
@@ -39,6 +44,11 @@ class PredictionOptions(BaseModel):
         description="after a departure, the longest run of the output's last tokens looked up in the prediction; "
         "shorter runs down to one token are tried in turn, nearest after the last agreement first",
     )
+    consensus: bool = Field(
+        default=True,
+        description="report the run of tokens followed since the last departure as the draft's consensus "
+        "(False: no consensus, so a planner always hangs branches beside the prediction's spine)",
+    )
 
 
 class PredictionSource:
@@ -55,6 +65,7 @@ class PredictionSource:
         self.prediction: np.ndarray | None = None
         self.cursor: int | None = None  # the prediction position the output's end is aligned with
         self.agreed = 0  # the prediction position just after the last token the output and it agreed on
+        self.run = 0  # output tokens followed in a row since the last departure
         self.seen = 0  # context length the alignment has followed
         self.resyncs = 0
 
@@ -73,7 +84,9 @@ class PredictionSource:
             return None
         draft = before_eos(prediction[self.cursor : self.cursor + self.options.max_continuation].tolist(),
                            context.eos_token_ids)
-        return Draft.chain(draft) if draft else None
+        if not draft:
+            return None
+        return Draft.chain(draft, consensus=min(self.run, len(draft)) if self.options.consensus else 0)
 
     def _follow(self, tokens: np.ndarray) -> None:
         """Advance the alignment over the tokens appended since the last call; a mismatch loses it."""
@@ -83,8 +96,9 @@ class PredictionSource:
             if self.cursor is not None and self.cursor < prediction.shape[0] and prediction[self.cursor] == token:
                 self.cursor += 1
                 self.agreed = self.cursor
+                self.run += 1
             else:
-                self.cursor = None
+                self.cursor, self.run = None, 0
         self.seen = int(tokens.shape[0])
 
     def _resync(self, output: np.ndarray) -> int | None:

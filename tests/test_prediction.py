@@ -113,3 +113,29 @@ def test_goose_generate_prediction_file(case, tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["identical_to_ar"] and report["new_token_ids"] == reference.new_token_ids
     assert report["sources"][0] == "prediction" and report["accepted_prediction_tokens"] >= TOKENS // 2
+
+
+def test_the_run_followed_since_the_last_departure_is_the_drafts_consensus():
+    """The consensus grows with every token followed, drops to 0 at a departure, and is off by option."""
+    import numpy as np
+
+    from goose.config import GooseConfig
+    from goose.contract.candidates import DecodeContext
+    from sources.prediction import PredictionSource
+
+    prediction = np.arange(100, 140, dtype=np.int64)
+    prompt = [1, 2, 3]
+
+    def draft(source: PredictionSource, output: list[int]):
+        tokens = np.asarray(prompt + output, dtype=np.int64)
+        return source.goose_propose(DecodeContext(tokens, len(prompt), 1000, frozenset(), prediction=prediction))
+
+    source = PredictionSource(GooseConfig())
+    assert draft(source, []).consensus == 0
+    assert draft(source, [100, 101, 102]).consensus == 3
+    followed = draft(source, [100, 101, 102, 103, 104, 105, 106, 107, 108, 109])
+    assert followed.consensus == 10 and followed.tokens[0] == 110
+    departed = draft(source, [100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 7, 110])  # one token inserted
+    assert departed.consensus == 0 and departed.tokens[0] == 111  # re-synced on the last token, no run yet
+    quiet = PredictionSource(GooseConfig(source_options={"prediction": {"consensus": False}}))
+    assert draft(quiet, [100, 101, 102, 103]).consensus == 0
