@@ -198,7 +198,7 @@ def _run_generate(args: argparse.Namespace) -> int:
         print()
         result = goose.last_result
     assert result is not None
-    sources = (["prediction"] if prediction is not None else []) + list(config.sources)  # the prediction first
+    sources = list(goose.source_names(with_prediction=prediction is not None))
     report: dict[str, Any] = {"model": args.model, "dtype": args.dtype, "sources": sources,
                               "topology": config.topology, "budget": config.budget,
                               "temperature": config.temperature, "top_p": config.top_p, "top_k": config.top_k,

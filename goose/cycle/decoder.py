@@ -381,16 +381,25 @@ class GooseDecoder(_Decoding):
                 budget_planner.observe_cycle(tree.size, len(kept))
             yield kept
 
-    def _sources_for(self, request: _Request) -> SourceSet:
-        """The decoder's sources, with the prediction source in front when the request carries a prediction.
+    def source_names(self, with_prediction: bool) -> tuple[str, ...]:
+        """The sources a request drafts from: the decoder's, with the prediction source in front for a request
+        that carries a prediction (unless the decoder's own sources already include it)."""
+        if with_prediction and "prediction" not in self.sources.names:
+            return ("prediction", *self.sources.names)
+        return self.sources.names
 
-        That set is made once, on the first request with a prediction, and shares every other source's
-        instance and acceptance estimate with the decoder's own set, so what they learn carries over.
+    def _sources_for(self, request: _Request) -> SourceSet:
+        """The set behind :meth:`source_names` for this request.
+
+        The set with the prediction source is made once, on the first request with a prediction, and shares
+        every other source's instance and acceptance estimate with the decoder's own set, so what they learn
+        carries over.
         """
-        if request.prediction is None or "prediction" in self.sources.names:
+        names = self.source_names(request.prediction is not None)
+        if names == self.sources.names:
             return self.sources
         if self._predicting is None:
-            self._predicting = SourceSet(("prediction", *self.sources.names), self.config, self.verifier.vocab_size,
+            self._predicting = SourceSet(names, self.config, self.verifier.vocab_size,
                                          faults=self.sources.faults, estimates=self.sources.estimates,
                                          instances=self.sources.instances)
         return self._predicting

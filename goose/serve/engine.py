@@ -348,7 +348,8 @@ class Engine:
         result = decoder.last_result  # set only when the generation ran to its own end
         if finish_reason is None:
             finish_reason = FINISH_REASONS.get(result.stop_reason if result else "", "length")
-        stats = _goose_stats(job, result, produced, cycles, started)
+        stats = _goose_stats(job, decoder.source_names(job.prediction is not None), result, produced, cycles,
+                             started)
         self._record(job, finish_reason, produced, stats)
         if finish_reason == "cancelled":  # the client has gone, or the server is stopping: tell whoever is left
             job.deliver(Failed(SHUTTING_DOWN, started=True))
@@ -382,16 +383,15 @@ def _rejection(error: ValueError, job: Job) -> APIError:
     return bad_request(str(error), param="temperature" if sampling and "sampl" in str(error) else None)
 
 
-def _goose_stats(job: Job, result: Any, produced: int, cycles: int, started: float) -> GooseStats:
+def _goose_stats(job: Job, sources: tuple[str, ...], result: Any, produced: int, cycles: int,
+                 started: float) -> GooseStats:
     """The request's statistics from the decoder's result, or from our own counts when it was left early.
 
     (``GooseDecoder.stream`` sets ``last_result`` only when its generator runs out; a generation cut
     by a stop string or a disconnect has no result, so only tokens, steps and time are known.)
     """
     decoding = job.decoding
-    # a request's prediction drafts as its most trusted source, in front of the others
-    sources = (["prediction"] if job.prediction is not None else []) + list(decoding.sources)
-    common = {"sources": sources, "topology": decoding.topology, "budget": decoding.budget,
+    common = {"sources": list(sources), "topology": decoding.topology, "budget": decoding.budget,
               "queue_s": round(started - job.arrived, 4)}
     if result is not None:
         fields = {key: value for key, value in result.stats.to_dict().items() if key in GooseStats.model_fields}

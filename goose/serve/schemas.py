@@ -67,6 +67,11 @@ class TextPart(_Strict):
     text: str
 
 
+def _joined(content: str | list[TextPart]) -> str:
+    """A content field's text: the string itself, or its text parts joined."""
+    return content if isinstance(content, str) else "".join(part.text for part in content)
+
+
 class Prediction(_Strict):
     """OpenAI's Predicted Outputs: text the output is expected to repeat (a file being edited, a draft)."""
 
@@ -76,12 +81,12 @@ class Prediction(_Strict):
 
     @property
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+        return _joined(self.content)
 
     @field_validator("content", mode="after")
     @classmethod
     def _not_empty(cls, content: str | list[TextPart]) -> str | list[TextPart]:
-        if not (content if isinstance(content, str) else "".join(part.text for part in content)):
+        if not _joined(content):
             raise ValueError("the prediction is empty: give the expected output's text, or no prediction")
         return content
 
@@ -153,7 +158,7 @@ class ChatMessage(_Strict):
 
     @property
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+        return _joined(self.content)
 
 
 class ChatCompletionRequest(GenerationRequest):
