@@ -233,7 +233,7 @@ GROUPS = {
     "test_lossless.py": "lossless", "test_four_sources.py": "lossless",
     "test_sampling.py": "sampling", "test_hf.py": "hf",
     "test_server.py": "serve", "test_serve_hardening.py": "serve",
-    "test_bench.py": "bench",
+    "test_bench.py": "bench", "test_batch.py": "batch",
     "test_rest.py": "sources", "test_suffix_memory.py": "sources", "test_lookahead.py": "sources",
     "test_sources.py": "sources", "test_multi_spine.py": "sources",
     "test_topologies.py": "topologies", "test_models.py": "models",

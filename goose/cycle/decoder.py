@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -21,7 +21,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from goose.config import GooseConfig
 from goose.contract.boundary import FaultLog, SourceSet, TopologyPlanner
-from goose.contract.candidates import DecodeContext
+from goose.contract.candidates import CandidatePool, DecodeContext
 from goose.contract.outcome import AuxiliaryRows, Harvest, VerifyOutcome
 from goose.contract.tree import DraftTree
 from goose.cycle.detokenize import IncrementalText
@@ -33,6 +33,9 @@ from goose.cycle.walker import walk, walk_sampled
 from goose.planning.budget import BudgetPlanner
 from goose.planning.cost import CostCurve, harvest_rows, load_or_measure, output_layer_weight
 from goose.plugins import PluginError
+
+if TYPE_CHECKING:
+    from goose.cycle.batch import BatchSession
 
 Prompt = str | list[int] | torch.Tensor
 
@@ -240,6 +243,20 @@ class _Decoding:
         seed = request.sampler.seed if request.sampler is not None else None
         return GenerationResult(request.prompt_ids, new_ids, text, request.stop_reason or "context_full", stats, seed)
 
+    def batch(self, max_batch: int) -> BatchSession:
+        """A session decoding up to ``max_batch`` requests together (submit, step, cancel)."""
+        from goose.cycle.batch import BatchSession
+
+        return BatchSession(self, max_batch)
+
+    def generate_batch(self, prompts: list[Prompt], max_new_tokens: int = 128, max_batch: int | None = None,
+                       **options: Any) -> list[GenerationResult]:
+        """Decode ``prompts`` together (at most ``max_batch`` at once; default all): one result per prompt, in
+        order, each the output that prompt gets alone. ``options`` as for :meth:`stream`, for every prompt."""
+        from goose.cycle.batch import generate_batch
+
+        return generate_batch(self, prompts, max_new_tokens, max_batch, **options)
+
     def _prefill(self, request: _Request, stats: GenerationStats, harvest_rows: int) -> torch.Tensor:
         started = time.perf_counter()
         logits = self.verifier.prefill(request.prompt_ids, logits_to_keep=harvest_rows + 1)
@@ -319,66 +336,26 @@ class GooseDecoder(_Decoding):
         return self._budget_planner
 
     def _cycles(self, request: _Request, stats: GenerationStats) -> Iterator[list[int]]:
-        config, sources, verifier = self.config, self._sources_for(request), self.verifier
-        budget_planner = self.budget_planner
-        prompt_length = len(request.prompt_ids)
-        sources.reset()
-        prompt_logits = self._prefill(request, stats, harvest_rows(config.prefill_harvest, prompt_length,
-                                                                   self._output_row_weight))
+        verifier, budget_planner = self.verifier, self.budget_planner
+        row = RowCycle(self, request, stats, self._sources_for(request), self._cycles_unpriced)
+        row.sources.reset()
+        prompt_logits = self._prefill(request, stats, row.harvest_rows())
         yield request.tokens[-1:].tolist()  # the first token goes out before the sources read the prompt
-        if request.stop_reason is None:
-            sources.prefill(self._context(request), _prompt_harvest(request.prompt_ids, prompt_logits[:-1],
-                                                                    config.harvest_top_k))
-        clock = _PhaseClock(stats if self.profile else None)
-
+        row.begin(prompt_logits)
         while request.stop_reason is None:
             room = verifier.max_positions - 1 - verifier.past_length
             if room <= 0:
                 break
-            cycle_started = time.perf_counter()
-            # 1. candidates: every source drafts; the pool ranks them by acceptance estimate
-            context = self._context(request)
-            pool, auxiliary = sources.propose(context)
-            # auxiliary rows that would sit past the model's last position cannot ride this pass
-            auxiliary = [(name, rows) for name, rows in auxiliary
-                         if rows.tokens.shape[0] == 0 or int(rows.position_offsets.max()) <= room]
-            auxiliary = self._rows_that_pay(auxiliary, budget_planner)
-            clock.lap("draft")
-            # 2. topology: the candidate pool becomes a draft tree within the budget
-            if config.budget == "auto" and budget_planner is not None:
-                riding = sum(int(rows.tokens.shape[0]) for _, rows in auxiliary)
-                budget = budget_planner.budget(pool, self.topology.spine_lengths, riding)
-            else:
-                budget = int(config.budget)
-            tree = self.topology.plan(pool, min(budget, room))
-            clock.lap("plan")
-            # 3. one verification pass over the whole tree (and any auxiliary rows), one read of its logits
-            verify_started = time.perf_counter()
-            logits = verifier.verify(tree, [rows for _, rows in auxiliary])
-            readout = read(logits, tree.size, config.harvest_top_k)
+            row.draft(room, budget_planner)  # 1. every source drafts; the pool ranks them
+            budget = row.budget(budget_planner) if self.config.budget == "auto" else int(self.config.budget)
+            tree = row.plan(min(budget, room))  # 2. the topology plans the tree
+            verify_started = time.perf_counter()  # 3. one pass over the tree and any auxiliary rows
+            logits = verifier.verify(tree, row.auxiliary_rows)
             verify_s = time.perf_counter() - verify_started
-            clock.lap("verify")
-            # 4. walk: longest path the target agrees with, then the bonus token
-            if request.sampler is None:
-                walked = walk(tree, readout.predictions[: tree.size])
-            else:
-                walked = walk_sampled(tree, self._row_draws(request.sampler, logits, tree, verifier.past_length))
-            verifier.commit(walked.path)
-            kept = request.accept(walked.tokens)
-            clock.lap("walk+commit")
-            # 5. every source learns from the outcome; the decoder updates their acceptance estimates
-            outcome = VerifyOutcome(
-                tree=tree, accepted_nodes=walked.path, new_tokens=kept, bonus_token=walked.bonus_token,
-                reached=walked.reached, accepted=walked.accepted, path_kind=walked.kind,
-                harvest=Harvest.of_tree(tree, pool.previous, readout.top_tokens, readout.top_scores),
-            )
-            counts = sources.observe(outcome, _split_auxiliary(auxiliary, readout.predictions[tree.size :]))
-            stats.record_step(len(kept), tree.size, walked.kind, counts,
-                              sum(int(rows.tokens.shape[0]) for _, rows in auxiliary))
-            clock.lap("observe")
-            if budget_planner is not None:
-                budget_planner.observe_overhead(time.perf_counter() - cycle_started - verify_s)
-                budget_planner.observe_cycle(tree.size, len(kept))
+            row.clock.lap("verify")
+            path, kept = row.conclude(logits, verifier.past_length)  # 4-5. walk, then every source learns
+            verifier.commit(path)
+            row.learned(budget_planner, verify_s)
             yield kept
 
     def source_names(self, with_prediction: bool) -> tuple[str, ...]:
@@ -404,27 +381,6 @@ class GooseDecoder(_Decoding):
                                          instances=self.sources.instances)
         return self._predicting
 
-    def _rows_that_pay(self, auxiliary: list[tuple[str, AuxiliaryRows]],
-                       planner: BudgetPlanner | None) -> list[tuple[str, AuxiliaryRows]]:
-        """The auxiliary rows worth their time this cycle by the cost curve (``GooseConfig.price_rows``).
-
-        A source's rows are valued by the tokens it contributes a cycle; rows that do not pay still
-        ride once every ``probe_every`` cycles, so the contribution keeps being measured.
-        """
-        if planner is None or not self.config.price_rows:
-            return auxiliary
-        riding, kept = 0, []
-        for name, rows in auxiliary:
-            count = int(rows.tokens.shape[0])
-            waited = self._cycles_unpriced.get(name, 0) + 1
-            contribution = self.sources.estimates[name].contribution
-            if planner.rows_pay(count, contribution, riding) or waited >= self.config.probe_every:
-                kept.append((name, rows))
-                riding += count
-                waited = 0
-            self._cycles_unpriced[name] = waited
-        return kept
-
     def _row_draws(self, sampler: Sampler, logits: torch.Tensor, tree: DraftTree, past: int) -> Callable[[int], int]:
         """The target's token at a tree node's row (the row at depth d predicts position past + 1 + d).
 
@@ -438,10 +394,125 @@ class GooseDecoder(_Decoding):
         drawn = sampler.draw_rows(logits[: tree.size], (past + 1 + tree.depths).tolist()).cpu().numpy()
         return lambda node: int(drawn[node])
 
-    def _context(self, request: _Request) -> DecodeContext:
+
+class RowCycle:
+    """One request's side of the Goose cycle: its sources draft, its topology plans, it walks and learns.
+
+    The verify pass between :meth:`plan` and :meth:`conclude` is the caller's: the single-request loop
+    (:meth:`GooseDecoder._cycles`) runs one tree through its :class:`Verifier`, the batched engine
+    (:mod:`goose.cycle.batch`) the trees of every row in one pass; the rest of the cycle is this, for both.
+    """
+
+    def __init__(self, decoder: GooseDecoder, request: _Request, stats: GenerationStats, sources: SourceSet,
+                 unpriced: dict[str, int] | None = None) -> None:
+        self.decoder, self.request, self.stats, self.sources = decoder, request, stats, sources
+        self.unpriced = unpriced if unpriced is not None else {}  # per source: cycles since its rows last rode
+        self.clock = _PhaseClock(stats if decoder.profile else None)
+        self.pool: CandidatePool | None = None
+        self.auxiliary: list[tuple[str, AuxiliaryRows]] = []
+        self.tree: DraftTree | None = None
+        self.started = 0.0
+
+    def harvest_rows(self) -> int:
+        """Prompt rows whose logits the prefill keeps for the sources (``GooseConfig.prefill_harvest``)."""
+        return harvest_rows(self.decoder.config.prefill_harvest, len(self.request.prompt_ids),
+                            self.decoder._output_row_weight)
+
+    def begin(self, prompt_logits: torch.Tensor) -> None:
+        """The sources read the prompt and the top-k of its harvested rows (``prompt_logits`` [h + 1, V])."""
+        if self.request.stop_reason is None:
+            self.sources.prefill(self.context(), _prompt_harvest(self.request.prompt_ids, prompt_logits[:-1],
+                                                                 self.decoder.config.harvest_top_k))
+
+    @property
+    def auxiliary_rows(self) -> list[AuxiliaryRows]:
+        return [rows for _, rows in self.auxiliary]
+
+    @property
+    def riding(self) -> int:
+        """Auxiliary rows riding in this cycle's pass."""
+        return sum(int(rows.tokens.shape[0]) for _, rows in self.auxiliary)
+
+    def draft(self, room: int, planner: BudgetPlanner | None) -> None:
+        """1. Every source drafts; the pool ranks them by acceptance; auxiliary rows that pay may ride."""
+        self.started = time.perf_counter()
+        self.pool, auxiliary = self.sources.propose(self.context())
+        # auxiliary rows that would sit past the model's last position cannot ride this pass
+        auxiliary = [(name, rows) for name, rows in auxiliary
+                     if rows.tokens.shape[0] == 0 or int(rows.position_offsets.max()) <= room]
+        self.auxiliary = self._rows_that_pay(auxiliary, planner)
+        self.clock.lap("draft")
+
+    def budget(self, planner: BudgetPlanner | None) -> int:
+        """This row's budget by itself: the cost curve's best for its pool (``budget="auto"``)."""
+        assert self.pool is not None and planner is not None
+        return planner.budget(self.pool, self.decoder.topology.spine_lengths, self.riding)
+
+    def plan(self, budget: int) -> DraftTree:
+        """2. The topology turns the pool into a draft tree of at most ``budget`` draft nodes."""
+        assert self.pool is not None
+        self.tree = self.decoder.topology.plan(self.pool, budget)
+        self.clock.lap("plan")
+        return self.tree
+
+    def conclude(self, logits: torch.Tensor, past: int) -> tuple[np.ndarray, list[int]]:
+        """4-5. Walk the verified rows ``logits`` (tree rows, then auxiliary rows; the anchor at position
+        ``past``), keep the tokens, let every source learn. Returns (the accepted path, the tokens kept);
+        the caller commits the path to its cache."""
+        tree, pool, request, config = self.tree, self.pool, self.request, self.decoder.config
+        assert tree is not None and pool is not None
+        readout = read(logits, tree.size, config.harvest_top_k)
+        # 4. walk: the longest path the target agrees with, then the bonus token
+        if request.sampler is None:
+            walked = walk(tree, readout.predictions[: tree.size])
+        else:
+            walked = walk_sampled(tree, self.decoder._row_draws(request.sampler, logits, tree, past))
+        kept = request.accept(walked.tokens)
+        self.clock.lap("walk+commit")
+        # 5. every source learns from the outcome; the boundary updates their acceptance estimates
+        outcome = VerifyOutcome(
+            tree=tree, accepted_nodes=walked.path, new_tokens=kept, bonus_token=walked.bonus_token,
+            reached=walked.reached, accepted=walked.accepted, path_kind=walked.kind,
+            harvest=Harvest.of_tree(tree, pool.previous, readout.top_tokens, readout.top_scores),
+        )
+        counts = self.sources.observe(outcome, _split_auxiliary(self.auxiliary, readout.predictions[tree.size :]))
+        self.stats.record_step(len(kept), tree.size, walked.kind, counts, self.riding)
+        self.clock.lap("observe")
+        return walked.path, kept
+
+    def learned(self, planner: BudgetPlanner | None, verify_s: float, share: float = 1.0) -> None:
+        """The planner folds in this cycle's host time (``share`` of the pass's, in a batch) and yield."""
+        if planner is not None and self.tree is not None:
+            planner.observe_overhead(time.perf_counter() - self.started - verify_s * share)
+            planner.observe_cycle(self.tree.size, self.stats.accepted_lengths[-1])
+
+    def context(self) -> DecodeContext:
+        request = self.request
         return DecodeContext(tokens=request.tokens, prompt_length=len(request.prompt_ids),
-                             vocab_size=self.verifier.vocab_size, eos_token_ids=request.eos_ids,
-                             tokenizer=self.tokenizer, prediction=request.prediction)
+                             vocab_size=self.decoder.verifier.vocab_size, eos_token_ids=request.eos_ids,
+                             tokenizer=self.decoder.tokenizer, prediction=request.prediction)
+
+    def _rows_that_pay(self, auxiliary: list[tuple[str, AuxiliaryRows]],
+                       planner: BudgetPlanner | None) -> list[tuple[str, AuxiliaryRows]]:
+        """The auxiliary rows worth their time this cycle by the cost curve (``GooseConfig.price_rows``).
+
+        A source's rows are valued by the tokens it contributes a cycle; rows that do not pay still
+        ride once every ``probe_every`` cycles, so the contribution keeps being measured.
+        """
+        config = self.decoder.config
+        if planner is None or not config.price_rows:
+            return auxiliary
+        riding, kept = 0, []
+        for name, rows in auxiliary:
+            count = int(rows.tokens.shape[0])
+            waited = self.unpriced.get(name, 0) + 1
+            contribution = self.sources.estimates[name].contribution
+            if planner.rows_pay(count, contribution, riding) or waited >= config.probe_every:
+                kept.append((name, rows))
+                riding += count
+                waited = 0
+            self.unpriced[name] = waited
+        return kept
 
 
 def _prompt_harvest(prompt_ids: list[int], logits: torch.Tensor, k: int) -> Harvest:

@@ -24,6 +24,8 @@ class GenerationStats:
     prefill_s: float = 0.0
     wall_s: float = 0.0
     profile: Counter[str] = field(default_factory=Counter)  # seconds per cycle phase, when profiling
+    batch_rows: list[int] = field(default_factory=list)  # batched: the requests in each pass this one rode in
+    row_budgets: list[int] = field(default_factory=list)  # batched: this request's share of each pass's budget
 
     def record_step(self, new_tokens: int, tree_size: int, kind: PathKind,
                     per_source: dict[str, tuple[int, int]], auxiliary_rows: int = 0) -> None:
@@ -73,4 +75,6 @@ class GenerationStats:
             "path_kinds": {kind.value: self.path_kinds.get(kind.value, 0) for kind in PathKind},
             "accepted_lengths": list(self.accepted_lengths),
             **({"profile_s": {k: round(v, 4) for k, v in self.profile.items()}} if self.profile else {}),
+            **({"mean_batch_rows": round(sum(self.batch_rows) / len(self.batch_rows), 2)} if self.batch_rows else {}),
+            **({"row_budgets": list(self.row_budgets)} if self.row_budgets else {}),
         }

@@ -46,6 +46,7 @@ class BudgetPlanner:
         self.tree_rows = 1.0  # running means of the tree's rows and of the tokens a cycle yields
         self.tokens = 1.0
         self._choose = lru_cache(maxsize=4096)(self._best)
+        self._yields = lru_cache(maxsize=4096)(self._spine_yields)
 
     def observe_overhead(self, seconds: float) -> None:
         """Fold one cycle's non-verify time into the running mean."""
@@ -73,12 +74,51 @@ class BudgetPlanner:
         ``spine_lengths`` is the topology's hint (``goose_spine_lengths``) of the spine it will lay;
         ``extra_rows`` the auxiliary rows riding in the same pass.
         """
+        return self.choose(*self._pool_key(pool, spine_lengths), extra_rows=extra_rows)
+
+    def yields(self, pool: CandidatePool, spine_lengths: SpineLengths) -> np.ndarray:
+        """Expected tokens of the pool's best tree at every candidate budget (``self.candidates``) [c]."""
+        spine_acceptance, spine_length, branch_acceptance, caps = self._pool_key(pool, spine_lengths)
+        return self._yields(*self._key(spine_acceptance, spine_length, branch_acceptance, caps))
+
+    def split(self, yields: Sequence[np.ndarray], extra_rows: Sequence[int]) -> list[int]:
+        """Budgets for the rows of one batched pass: each row's ``yields`` (from :meth:`yields`), ``extra_rows``
+        its auxiliary rows.
+
+        The pass's rate is the rows' summed expected tokens over t(all rows) plus every row's overhead.
+        Starting from the smallest budget everywhere, the move (one row to a larger budget) that raises
+        the rate most is taken, until none raises it: each node goes to the row where it yields most,
+        and stops where it no longer pays for what it costs the whole pass. For one row this is
+        :meth:`choose`'s rule (the best budget, the smallest of equal rates).
+        """
+        budgets = np.asarray(self.candidates)
+        chosen = np.zeros(len(yields), dtype=np.int64)
+        taus = np.stack(yields)  # [rows, c]
+        fixed = len(yields) + int(sum(extra_rows))  # the anchors and the auxiliary rows
+        overhead = self.overhead_s * len(yields)
+        rows = np.arange(len(yields))
+        while True:
+            total_tau = taus[rows, chosen].sum()
+            total_rows = fixed + budgets[chosen].sum()
+            rate = total_tau / (float(self.curve(total_rows)) + overhead)
+            # every row's every larger budget, the others held: [rows, c]
+            moved_tau = total_tau - taus[rows, chosen][:, None] + taus
+            moved_rows = total_rows - budgets[chosen][:, None] + budgets[None, :]
+            rates = moved_tau / (self.curve(moved_rows) + overhead)
+            rates[np.arange(taus.shape[1])[None, :] <= chosen[:, None]] = -np.inf
+            best = int(np.argmax(rates))
+            if rates.flat[best] <= rate:
+                return [int(budgets[c]) for c in chosen]
+            chosen[best // taus.shape[1]] = best % taus.shape[1]
+
+    def _pool_key(self, pool: CandidatePool, spine_lengths: SpineLengths
+                  ) -> tuple[float | Sequence[float], int, float, tuple[int, ...] | None]:
         spine = pool.drafting[0] if pool.drafting else None
         branch = pool.branching[0] if pool.branching else None
+        branch_acceptance = branch.acceptance if branch else 0.0
         if spine is None or spine.draft is None:
-            return self.choose(0.0, 0, branch.acceptance if branch else 0.0, extra_rows=extra_rows)
-        return self.choose(spine.spine_acceptance, len(spine.draft),
-                           branch.acceptance if branch else 0.0, spine_lengths(pool, self.candidates), extra_rows)
+            return 0.0, 0, branch_acceptance, None
+        return spine.spine_acceptance, len(spine.draft), branch_acceptance, spine_lengths(pool, self.candidates)
 
     def choose(self, spine_acceptance: float | Sequence[float], spine_length: int, branch_acceptance: float,
                spine_caps: tuple[int, ...] | None = None, extra_rows: int = 0) -> int:
@@ -91,10 +131,14 @@ class BudgetPlanner:
         overhead = self.overhead_s / self.curve.seconds[0]
         if abs(overhead - self._overhead_key) > 0.1:  # re-key on a real move, not on noise around a grid line
             self._overhead_key = round(overhead, 1)
-        caps = spine_caps if spine_caps is not None else (spine_length,) * len(self.candidates)
-        spine_caps = tuple(min(cap, spine_length) for cap in caps)
-        return self._choose(_per_depth_key(spine_acceptance, spine_length), spine_caps, _bucket(branch_acceptance),
+        return self._choose(*self._key(spine_acceptance, spine_length, branch_acceptance, spine_caps),
                             self._overhead_key, extra_rows)
+
+    def _key(self, spine_acceptance: float | Sequence[float], spine_length: int, branch_acceptance: float,
+             spine_caps: tuple[int, ...] | None) -> tuple[tuple[float, ...], tuple[int, ...], float]:
+        caps = spine_caps if spine_caps is not None else (spine_length,) * len(self.candidates)
+        return (_per_depth_key(spine_acceptance, spine_length), tuple(min(cap, spine_length) for cap in caps),
+                _bucket(branch_acceptance))
 
     def expected_rate(self, budget: int, spine_acceptance: float | Sequence[float], spine_length: int,
                       branch_acceptance: float, extra_rows: int = 0) -> float:
@@ -105,11 +149,15 @@ class BudgetPlanner:
                               max_spine=spine_length).expected_tau
         return tau / (float(self.curve(budget + 1 + extra_rows)) + self.overhead_s)
 
+    def _spine_yields(self, spine_acceptance: tuple[float, ...], spine_caps: tuple[int, ...],
+                      branch_acceptance: float) -> np.ndarray:
+        # every candidate budget's best tree in one pass (what expected_rate works out for one budget)
+        return spine_yields(spine_acceptance, branch_acceptance, self.candidates, spine_caps, self.max_depth)
+
     def _best(self, spine_acceptance: tuple[float, ...], spine_caps: tuple[int, ...], branch_acceptance: float,
               overhead_bucket: float, extra_rows: int) -> int:
         del overhead_bucket  # part of the cache key only: a new overhead level re-evaluates the choice
-        # every candidate budget's best tree in one pass (what expected_rate works out for one budget)
-        taus = spine_yields(spine_acceptance, branch_acceptance, self.candidates, spine_caps, self.max_depth)
+        taus = self._yields(spine_acceptance, spine_caps, branch_acceptance)
         rates = taus / (self.curve(np.asarray(self.candidates) + 1 + extra_rows) + self.overhead_s)
         return self.candidates[int(np.argmax(rates))]  # the first of equal rates, the smallest budget
 

@@ -1,0 +1,268 @@
+"""The batched verifier: several requests' draft trees through the target in one forward pass.
+
+Each request owns a *slot* of a batched KV cache; the requests decoding now hold slots
+``0 .. live - 1`` (a leaving request's slot is refilled by the last one's, so a pass always reads a
+contiguous view). Slot i keeps its context at cache positions ``0 .. length_i - 1``: a position in
+the cache is the token's position in its sequence, and each row is at its own length.
+
+A pass pads every row's tree to the largest one (``R`` rows) and writes row i's keys at
+``length_i .. length_i + R - 1``; the attention mask [live, 1, R, max(length) + R] lets each row see
+its own context and its own tree rows only. Padding rows see only themselves and are never read.
+A commit keeps one row's accepted path and never touches another row's cache; kept rows that must
+move travel in the pass's one host-to-device copy, as in :class:`goose.cycle.verifier.Verifier`.
+
+A joining request's prompt runs as its own pass, into its slot alone, with the model's own causal
+(and sliding-window) masks. Storage is zeroed when grown: padding columns are masked, but a masked
+column must still hold finite numbers (a NaN times a zero weight is NaN).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache, DynamicLayer
+
+from goose.contract.tree import DraftTree
+from goose.cycle.verifier import ContextOverflowError
+
+
+@dataclass
+class _PassPlan:
+    """Where the pass now running writes: slots ``first .. first + rows - 1``, row i from ``offsets[i]``."""
+
+    first: int = 0
+    offsets: torch.Tensor | None = None  # [rows] int64 on the device; None: every row at ``offset``
+    offset: int = 0
+    width: int = 0  # the keys a pass reads: max(offsets) + its rows
+    index: torch.Tensor | None = None  # [rows, 1, R, 1] write positions, expanded per layer's shape
+
+
+class SlotStore:
+    """The keys and values of every layer in one tensor [layers, 2, slots, heads, capacity, dim].
+
+    The model's layers join as they first see keys; they must share one shape (the usual case): a
+    model whose layers differ in heads or head size is refused with a clear error.
+    """
+
+    def __init__(self, layers: int, slots: int) -> None:
+        self.layers = layers
+        self.slots = slots
+        self.members: list[SlotLayer] = []
+        self.store: torch.Tensor | None = None
+        self.plan = _PassPlan()
+
+    def join(self, layer: SlotLayer, key_states: torch.Tensor) -> int:
+        if self.store is None:
+            self.store = key_states.new_zeros((self.layers, 2, self.slots, key_states.shape[1], 0,
+                                               key_states.shape[-1]))
+        elif key_states.shape[1:2] + key_states.shape[-1:] != self.store.shape[3:4] + self.store.shape[-1:]:
+            raise ValueError("batched decoding needs every layer's keys in one shape; this model's layers differ")
+        if len(self.members) >= self.layers:
+            raise ValueError("the model has more cache layers than its config's num_hidden_layers")
+        self.members.append(layer)
+        return len(self.members) - 1
+
+    def reserve(self, needed: int) -> None:
+        """Room for ``needed`` positions in every slot (doubling; zeroed, so masked columns stay finite)."""
+        assert self.store is not None
+        held = self.store.shape[-2]
+        if needed <= held:
+            return
+        store = self.store.new_zeros((*self.store.shape[:-2], max(needed, 2 * held, 256), self.store.shape[-1]))
+        if held:
+            store[..., :held, :] = self.store
+        self.store = store
+
+    def move(self, slot: int, start: int, rows: torch.Tensor) -> None:
+        """In ``slot`` of every layer, move positions ``rows`` (ascending) to ``start, start + 1, ...``."""
+        if self.store is not None:
+            view = self.store[:, :, slot]
+            view[..., start : start + rows.shape[0], :] = view.index_select(-2, rows)
+
+    def copy_slot(self, source: int, target: int, length: int) -> None:
+        if self.store is not None and length:
+            self.store[:, :, target, :, :length] = self.store[:, :, source, :, :length]
+
+
+class SlotLayer(DynamicLayer):
+    """One layer's view of the :class:`SlotStore`: writes each row of a pass at that row's own offset."""
+
+    def __init__(self, store: SlotStore) -> None:
+        super().__init__()
+        self.slots = store
+        self.index = -1
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self.index = self.slots.join(self, key_states)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object,
+               **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        plan = self.slots.plan
+        rows, _, length, _ = key_states.shape
+        self.slots.reserve(plan.width)
+        assert self.slots.store is not None
+        keys = self.slots.store[self.index, 0, plan.first : plan.first + rows]
+        values = self.slots.store[self.index, 1, plan.first : plan.first + rows]
+        if plan.offsets is None:
+            keys[:, :, plan.offset : plan.offset + length] = key_states
+            values[:, :, plan.offset : plan.offset + length] = value_states
+        else:
+            assert plan.index is not None
+            index = plan.index.expand(-1, key_states.shape[1], -1, key_states.shape[-1])
+            keys.scatter_(2, index, key_states)
+            values.scatter_(2, index, value_states)
+        self.keys, self.values = keys[:, :, : plan.width], values[:, :, : plan.width]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.slots.plan.offset if self.slots.plan.offsets is None else 0
+
+
+class BatchVerifier:
+    """Owns the batched KV cache of up to ``slots`` requests: each request's prefill, the joint verify pass,
+    and every row's commit."""
+
+    def __init__(self, model: PreTrainedModel, slots: int) -> None:
+        if slots < 1:
+            raise ValueError(f"a batch needs at least one slot, got {slots}")
+        self.model = model
+        self.slots = slots
+        self.device = next(model.parameters()).device
+        config = model.config.get_text_config(decoder=True)
+        layer_types = getattr(config, "layer_types", None) or []
+        self.sliding_window: int | None = (
+            int(config.sliding_window) if "sliding_attention" in layer_types and config.sliding_window else None
+        )
+        self.mask_kinds = sorted(set(layer_types)) if self.sliding_window is not None else []
+        self.max_positions: int = int(getattr(config, "max_position_embeddings", 1 << 30))
+        self.vocab_size: int = int(model.get_output_embeddings().weight.shape[0])
+        self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.store = SlotStore(int(getattr(config, "num_hidden_layers", 0) or 0), slots)
+        self.cache = Cache(layer_class_to_replicate=partial(SlotLayer, self.store))
+        self.lengths: list[int] = []  # per live slot: positions that belong to its context
+        self._pending: dict[int, tuple[int, np.ndarray]] = {}  # slot -> (start, kept rows' positions) to move
+
+    @property
+    def live(self) -> int:
+        return len(self.lengths)
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: list[int], logits_to_keep: int = 1) -> tuple[int, torch.Tensor]:
+        """Run a joining request's prompt into the next free slot: (that slot, its last k positions' logits [k, V])."""
+        if not prompt_ids:
+            raise ValueError("empty prompt: give at least one token")
+        if len(prompt_ids) >= self.max_positions:
+            raise ContextOverflowError(
+                f"prompt of {len(prompt_ids)} tokens does not fit the model's context of {self.max_positions}"
+            )
+        if self.live >= self.slots:
+            raise RuntimeError(f"every one of the {self.slots} slots is taken")
+        slot = self.live
+        input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+        self.store.plan = _PassPlan(first=slot, offset=0, width=len(prompt_ids))
+        output = self.model(input_ids=input_ids, use_cache=True,
+                            logits_to_keep=max(1, min(logits_to_keep, len(prompt_ids))),
+                            **{self._cache_kwarg: self.cache})
+        self.lengths.append(len(prompt_ids))
+        return slot, output.logits[0]
+
+    @torch.inference_mode()
+    def verify(self, trees: list[DraftTree]) -> list[torch.Tensor]:
+        """Logits [n_i, V] for every node of every live slot's tree (``trees[i]`` for slot i), in one pass.
+
+        Each tree's anchor enters the cache here with its draft; call :meth:`commit` for every slot after.
+        """
+        if len(trees) != self.live:
+            raise ValueError(f"{len(trees)} trees for {self.live} live slots")
+        rows = max(tree.size for tree in trees)
+        live = self.live
+        lengths = np.asarray(self.lengths, dtype=np.int64)
+        if int(lengths.max()) + rows > self.max_positions:
+            raise ContextOverflowError(f"context reached the model's limit of {self.max_positions} positions")
+        tokens = np.zeros((live, rows), dtype=np.int64)
+        depths = np.zeros((live, rows), dtype=np.int64)
+        block = np.zeros((live, rows, rows), dtype=np.int64)
+        block[:, np.arange(rows), np.arange(rows)] = 1  # a padding row sees itself only
+        for i, tree in enumerate(trees):
+            n = tree.size
+            tokens[i, :n], depths[i, :n], block[i, :n, :n] = tree.tokens, tree.depths, tree.ancestors
+        positions = lengths[:, None] + depths
+        moves = sorted(self._pending.items())
+        moved = [rows_ for _, (_, rows_) in moves]
+        # the one host-to-device copy: tokens, positions, ancestor blocks, lengths, rows kept rows move from
+        packed = torch.from_numpy(np.concatenate([tokens.ravel(), positions.ravel(), block.ravel(), lengths,
+                                                  *moved])).to(self.device, non_blocking=True)
+        cut = np.cumsum([live * rows, live * rows, live * rows * rows, live])
+        tokens_t = packed[: cut[0]].view(live, rows)
+        positions_t = packed[cut[0] : cut[1]].view(live, rows)
+        block_t = packed[cut[1] : cut[2]].view(live, rows, rows).bool()
+        lengths_t = packed[cut[2] : cut[3]]
+        start = int(cut[3])
+        for slot, (first, kept) in moves:
+            self.store.move(slot, first, packed[start : start + kept.shape[0]])
+            start += kept.shape[0]
+        self._pending.clear()
+        width = int(lengths.max()) + rows
+        write = (lengths_t[:, None] + torch.arange(rows, device=self.device))[:, None, :, None]
+        self.store.plan = _PassPlan(first=0, offsets=lengths_t, width=width, index=write)
+        output = self.model(
+            input_ids=tokens_t,
+            attention_mask=self._masks(lengths_t, positions_t, block_t, width),
+            position_ids=positions_t,
+            use_cache=True,
+            **{self._cache_kwarg: self.cache},
+        )
+        return [output.logits[i, : tree.size] for i, tree in enumerate(trees)]
+
+    def _masks(self, lengths: torch.Tensor, positions: torch.Tensor, block: torch.Tensor,
+               width: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The pass's attention mask(s) [live, 1, R, width], built on the device."""
+        live, rows = positions.shape
+        columns = torch.arange(width, device=self.device)
+        context = columns[None, None, :] < lengths[:, None, None]  # [live, 1, width]
+        relative = columns[None, :] - lengths[:, None]  # [live, width]: a column's row in the pass, if any
+        in_pass = (relative >= 0) & (relative < rows)
+        own = block.gather(2, relative.clamp(0, rows - 1)[:, None, :].expand(live, rows, width)) & in_pass[:, None]
+        full = (context | own)[:, None]
+        if self.sliding_window is None:
+            return full
+        # as in plain decoding, a row at position q sees a cached position k only when q - k < window
+        seen = context & (positions[:, :, None] - columns[None, None, :] < self.sliding_window)
+        masks = {"full_attention": full, "sliding_attention": (seen | own)[:, None]}
+        return {kind: masks.get(kind, full) for kind in self.mask_kinds}
+
+    def commit(self, slot: int, path: np.ndarray) -> None:
+        """Keep slot ``slot``'s anchor and accepted draft nodes ``path`` of the last pass; the other rows are dropped.
+
+        A chain-shaped path is already in place; other kept rows move at the start of the next pass.
+        """
+        keep = np.concatenate([[0], np.asarray(path, dtype=np.int64)])
+        start = self.lengths[slot]
+        if not (keep == np.arange(keep.shape[0])).all():
+            self._pending[slot] = (start, start + keep)
+        self.lengths[slot] = start + int(keep.shape[0])
+
+    def discard(self, slot: int) -> None:
+        """Drop every row of the last pass in ``slot`` (its cache is as before ``verify``)."""
+        self._pending.pop(slot, None)
+
+    @torch.inference_mode()
+    def release(self, slot: int) -> int | None:
+        """Free ``slot``; the last live slot's request moves into it. Returns the slot that moved (or None)."""
+        last = self.live - 1
+        for pending_slot, (first, kept) in sorted(self._pending.items()):  # apply moves before slots shift
+            self.store.move(pending_slot, first, torch.from_numpy(kept).to(self.device))
+        self._pending.clear()
+        if slot != last:
+            self.store.copy_slot(last, slot, self.lengths[last])
+            self.lengths[slot] = self.lengths[last]
+        self.lengths.pop()
+        return last if slot != last else None

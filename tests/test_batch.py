@@ -1,0 +1,183 @@
+"""Many requests at once: every row of a batch is token-identical to its prompt's own autoregressive run.
+
+Real models in float32; rows of different lengths join and leave mid-run (a request waits for a slot,
+one ends at EOS, another at its own max_new_tokens), for the spine, chain and multi_spine topologies,
+on SmolLM2 and on Gemma 3 across its sliding window. The references are the suite's shared
+autoregressive runs (the ``ar_reference`` fixture).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import goose
+from goose import plugins
+from goose.config import GooseConfig
+from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
+from goose.planning.budget import BudgetPlanner
+from goose.planning.cost import CostCurve
+from tests.conftest import dataset_prompts
+from tests.test_lossless import PROMPT_BEFORE_WINDOW, SMOLLM2_PROMPTS, SMOLLM2_TOKENS, WINDOW_TOKENS
+
+PROMPTS = SMOLLM2_PROMPTS[:2] + SMOLLM2_PROMPTS[3:4] + SMOLLM2_PROMPTS[6:7]  # code, a word problem, a chat
+LIMITS = [SMOLLM2_TOKENS, SMOLLM2_TOKENS, 40, SMOLLM2_TOKENS]  # one row stops at its own limit, early
+
+
+def decode_staggered(decoder, prompts, limits, max_batch, late, **options):
+    """Submit all but the last ``late`` prompts, step twice, then submit the rest: each request's tokens."""
+    session = decoder.batch(max_batch)
+    ids = [session.submit(p, n, **options) for p, n in zip(prompts[:-late], limits[:-late], strict=True)]
+    outputs, results = {}, {}
+    for step in range(10_000):
+        if step == 2:
+            ids += [session.submit(p, n, **options) for p, n in zip(prompts[-late:], limits[-late:], strict=True)]
+        for event in session.step():
+            outputs.setdefault(event.request_id, []).extend(event.token_ids)
+            if event.finished:
+                results[event.request_id] = event.result
+        if step > 2 and not session.active:
+            break
+    return [outputs[i] for i in ids], [results[i] for i in ids], session
+
+
+@pytest.mark.parametrize("topology", ["spine", "chain", "multi_spine"])
+def test_every_row_equals_its_own_autoregressive_run(smollm2, ar_reference, topology) -> None:
+    model, tokenizer = smollm2
+    references = [ar_reference(model, tokenizer, p, n).new_token_ids for p, n in zip(PROMPTS, LIMITS, strict=True)]
+    decoder = GooseDecoder(model, tokenizer, GooseConfig(topology=topology))
+    outputs, results, session = decode_staggered(decoder, PROMPTS, LIMITS, max_batch=3, late=1)
+    for i, (output, result, reference) in enumerate(zip(outputs, results, references, strict=True)):
+        assert output == reference, f"row {i}"
+        assert result.new_token_ids == reference and len(result.stats.row_budgets) == result.stats.verify_steps
+    assert len(references[2]) == 40 and results[2].stop_reason == "max_new_tokens"
+    assert max(session.pass_rows) > 3  # rows drafted: some pass verified more than one token per row
+    assert {3, 2} <= {rows for result in results for rows in result.stats.batch_rows}  # rows joined and left
+    assert sum(result.stats.tau for result in results) > len(results)  # more than one token per pass, overall
+
+
+def test_generate_batch_keeps_the_order_and_matches_the_autoregressive_batch(smollm2, ar_reference) -> None:
+    model, tokenizer = smollm2
+    references = [ar_reference(model, tokenizer, p, SMOLLM2_TOKENS).new_token_ids for p in PROMPTS]
+    results = GooseDecoder(model, tokenizer).generate_batch(PROMPTS, SMOLLM2_TOKENS, max_batch=2)
+    assert [result.new_token_ids for result in results] == references
+    plain = AutoregressiveDecoder(model, tokenizer).generate_batch(PROMPTS, SMOLLM2_TOKENS)  # the batched baseline
+    assert [result.new_token_ids for result in plain] == references
+    assert all(result.stats.tau == 1.0 for result in plain)
+
+
+def test_seeded_sampling_per_row(smollm2, ar_reference) -> None:
+    """Each row draws with its own sampler and seed: every row is its prompt's seeded autoregressive run."""
+    model, tokenizer = smollm2
+    prompts, options = PROMPTS[1:3], {"temperature": 0.7, "top_p": 0.9}
+    references = [ar_reference(model, tokenizer, p, 48, seed=seed, **options).new_token_ids
+                  for p, seed in zip(prompts, (11, 12), strict=True)]
+    session = GooseDecoder(model, tokenizer).batch(2)
+    ids = [session.submit(p, 48, seed=seed, **options) for p, seed in zip(prompts, (11, 12), strict=True)]
+    results = {event.request_id: event.result for event in session.run() if event.finished}
+    assert [results[i].new_token_ids for i in ids] == references
+    assert [results[i].seed for i in ids] == [11, 12]
+
+
+def test_a_cancelled_row_frees_its_slot_and_changes_no_other(smollm2, ar_reference) -> None:
+    model, tokenizer = smollm2
+    reference = ar_reference(model, tokenizer, PROMPTS[0], SMOLLM2_TOKENS).new_token_ids
+    session = GooseDecoder(model, tokenizer).batch(2)
+    kept = session.submit(PROMPTS[0], SMOLLM2_TOKENS)
+    gone = session.submit(PROMPTS[1], SMOLLM2_TOKENS)
+    waiting = session.submit(PROMPTS[2], 8)  # no slot: waits
+    tokens = []
+    for _ in range(3):
+        tokens += [t for event in session.step() if event.request_id == kept for t in event.token_ids]
+    assert len(session.rows) == 2 and len(session.waiting) == 1
+    stopped = session.cancel(gone)
+    assert stopped is not None and stopped.stop_reason == "stopped" and len(session.rows) == 1
+    assert session.cancel(gone) is None  # once only
+    assert session.cancel(12345) is None
+    finished = {}
+    for event in session.run():
+        if event.request_id == kept:
+            tokens += event.token_ids
+        if event.finished:
+            finished[event.request_id] = event.result
+    assert tokens == reference
+    assert finished[waiting].stop_reason in ("max_new_tokens", "eos")  # it took the freed slot
+
+
+class RaisesForOnePrompt:
+    """A source that raises on every call for contexts holding a marker token, and drafts nothing otherwise."""
+
+    marker = -1
+
+    def __init__(self, config: GooseConfig) -> None:
+        self.calls = 0
+
+    @goose.hookimpl
+    def goose_propose(self, context):
+        self.calls += 1
+        if RaisesForOnePrompt.marker in context.tokens[: context.prompt_length]:
+            raise RuntimeError("this row's plugin fails")
+        return None
+
+
+def test_a_plugin_that_raises_in_one_row_changes_no_row(smollm2, ar_reference, caplog) -> None:
+    model, tokenizer = smollm2
+    references = [ar_reference(model, tokenizer, p, SMOLLM2_TOKENS).new_token_ids for p in PROMPTS[:2]]
+    RaisesForOnePrompt.marker = int(tokenizer.encode(PROMPTS[1], add_special_tokens=False)[0])
+    registrations = goose.register(plugins.SourcePlugin("raises_for_one", RaisesForOnePrompt))
+    try:
+        decoder = GooseDecoder(model, tokenizer, GooseConfig(sources=["raises_for_one", "context_match",
+                                                                      "bigram_transition"]))
+        results = decoder.generate_batch(PROMPTS[:2], SMOLLM2_TOKENS)
+    finally:
+        plugins.unregister(registrations)
+    assert [result.new_token_ids for result in results] == references
+    assert "raises_for_one" in caplog.text and "this row's plugin fails" in caplog.text
+
+
+def test_bad_requests_are_refused_at_submit(smollm2) -> None:
+    model, tokenizer = smollm2
+    session = GooseDecoder(model, tokenizer).batch(2)
+    with pytest.raises(ValueError, match="empty prompt"):
+        session.submit("   ", 8)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        session.submit("hello", 0)
+    with pytest.raises(ValueError, match="temperature"):
+        session.submit("hello", 8, temperature=-1.0)
+    with pytest.raises(ValueError, match="does not fit"):
+        session.submit(list(range(10)) * 1000, 8)
+    with pytest.raises(ValueError, match="max_batch"):
+        GooseDecoder(model, tokenizer).batch(0)
+    assert session.active == 0 and session.step() == []
+
+
+@pytest.mark.slow
+def test_gemma3_rows_cross_the_sliding_window(gemma3, ar_reference) -> None:
+    """One row runs past Gemma 3's 512-token window while a short one decodes beside it."""
+    model, tokenizer = gemma3
+    long = dataset_prompts("humaneval", 40)[32]
+    while len(tokenizer.encode(long)) < PROMPT_BEFORE_WINDOW:
+        long = long + "\n" + long
+    long = tokenizer.decode(tokenizer.encode(long, add_special_tokens=False)[:PROMPT_BEFORE_WINDOW])
+    prompts = [long, dataset_prompts("humaneval", 1)[0]]
+    references = [ar_reference(model, tokenizer, p, WINDOW_TOKENS, chat=False).new_token_ids for p in prompts]
+    for topology in ("spine", "multi_spine"):
+        decoder = GooseDecoder(model, tokenizer, GooseConfig(topology=topology), chat=False)
+        results = decoder.generate_batch(prompts, WINDOW_TOKENS)
+        assert [result.new_token_ids for result in results] == references, topology
+    assert len(results[0].prompt_ids) + len(results[0].new_token_ids) > 512 + WINDOW_TOKENS // 4
+
+
+def test_the_budget_split_is_the_single_rule_for_one_row_and_shares_a_pass() -> None:
+    # a CPU-like curve: every row costs
+    curve = CostCurve((1, 2, 4, 8, 16, 32, 64, 128, 256),
+                      tuple(ms * 1e-3 for ms in (10, 10.5, 11, 12, 14, 18, 26, 42, 74)))
+    planner = BudgetPlanner(curve)
+    for acceptance, length in ((0.9, 40), (0.6, 12), (0.2, 4), (0.0, 0)):
+        alone = planner.choose(acceptance, length, 0.3)
+        yields = planner._yields(*planner._key(acceptance, length, 0.3, None))
+        assert planner.split([yields], [0]) == [alone]
+    strong = planner._yields(*planner._key(0.9, 40, 0.3, None))
+    weak = planner._yields(*planner._key(0.1, 4, 0.1, None))
+    budgets = planner.split([strong, weak, weak, weak], [0, 0, 0, 0])
+    assert budgets[0] > max(budgets[1:])  # the node goes where it yields most
+    assert sum(budgets) <= 4 * planner.choose(0.9, 40, 0.3)  # a pass shared by four rows buys no more than four alone
