@@ -8,10 +8,12 @@ autoregressive runs (the ``ar_reference`` fixture).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import goose
-from goose import plugins
+from goose import cli, plugins
 from goose.config import GooseConfig
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.planning.budget import BudgetPlanner
@@ -181,3 +183,19 @@ def test_the_budget_split_is_the_single_rule_for_one_row_and_shares_a_pass() -> 
     budgets = planner.split([strong, weak, weak, weak], [0, 0, 0, 0])
     assert budgets[0] > max(budgets[1:])  # the node goes where it yields most
     assert sum(budgets) <= 4 * planner.choose(0.9, 40, 0.3)  # a pass shared by four rows buys no more than four alone
+
+
+def test_goose_generate_prompts_prints_one_line_per_prompt_in_order(smollm2, ar_reference, tmp_path, capsys) -> None:
+    model, tokenizer = smollm2
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps({"prompt": p, **({"max_new_tokens": 16} if i == 1 else {})})
+                              for i, p in enumerate(PROMPTS[:3])) + "\n")
+    assert cli.main(["generate", "--prompts", str(path), "--max-new-tokens", "24", "--max-batch", "2", "--json",
+                     "--compare-ar"]) == 0
+    out, err = capsys.readouterr()
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [line["index"] for line in lines] == [0, 1, 2]
+    for line, prompt, tokens in zip(lines, PROMPTS[:3], (24, 16, 24), strict=True):
+        assert line["new_token_ids"] == ar_reference(model, tokenizer, prompt, tokens).new_token_ids
+        assert line["identical_to_ar"] is True and line["text"]
+    assert "3 prompts, up to 2 at once" in err and "3 of 3 identical" in err

@@ -39,6 +39,12 @@ from goose.topologies.spine import SpineTopology
         (["generate", "hi", "--prediction", "/no/such/file.py"], "--prediction: cannot read /no/such/file.py"),
         (["generate", "hi", "--prediction", "/dev/null"], "--prediction: /dev/null is empty"),
         (["generate", "-", "--prediction", "-"], "cannot both come from stdin"),
+        (["generate"], "give a prompt or --prompts FILE"),
+        (["generate", "hi", "--prompts", "/dev/null"], "give a prompt or --prompts FILE"),
+        (["generate", "hi", "--max-batch", "2"], "--max-batch goes with --prompts"),
+        (["generate", "--prompts", "/no/such.jsonl"], "--prompts: cannot read /no/such.jsonl"),
+        (["generate", "--prompts", "/dev/null"], "--prompts: /dev/null holds no prompt"),
+        (["generate", "--prompts", "/dev/null", "--max-batch", "0"], "--max-batch must be at least 1"),
     ],
 )
 def test_cli_errors_are_one_line(argv: list[str], message: str, capsys) -> None:
@@ -46,6 +52,23 @@ def test_cli_errors_are_one_line(argv: list[str], message: str, capsys) -> None:
     err = capsys.readouterr().err.strip()
     assert err.startswith("goose: error:") and message in err
     assert "\n" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("not json", "line 2 is not JSON"),
+    ('["a list"]', "line 2 needs a 'prompt' string"),
+    ('{"prompt": 3}', "line 2 needs a 'prompt' string"),
+    ('{"prompt": "  "}', "line 2: empty prompt"),
+    ('{"prompt": "hi", "max_new_tokens": 0}', "line 2: max_new_tokens must be positive"),
+    ('{"prompt": "hi", "max_new_tokens": "many"}', "line 2: 'max_new_tokens' must be int"),
+    ('{"prompt": "hi", "temperature": 2}', "line 2: unknown field 'temperature'"),
+])
+def test_bad_prompts_files_name_the_line(tmp_path, line: str, message: str, capsys) -> None:
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "a good first line"}\n' + line + "\n")
+    assert cli.main(["generate", "--prompts", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("goose: error: --prompts:") and message in err and "\n" not in err
 
 
 def test_prompt_longer_than_the_context(capsys) -> None:
