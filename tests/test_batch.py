@@ -169,20 +169,24 @@ def test_gemma3_rows_cross_the_sliding_window(gemma3, ar_reference) -> None:
     assert len(results[0].prompt_ids) + len(results[0].new_token_ids) > 512 + WINDOW_TOKENS // 4
 
 
-def test_the_budget_split_is_the_single_rule_for_one_row_and_shares_a_pass() -> None:
+def test_the_budget_split_is_the_single_rule_for_one_row_and_prices_the_padded_pass() -> None:
     # a CPU-like curve: every row costs
     curve = CostCurve((1, 2, 4, 8, 16, 32, 64, 128, 256),
                       tuple(ms * 1e-3 for ms in (10, 10.5, 11, 12, 14, 18, 26, 42, 74)))
     planner = BudgetPlanner(curve)
+
+    def yields(acceptance: float, length: int, branch: float):
+        return planner._yields(*planner._key(acceptance, length, branch, None))
+
     for acceptance, length in ((0.9, 40), (0.6, 12), (0.2, 4), (0.0, 0)):
-        alone = planner.choose(acceptance, length, 0.3)
-        yields = planner._yields(*planner._key(acceptance, length, 0.3, None))
-        assert planner.split([yields], [0]) == [alone]
-    strong = planner._yields(*planner._key(0.9, 40, 0.3, None))
-    weak = planner._yields(*planner._key(0.1, 4, 0.1, None))
-    budgets = planner.split([strong, weak, weak, weak], [0, 0, 0, 0])
-    assert budgets[0] > max(budgets[1:])  # the node goes where it yields most
-    assert sum(budgets) <= 4 * planner.choose(0.9, 40, 0.3)  # a pass shared by four rows buys no more than four alone
+        assert planner.split([yields(acceptance, length, 0.3)], [0]) == [planner.choose(acceptance, length, 0.3)]
+    alone = planner.choose(0.9, 40, 0.3)
+    shared = planner.split([yields(0.9, 40, 0.3)] + [yields(0.1, 4, 0.1)] * 3, [0, 0, 0, 0])
+    assert len(set(shared)) == 1 and shared[0] <= alone  # every row is padded to the widest: its nodes are free
+    crowded = planner.split([yields(0.9, 40, 0.3)] * 8, [0] * 8)
+    assert crowded[0] < alone  # eight rows pay eight times for every node of width
+    riding = planner.split([yields(0.9, 40, 0.3), yields(0.9, 40, 0.3)], [6, 0])
+    assert riding[0] + 6 <= riding[1]  # a row's auxiliary rows take its share of the width
 
 
 def test_goose_generate_prompts_prints_one_line_per_prompt_in_order(smollm2, ar_reference, tmp_path, capsys) -> None:

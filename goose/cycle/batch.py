@@ -32,6 +32,7 @@ from goose.cycle.batch_verifier import BatchVerifier
 from goose.cycle.decoder import GenerationResult, GooseDecoder, Prompt, RowCycle, _Decoding, _Request
 from goose.cycle.detokenize import IncrementalText
 from goose.cycle.stats import GenerationStats
+from goose.planning.cost import BatchCosts
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class BatchSession:
         self._next_id = 0
         self._spare_sources: dict[tuple[str, ...], list[SourceSet]] = {}  # released rows' sets, to reuse
         self.pass_rows: list[int] = []  # rows of every pass so far (the batch-size record)
+        self._costs: BatchCosts | None = None  # the batched passes' cost curves, measured when first needed
 
     @property
     def active(self) -> int:
@@ -218,9 +220,12 @@ class BatchSession:
             assert cycle is not None
             cycle.draft(row_room, planner)
         if decoder.config.budget == "auto" and planner is not None:
+            if self._costs is None:
+                self._costs = BatchCosts(decoder.model, planner.curve)
             budgets = planner.split([planner.yields(cycle.pool, decoder.topology.spine_lengths)
                                      for cycle in cycles if cycle is not None and cycle.pool is not None],
-                                    [cycle.riding for cycle in cycles if cycle is not None])
+                                    [cycle.riding for cycle in cycles if cycle is not None],
+                                    self._costs.curve(len(cycles)))
         else:
             budgets = [int(decoder.config.budget)] * len(cycles)
         for row, budget in zip(self.rows, budgets, strict=True):

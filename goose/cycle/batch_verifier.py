@@ -19,7 +19,7 @@ column must still hold finite numbers (a NaN times a zero weight is NaN).
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -39,7 +39,20 @@ class _PassPlan:
     offsets: torch.Tensor | None = None  # [rows] int64 on the device; None: every row at ``offset``
     offset: int = 0
     width: int = 0  # the keys a pass reads: max(offsets) + its rows
-    index: torch.Tensor | None = None  # [rows, 1, R, 1] write positions, expanded per layer's shape
+    flat: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)  # (heads, capacity) -> write rows
+
+    def flat_rows(self, heads: int, capacity: int, length: int, device: torch.device) -> torch.Tensor:
+        """Where the pass's keys [rows, heads, length, dim] go in a slot store flattened to [.., dim] (made once
+        per pass and store shape, shared by the layers)."""
+        key = (heads, capacity)
+        if key not in self.flat:
+            assert self.offsets is not None
+            rows = self.offsets.shape[0]
+            slot = (self.first + torch.arange(rows, device=device))[:, None, None] * (heads * capacity)
+            head = torch.arange(heads, device=device)[None, :, None] * capacity
+            position = self.offsets[:, None, None] + torch.arange(length, device=device)[None, None, :]
+            self.flat[key] = (slot + head + position).flatten()
+        return self.flat[key]
 
 
 class SlotStore:
@@ -106,19 +119,21 @@ class SlotLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         plan = self.slots.plan
-        rows, _, length, _ = key_states.shape
+        rows, heads, length, dim = key_states.shape
         self.slots.reserve(plan.width)
-        assert self.slots.store is not None
-        keys = self.slots.store[self.index, 0, plan.first : plan.first + rows]
-        values = self.slots.store[self.index, 1, plan.first : plan.first + rows]
+        store = self.slots.store
+        assert store is not None
         if plan.offsets is None:
+            keys = store[self.index, 0, plan.first : plan.first + rows]
+            values = store[self.index, 1, plan.first : plan.first + rows]
             keys[:, :, plan.offset : plan.offset + length] = key_states
             values[:, :, plan.offset : plan.offset + length] = value_states
-        else:
-            assert plan.index is not None
-            index = plan.index.expand(-1, key_states.shape[1], -1, key_states.shape[-1])
-            keys.scatter_(2, index, key_states)
-            values.scatter_(2, index, value_states)
+        else:  # each row at its own offset: one index copy into the layer's store seen as rows of ``dim``
+            target = plan.flat_rows(heads, store.shape[-2], length, key_states.device)
+            store[self.index, 0].view(-1, dim).index_copy_(0, target, key_states.reshape(-1, dim))
+            store[self.index, 1].view(-1, dim).index_copy_(0, target, value_states.reshape(-1, dim))
+            keys = store[self.index, 0, plan.first : plan.first + rows]
+            values = store[self.index, 1, plan.first : plan.first + rows]
         self.keys, self.values = keys[:, :, : plan.width], values[:, :, : plan.width]
         return self.keys, self.values
 
@@ -211,8 +226,7 @@ class BatchVerifier:
             start += kept.shape[0]
         self._pending.clear()
         width = int(lengths.max()) + rows
-        write = (lengths_t[:, None] + torch.arange(rows, device=self.device))[:, None, :, None]
-        self.store.plan = _PassPlan(first=0, offsets=lengths_t, width=width, index=write)
+        self.store.plan = _PassPlan(first=0, offsets=lengths_t, width=width)
         output = self.model(
             input_ids=tokens_t,
             attention_mask=self._masks(lengths_t, positions_t, block_t, width),

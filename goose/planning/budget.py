@@ -81,35 +81,32 @@ class BudgetPlanner:
         spine_acceptance, spine_length, branch_acceptance, caps = self._pool_key(pool, spine_lengths)
         return self._yields(*self._key(spine_acceptance, spine_length, branch_acceptance, caps))
 
-    def split(self, yields: Sequence[np.ndarray], extra_rows: Sequence[int]) -> list[int]:
+    def split(self, yields: Sequence[np.ndarray], extra_rows: Sequence[int], curve: CostCurve | None = None
+              ) -> list[int]:
         """Budgets for the rows of one batched pass: each row's ``yields`` (from :meth:`yields`), ``extra_rows``
-        its auxiliary rows.
+        its auxiliary rows; ``curve`` the cost of a pass of that many requests over its total rows
+        (:class:`goose.planning.cost.BatchCosts`; default: the single-request curve).
 
-        The pass's rate is the rows' summed expected tokens over t(all rows) plus every row's overhead.
-        Starting from the smallest budget everywhere, the move (one row to a larger budget) that raises
-        the rate most is taken, until none raises it: each node goes to the row where it yields most,
-        and stops where it no longer pays for what it costs the whole pass. For one row this is
-        :meth:`choose`'s rule (the best budget, the smallest of equal rates).
+        A batched pass pads every row to the longest, so it costs t(rows x R) for R rows each, whatever
+        the shorter ones hold: once R is chosen, a row's nodes up to R are free. So the split picks the
+        R whose pass yields the most tokens per second, the rows' summed expected tokens (each row its
+        best tree within R) over t(rows x R) plus every row's overhead; each row then takes its best
+        budget within R, and a row whose tree could be larger waits for a pass where it pays. For one
+        row this is :meth:`choose`'s rule (the best budget, the smallest of equal rates).
         """
         budgets = np.asarray(self.candidates)
-        chosen = np.zeros(len(yields), dtype=np.int64)
         taus = np.stack(yields)  # [rows, c]
-        fixed = len(yields) + int(sum(extra_rows))  # the anchors and the auxiliary rows
-        overhead = self.overhead_s * len(yields)
-        rows = np.arange(len(yields))
-        while True:
-            total_tau = taus[rows, chosen].sum()
-            total_rows = fixed + budgets[chosen].sum()
-            rate = total_tau / (float(self.curve(total_rows)) + overhead)
-            # every row's every larger budget, the others held: [rows, c]
-            moved_tau = total_tau - taus[rows, chosen][:, None] + taus
-            moved_rows = total_rows - budgets[chosen][:, None] + budgets[None, :]
-            rates = moved_tau / (self.curve(moved_rows) + overhead)
-            rates[np.arange(taus.shape[1])[None, :] <= chosen[:, None]] = -np.inf
-            best = int(np.argmax(rates))
-            if rates.flat[best] <= rate:
-                return [int(budgets[c]) for c in chosen]
-            chosen[best // taus.shape[1]] = best % taus.shape[1]
+        extra = np.asarray(extra_rows, dtype=np.int64)
+        rows = taus.shape[0]
+        widths = budgets + 1 + int(extra.min())  # every candidate R: some row's budget fills it exactly
+        # row i's best budget within each R: the largest candidate with budget + 1 + extra_i <= R (else the least)
+        fits = budgets[None, None, :] + 1 + extra[:, None, None] <= widths[None, :, None]  # [rows, R, c]
+        chosen = np.where(fits.any(axis=2), fits.shape[2] - 1 - np.argmax(fits[:, :, ::-1], axis=2), 0)  # [rows, R]
+        need = (budgets[chosen] + 1 + extra[:, None]).max(axis=0)  # the pass's real width for each R
+        totals = np.take_along_axis(taus, chosen, axis=1).sum(axis=0)
+        rates = totals / ((curve or self.curve)(rows * need) + self.overhead_s * rows)
+        best = int(np.argmax(rates))  # the first of equal rates, the narrowest pass
+        return [int(budgets[c]) for c in chosen[:, best]]
 
     def _pool_key(self, pool: CandidatePool, spine_lengths: SpineLengths
                   ) -> tuple[float | Sequence[float], int, float, tuple[int, ...] | None]:

@@ -135,6 +135,96 @@ def load_or_measure(model: torch.nn.Module, cache_dir: Path | None = None, refre
     return curve
 
 
+BATCH_SIZES = (2, 4, 8, 16, 32, 64)  # batch sizes whose curves are measured; those between are interpolated
+BATCH_WIDTHS = (1, 2, 4, 8, 16, 32)  # rows per request in a batched calibration pass
+
+
+def measure_batch(model: torch.nn.Module, batch: int, widths: tuple[int, ...] = BATCH_WIDTHS, rounds: int = 3,
+                  context_length: int = CALIBRATION_CONTEXT) -> CostCurve:
+    """Time one batched verify pass of ``batch`` requests, each a chain of every width in ``widths``, each after
+    its own ``context_length`` prefill: the curve over the pass's total rows (``batch x width``).
+
+    A batched pass does not cost what one request's pass of as many rows does: every request attends
+    over its own context, and small per-request blocks use the kernels less well. Timed round-robin
+    with medians, as :func:`measure` does.
+    """
+    from goose.cycle.batch_verifier import BatchVerifier
+
+    verifier = BatchVerifier(model, batch)
+    vocab = verifier.vocab_size
+    generator = np.random.default_rng(0)
+    contexts = [generator.integers(100, min(vocab, 30_000), context_length).tolist() for _ in range(batch)]
+    for context in contexts:
+        verifier.prefill(context)
+    passes = []
+    for width in widths:
+        trees = []
+        for context in contexts:
+            builder = TreeBuilder(context[-1], ("calibration",), capacity=width - 1)
+            builder.add_chain(0, generator.integers(100, min(vocab, 30_000), width - 1), 0)
+            trees.append(builder.build())
+        passes.append(trees)
+    timings: list[list[float]] = [[] for _ in widths]
+    for round_index in range(rounds + 1):
+        for trees, samples in zip(passes, timings, strict=True):
+            started = time.perf_counter()
+            for tree, logits in zip(trees, verifier.verify(trees), strict=True):
+                read(logits, tree.size, HARVEST_TOP_K)
+            elapsed = time.perf_counter() - started
+            if round_index:
+                samples.append(elapsed)
+    return CostCurve(tuple(batch * width for width in widths),
+                     tuple(float(s) for s in monotone([statistics.median(t) for t in timings])))
+
+
+class BatchCosts:
+    """The verify cost of a batched pass, per batch size: t_B(total rows), measured once per machine and cached.
+
+    Batch size 1 is the single-request curve; the sizes in ``BATCH_SIZES`` are measured when first
+    needed; a size between two of them is interpolated at the same rows per request.
+    """
+
+    def __init__(self, model: torch.nn.Module, single: CostCurve, cache_dir: Path | None = None) -> None:
+        self.model = model
+        self.measured: dict[int, CostCurve] = {1: single}
+        self.cache_dir = cache_dir
+        self._curves: dict[int, CostCurve] = {1: single}
+
+    def curve(self, batch: int) -> CostCurve:
+        """The curve over total rows for a pass of ``batch`` requests."""
+        if batch not in self._curves:
+            below = max((b for b in (1, *BATCH_SIZES) if b <= batch), default=1)
+            above = min((b for b in BATCH_SIZES if b >= batch), default=BATCH_SIZES[-1])
+            low, high = self._measured(below), self._measured(above)
+            widths = np.asarray(BATCH_WIDTHS, dtype=float)
+            share = 0.0 if above == below else (batch - below) / (above - below)
+            seconds = ((1 - share) * low(below * widths) + share * high(above * widths))
+            self._curves[batch] = CostCurve(tuple(int(batch * w) for w in BATCH_WIDTHS),
+                                            tuple(float(x) for x in seconds))
+        return self._curves[batch]
+
+    def _measured(self, batch: int) -> CostCurve:
+        if batch not in self.measured:
+            self.measured[batch] = _load_or_measure_batch(self.model, batch, self.cache_dir)
+        return self.measured[batch]
+
+
+def _load_or_measure_batch(model: torch.nn.Module, batch: int, cache_dir: Path | None) -> CostCurve:
+    from goose.models import default_cache_dir
+
+    folder = (cache_dir or default_cache_dir()) / "calibration"
+    path = folder / f"{cache_key(model)}-batch{batch}.json"
+    if path.exists():
+        return CostCurve.load(path)
+    logger.info("measuring the batched verify cost curve once for %d requests (cached at %s)", batch, path)
+    curve = measure_batch(model, batch)
+    folder.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(curve.to_dict()))
+    temporary.replace(path)
+    return curve
+
+
 HARVEST_SHARE = 0.03  # the most of the prompt's forward the automatic prefill harvest may add
 HARVEST_CAP = 256  # beyond this many prompt positions the bigram table gains little from more
 
