@@ -232,7 +232,7 @@ def ar_reference(tmp_path_factory: pytest.TempPathFactory) -> References:
 GROUPS = {
     "test_lossless.py": "lossless", "test_four_sources.py": "lossless",
     "test_sampling.py": "sampling", "test_hf.py": "hf",
-    "test_server.py": "serve", "test_serve_hardening.py": "serve",
+    "test_server.py": "serve", "test_serve_hardening.py": "serve", "test_serve_batch.py": "serve",
     "test_bench.py": "bench", "test_batch.py": "batch",
     "test_rest.py": "sources", "test_suffix_memory.py": "sources", "test_lookahead.py": "sources",
     "test_sources.py": "sources", "test_multi_spine.py": "sources",

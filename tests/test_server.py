@@ -105,7 +105,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("serve") / "server.log"
     command = [sys.executable, "-m", "goose", "serve", "--model", MODEL, "--dtype", "float32", "--device", DEVICE,
                "--threads", os.environ.get("GOOSE_TEST_THREADS", "2"), "--port", str(port), "--api-key", API_KEY,
-               "--max-queue", str(MAX_QUEUE)]
+               "--max-queue", str(MAX_QUEUE), "--max-batch", "1"]  # one at a time: the queue's tests need it
     running = start_server(command, port, log)
     yield running
     _stop_with_a_generation_in_flight(running)

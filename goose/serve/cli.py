@@ -13,6 +13,8 @@ from types import FrameType
 
 from goose.cli import add_decoding_arguments, add_model_arguments, decoding_config, load_model, register_command
 
+DEFAULT_MAX_BATCH = 4  # on the 2-core CPU of docs/results.md, four requests together beat one at a time
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
@@ -24,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="require 'Authorization: Bearer KEY' on /v1 routes (default: $GOOSE_API_KEY, else open)")
     parser.add_argument("--max-queue", type=int, default=32,
                         help="requests that may wait for the model; one more is answered 503 (default 32)")
+    parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, metavar="N",
+                        help="requests decoded together, their trees verified in one pass; more wait in the queue "
+                             f"(default {DEFAULT_MAX_BATCH}; 1: one at a time)")
     parser.add_argument("--served-model-name", default=None, help="the model's name in /v1/models (default: --model)")
     parser.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                         help="also accept requests whose Host header is NAME (any port; repeatable; '*': any). "
@@ -61,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     if args.max_queue < 1:
         raise ValueError(f"--max-queue must be at least 1, got {args.max_queue}")
+    if not 1 <= args.max_batch <= 64:
+        raise ValueError(f"--max-batch must be in 1..64, got {args.max_batch}")
     if args.api_key is not None and not args.api_key.strip():
         raise ValueError("--api-key is empty")
     for flag, seconds in (("--body-timeout", args.body_timeout), ("--header-timeout", args.header_timeout)):
@@ -75,12 +82,13 @@ def run(args: argparse.Namespace) -> int:
               "machine can use the model", file=sys.stderr)
     model, tokenizer = load_model(args)
     name = args.served_model_name or args.model
-    engine = Engine(model, tokenizer, config, max_queue=args.max_queue)
+    engine = Engine(model, tokenizer, config, max_queue=args.max_queue, max_batch=args.max_batch)
     origins = tuple(origin.rstrip("/").lower() for origin in args.cors_origin)  # as browsers write them
     app = create_app(engine, name, api_key=args.api_key, hosts=HostRule(args.host, args.allowed_host),
                      cors_origins=origins, body_timeout_s=args.body_timeout, docs=args.docs)
     print(f"goose serve: {name} ({args.dtype}, {args.device}), sources {','.join(config.sources)}, topology "
-          f"{config.topology}, budget {config.budget}; warming up", file=sys.stderr)
+          f"{config.topology}, budget {config.budget}, up to {args.max_batch} requests together; warming up",
+          file=sys.stderr)
     # h11 always (httptools, if installed, would bypass the header deadline), headers of 16 KiB at most
     server = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5,
                             http=guarded_protocol(args.header_timeout, args.body_timeout),

@@ -1,12 +1,14 @@
-"""One generation at a time on the model: a worker thread, a bounded first-come-first-served queue, decoders.
+"""The model's worker: a bounded first-come-first-served queue, decoders, one generation or a batch at a time.
 
 A decoder is not thread-safe and holds its request's KV cache, so every generation runs in one
-worker thread. Requests wait in a bounded queue in arrival order; when it is full, ``submit``
-refuses at once (the server answers 503 with Retry-After). Each job streams its events back to
-the event loop that asked for it; a job whose client has gone is skipped if it is still waiting,
-or stopped at its next cycle. One GooseDecoder is kept per (sources, topology, budget) in a small
-LRU: building one loads the device's cost curve, and its sources' tables (the bigram adjacency)
-keep learning across requests.
+worker thread. With ``max_batch`` > 1 the worker decodes up to that many requests together: every
+cycle verifies all their trees in one pass (:class:`goose.cycle.batch.BatchSession`, one per set of
+Goose options in use), requests join and leave at cycle boundaries, and each streams on its own.
+Requests wait in a bounded queue in arrival order; when it is full, ``submit`` refuses at once (the
+server answers 503 with Retry-After). Each job streams its events back to the event loop that asked
+for it; a job whose client has gone is skipped if it is still waiting, or stopped at its next cycle.
+One GooseDecoder is kept per (sources, topology, budget) in a small LRU: building one loads the
+device's cost curve, and its sources' tables (the bigram adjacency) keep learning across requests.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pydantic import ValidationError
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from goose.config import GooseConfig
+from goose.cycle.batch import BatchSession
 from goose.cycle.decoder import GooseDecoder
 from goose.cycle.verifier import ContextOverflowError, Verifier
 from goose.plugins import PluginError, registry
@@ -129,10 +132,14 @@ class Engine:
         config: GooseConfig | None = None,
         *,
         max_queue: int = 32,
+        max_batch: int = 1,
         metrics: ServerMetrics | None = None,
     ) -> None:
         if max_queue < 1:
             raise ValueError(f"max_queue must be at least 1, got {max_queue}")
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        self.max_batch = max_batch
         self.model = model
         self.tokenizer = tokenizer
         self.config = config or GooseConfig()
@@ -147,6 +154,7 @@ class Engine:
         self._worker: threading.Thread | None = None
         self._mean_job_s = 5.0  # a first guess for Retry-After until jobs have been timed
         self._running: Job | None = None
+        self._batch: dict[tuple[Decoding, int], _Running] = {}  # batched: the jobs decoding now
         self._closing = False
         # jobs submitted and not yet finished or skipped; with the queue's size it tells whether the worker
         # holds one, without a gap between taking a job off the queue and starting it
@@ -258,6 +266,9 @@ class Engine:
             return
         finally:
             ready.set()
+        if self.max_batch > 1:
+            self._work_batched()
+            return
         while True:
             job = self._queue.get()
             self.metrics.queue_depth.set(self._queue.qsize())
@@ -286,6 +297,111 @@ class Engine:
         running = self._running
         if running is not None:
             running.cancel()
+        for batched in list(self._batch.values()):
+            batched.job.cancel()
+
+    # the batched worker
+
+    def _work_batched(self) -> None:
+        """Admit jobs to free slots, step every batch one cycle, route the events, stop what was cancelled."""
+        sessions: dict[Decoding, BatchSession] = {}
+        while True:
+            while len(self._batch) < self.max_batch:  # wait for work only when nothing decodes
+                try:
+                    job = self._queue.get(block=not self._batch)
+                except queue.Empty:
+                    break
+                self.metrics.queue_depth.set(self._queue.qsize())
+                if job is None:
+                    for running in list(self._batch.values()):
+                        self._end(running, "cancelled", sessions[running.job.decoding].cancel(running.request_id))
+                    return
+                if job.cancelled.is_set():
+                    self.metrics.generations.labels(job.endpoint, "cancelled").inc()
+                    self._done()
+                    continue
+                self._admit(job, sessions)
+            self.metrics.busy.set(1 if self._batch else 0)
+            for decoding, session in list(sessions.items()):
+                if session.active and not self._step(decoding, session):
+                    sessions[decoding] = session = session.decoder.batch(self.max_batch)  # afresh, an empty cache
+                if not session.active and decoding != self.default_decoding:
+                    del sessions[decoding]  # its cache goes with it; the default's stays warm
+            for running in list(self._batch.values()):
+                if running.job.cancelled.is_set():
+                    self._end(running, "cancelled", sessions[running.job.decoding].cancel(running.request_id))
+
+    def _admit(self, job: Job, sessions: dict[Decoding, BatchSession]) -> None:
+        started = time.perf_counter()
+        self.metrics.queue_wait.observe(started - job.arrived)
+        try:
+            decoder = self._decoder(job.decoding)
+            session = sessions.get(job.decoding)
+            if session is None:
+                session = sessions[job.decoding] = decoder.batch(self.max_batch)
+            extra: dict[str, Any] = {"eos_token_ids": ()} if job.ignore_eos else {}
+            if job.prediction is not None:
+                extra["prediction"] = job.prediction
+            request_id = session.submit(job.prompt_ids, job.max_tokens, **job.sampling, **extra)
+        except (PluginError, ValueError) as error:
+            job.deliver(Failed(_rejection(error, job) if isinstance(error, ValueError) else bad_request(str(error)),
+                               started=False))
+            self.metrics.generations.labels(job.endpoint, "error").inc()
+            self._done()
+            return
+        self._batch[(job.decoding, request_id)] = _Running(job, request_id, StopScanner(job.stop), started,
+                                                           decoder.source_names(job.prediction is not None))
+
+    def _step(self, decoding: Decoding, session: BatchSession) -> bool:
+        """One cycle of ``session``, its events sent on; False if it failed (its requests are failed too)."""
+        try:
+            events = session.step()
+        except Exception:  # the worker outlives any one batch: its requests fail, the next ones start afresh
+            logger.exception("batched generation failed")
+            failure = APIError(500, "internal error during generation", code="internal_error")
+            for key, running in list(self._batch.items()):
+                if key[0] == decoding:
+                    running.job.deliver(Failed(failure, started=True))
+                    self._release(key, running)
+            return False
+        if session.rows:
+            self.metrics.batch_size.observe(len(session.rows))
+        for event in events:
+            running = self._batch.get((decoding, event.request_id))
+            if running is None:
+                continue
+            if running.cycles == 0:
+                self.metrics.first_token.labels(running.job.endpoint).observe(time.perf_counter() - running.job.arrived)
+            running.cycles += 1
+            running.produced += len(event.token_ids)
+            piece = running.scanner.feed(event.text)
+            running.text += piece
+            if piece or running.cycles == 1:  # the first event tells a streaming request that generation began
+                running.job.deliver(Delta(piece))
+            if running.scanner.stopped:
+                self._end(running, "stop", session.cancel(event.request_id))
+            elif event.result is not None:
+                tail = running.scanner.flush()
+                if tail:
+                    running.text += tail
+                    running.job.deliver(Delta(tail))
+                self._end(running, FINISH_REASONS.get(event.result.stop_reason, "length"), event.result)
+        return True
+
+    def _end(self, running: _Running, finish_reason: str, result: Any) -> None:
+        job = running.job
+        stats = _goose_stats(job, running.sources, result, running.produced, running.cycles, running.started)
+        self._record(job, finish_reason, running.produced, stats)
+        if finish_reason == "cancelled":  # the client has gone, or the server is stopping: tell whoever is left
+            job.deliver(Failed(SHUTTING_DOWN, started=True))
+        else:
+            job.deliver(Finished(finish_reason, running.text, len(job.prompt_ids), running.produced, stats))
+        self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * (time.perf_counter() - running.started) / self.max_batch
+        self._release((job.decoding, running.request_id), running)
+
+    def _release(self, key: tuple[Decoding, int], running: _Running) -> None:
+        del self._batch[key]
+        self._done()
 
     def _decoder(self, decoding: Decoding) -> GooseDecoder:
         decoder = self._decoders.get(decoding)
@@ -370,6 +486,20 @@ class Engine:
         logger.info("%s: %d prompt + %d new tokens, %s, tau %.2f over %d verify steps, %.1f tok/s",
                     job.endpoint, len(job.prompt_ids), produced, finish_reason, stats.tau, stats.verify_steps,
                     stats.tokens_per_s)
+
+
+@dataclass
+class _Running:
+    """A job decoding in a batch: its request in the batch, its stop strings, what it has sent so far."""
+
+    job: Job
+    request_id: int
+    scanner: StopScanner
+    started: float
+    sources: tuple[str, ...]
+    text: str = ""
+    produced: int = 0
+    cycles: int = 0
 
 
 def _rejection(error: ValueError, job: Job) -> APIError:

@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 300)
 TAU_BUCKETS = (1, 1.25, 1.5, 1.75, 2, 2.5, 3, 4, 6, 8, 12, 16)
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 
 
 class ServerMetrics:
@@ -49,6 +50,8 @@ class ServerMetrics:
                                     buckets=LATENCY_BUCKETS, registry=r)
         self.queue_depth = Gauge("goose_queue_depth", "requests waiting for the model", registry=r)
         self.busy = Gauge("goose_busy", "1 while the model is generating", registry=r)
+        self.batch_size = Histogram("goose_batch_size", "requests decoding together in each batched verify pass "
+                                    "(goose serve --max-batch)", buckets=BATCH_BUCKETS, registry=r)
         self._lock = threading.Lock()
         self._tested: dict[str, float] = {}
         self._accepted: dict[str, float] = {}

@@ -1,0 +1,149 @@
+"""goose serve --max-batch 4 for real: concurrent requests decode together, each answer the one it gets alone.
+
+One server process on 127.0.0.1 (float32, an API key) shared by the module; clients are the real
+`openai` client and raw HTTP. References are the greedy (or seeded) autoregressive runs of this
+process (the suite's ``ar_reference``), so "correct" means token-exact.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+from tests.test_server import API_KEY, AUTH, MODEL, Reference, Server, _free_port, _stream_chat, start_server
+
+pytestmark = pytest.mark.xdist_group("batch_server")  # one worker starts the module's server once
+
+DEVICE = os.environ.get("GOOSE_TEST_DEVICE", "cpu")
+MAX_BATCH = 4
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    port = _free_port()
+    log = tmp_path_factory.mktemp("serve-batch") / "server.log"
+    command = [sys.executable, "-m", "goose", "serve", "--model", MODEL, "--dtype", "float32", "--device", DEVICE,
+               "--threads", os.environ.get("GOOSE_TEST_THREADS", "2"), "--port", str(port), "--api-key", API_KEY,
+               "--max-batch", str(MAX_BATCH), "--max-queue", "16"]
+    running = start_server(command, port, log)
+    yield running
+    running.process.terminate()
+    running.process.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2, ar_reference) -> Reference:
+    return Reference(*smollm2, ar_reference)
+
+
+def batch_sizes(server: Server) -> tuple[float, float]:
+    """(passes, passes with more than one request) from /metrics' goose_batch_size histogram."""
+    samples = server.metrics()
+    total = samples[("goose_batch_size_count", ())]
+    alone = samples[("goose_batch_size_bucket", (("le", "1.0"),))]
+    return total, total - alone
+
+
+def test_8_clients_decode_together_and_every_answer_is_the_one_alone(server: Server, reference: Reference) -> None:
+    """Streamed and not, chat and completions, some malformed: every valid answer exact, every bad one a 400."""
+    server.wait_idle()
+    prompts = ["Name three rivers.", "What is 2 + 2?", "Say hello in French.", "Write a haiku about autumn leaves.",
+               "List the days of the week.", "Count from one to ten in words."]
+    tokens = [24, 12, 16, 32, 24, 40]  # requests end at different cycles: rows leave while others decode
+    expected_chat = {p: reference.chat([{"role": "user", "content": p}], n)[0] for p, n in zip(prompts, tokens,
+                                                                                                strict=True)}
+    expected_completion = {p: reference.completion(p, n)[0] for p, n in zip(prompts, tokens, strict=True)}
+    limits = dict(zip(prompts, tokens, strict=True))
+    bad_bodies = [{"messages": []}, {"messages": [{"role": "user", "content": "x"}], "max_tokens": -1},
+                  {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}]
+    before_total, before_shared = batch_sizes(server)
+
+    def one_client(index: int) -> list[tuple[str, bool]]:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=300)
+        outcomes = []
+        for step in range(3):
+            prompt = prompts[(index + step) % len(prompts)]
+            kind = (index + step) % 4
+            if kind == 0:
+                text = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
+                                                      max_tokens=limits[prompt]).choices[0].message.content
+                outcomes.append(("chat", text == expected_chat[prompt]))
+            elif kind == 1:
+                text, _ = _stream_chat(client, model=MODEL, messages=[{"role": "user", "content": prompt}],
+                                       max_tokens=limits[prompt])
+                outcomes.append(("chat stream", text == expected_chat[prompt]))
+            elif kind == 2:
+                stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=limits[prompt], stream=True)
+                text = "".join(c.choices[0].text for c in stream if c.choices)
+                outcomes.append(("completion stream", text == expected_completion[prompt]))
+            else:
+                response = server.post("/v1/chat/completions", bad_bodies[index % len(bad_bodies)])
+                outcomes.append(("malformed", response.status_code == 400))
+        return outcomes
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(one_client, range(8), timeout=600))
+    outcomes = [outcome for per_client in results for outcome in per_client]
+    assert len(outcomes) == 24
+    assert all(ok for _, ok in outcomes), [kind for kind, ok in outcomes if not ok]
+    total, shared = batch_sizes(server)
+    assert shared - before_shared > 0 and total > before_total  # passes held several requests
+    assert server.get("/health").json()["status"] == "ok"
+
+
+def test_seeded_sampling_and_stop_strings_in_a_batch(server: Server, reference: Reference) -> None:
+    """Each request keeps its own seed and its own stop strings while it shares passes with the others."""
+    server.wait_idle()
+    prompt = "Once upon a time"
+    sampled = {seed: reference.generate(reference.ids(prompt), 24, temperature=0.8, seed=seed).text
+               for seed in (1, 2, 3)}
+    greedy = reference.completion(prompt, 32)[0]
+    stop = greedy.split()[3]  # a word the greedy text reaches: it stops there
+    answers: dict[str, str] = {}
+
+    def ask(name: str, body: dict) -> None:
+        response = server.post("/v1/completions", {"prompt": prompt, **body})
+        assert response.status_code == 200, response.text
+        answers[name] = response.json()["choices"][0]
+
+    threads = [threading.Thread(target=ask, args=(f"seed {seed}", {"max_tokens": 24, "temperature": 0.8,
+                                                                   "seed": seed})) for seed in (1, 2, 3)]
+    threads.append(threading.Thread(target=ask, args=("stop", {"max_tokens": 32, "stop": [stop]})))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    for seed in (1, 2, 3):
+        assert answers[f"seed {seed}"]["text"] == sampled[seed]
+    assert answers["stop"]["text"] == greedy[: greedy.index(stop)] and answers["stop"]["finish_reason"] == "stop"
+
+
+def test_a_client_leaving_mid_batch_changes_no_other_answer(server: Server, reference: Reference) -> None:
+    server.wait_idle()
+    expected = reference.completion("The capital of France is", 32)[0]
+    kept: dict[str, str] = {}
+
+    def steady() -> None:
+        kept["text"] = server.post("/v1/completions", {"prompt": "The capital of France is",
+                                                       "max_tokens": 32}).json()["choices"][0]["text"]
+
+    body = {"prompt": "Tell me a long story", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=AUTH, timeout=120) as leaving:
+        lines = leaving.iter_lines()
+        next(lines)
+        other = threading.Thread(target=steady)
+        other.start()
+        for _, _line in zip(range(4), lines, strict=False):
+            pass
+    other.join(timeout=300)
+    assert kept["text"] == expected
+    server.wait_idle()
+    after = server.post("/v1/completions", {"prompt": "The capital of France is", "max_tokens": 32})
+    assert after.status_code == 200 and after.json()["choices"][0]["text"] == expected
