@@ -402,3 +402,26 @@ def test_the_study_suite_is_every_pair_and_triple_under_three_shapes() -> None:
     assert set(SUITES["three-source"]) == {"goose", "goose3", *configs}
     for name in configs:
         assert unavailable_reason(ALL_METHODS[name]) is None, name  # every source and topology is registered
+
+
+def test_bench_concurrency_on_smollm2(tmp_path: Path) -> None:
+    """Closed-loop clients at concurrency 1 and 2: every method's row, float32 outputs identical to AR's."""
+    status = cli.main(["bench", "--model", "smollm2-135m", "--datasets", "gsm8k,mt_bench", "--limit", "2",
+                       "--max-new-tokens", "12", "--concurrency", "1,2", "--dtype", "float32", "--out", str(tmp_path),
+                       "--no-progress"])
+    assert status == 0
+    rows = json.loads((tmp_path / "concurrency.json").read_text())
+    found = {(row["method"], row["concurrency"]) for row in rows}
+    assert found == {("ar_single", 1), ("goose_single", 1), *((m, c) for m in ("ar", "goose", "hf_ar") for c in (1, 2))}
+    for row in rows:
+        assert row["requests"] == 4 and row["tokens_per_s"] > 0 and row["latency_p95_s"] >= row["latency_p50_s"]
+        if row["method"] != "hf_ar":  # our engines are exact in float32; HF's padded batches are reported as they are
+            assert row["identical_to_ar"] == 1.0, row
+    assert "| goose | 2 |" in (tmp_path / "concurrency.md").read_text()
+    assert (tmp_path / "concurrency.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(("flag", "message"), [("1,x", "--concurrency takes integers"), ("0,2", "in 1..64")])
+def test_bench_concurrency_bad_values(flag: str, message: str, capsys) -> None:
+    assert cli.main(["bench", "--concurrency", flag]) == 2
+    assert message in capsys.readouterr().err

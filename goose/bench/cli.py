@@ -60,6 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="REST's datastore (a `goose datastore build` folder, built with the benchmarked model's "
                              "tokenizer) for every method that drafts from REST (default: the Python standard "
                              "library's, built on first use)")
+    parser.add_argument("--concurrency", default=None, metavar="C1,C2,...",
+                        help="many requests at once instead of the per-prompt tables: closed-loop clients at each "
+                             "concurrency (e.g. 1,2,4,8), methods ar, goose (the batched engine) and hf_ar (Hugging "
+                             "Face's batched generate); writes concurrency.json/.md/.png")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--list-methods", action="store_true", help="print every method and whether it can run")
     parser.set_defaults(run=run_command)
@@ -121,10 +125,14 @@ def run_command(args: argparse.Namespace) -> int:
     if not model_names:
         raise ValueError("--model names no model")
     methods = _method_names(args)
-    resolve_methods(methods)  # unknown names fail here, before any model is loaded
+    if args.concurrency is None:
+        resolve_methods(methods)  # unknown names fail here, before any model is loaded
     datasets = _names(args.datasets) or list(PAPER_DATASETS)
     data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir()
     datastore = _datastore(args.datastore)
+
+    if args.concurrency is not None:
+        return _run_concurrency(args, model_names, datasets, data_dir, limit, max_new_tokens)
 
     from goose.bench.outputs import write_outputs
     from goose.bench.report import main_table
@@ -158,6 +166,43 @@ def run_command(args: argparse.Namespace) -> int:
                 "cold (a fresh decoder per prompt)"
             print(f"\nsources: {state}")
             print("wrote " + ", ".join(str(p) for p in [out / RESULTS_FILE, *written]))
+    return 0
+
+
+def _run_concurrency(args: argparse.Namespace, model_names: list[str], datasets: list[str], data_dir: Path,
+                     limit: int | None, max_new_tokens: int) -> int:
+    from goose.bench.concurrency import CONCURRENCY_METHODS, run_concurrency, write_concurrency
+    from goose.bench.prompts import load_samples
+
+    try:
+        concurrencies = sorted({int(part) for part in _names(args.concurrency)})
+    except ValueError:
+        raise ValueError(f"--concurrency takes integers, e.g. 1,2,4,8; got {args.concurrency!r}") from None
+    if not concurrencies or concurrencies[0] < 1 or concurrencies[-1] > 64:
+        raise ValueError(f"--concurrency takes integers in 1..64, got {args.concurrency!r}")
+    methods = _names(args.methods) or list(CONCURRENCY_METHODS)
+    unknown = [m for m in methods if m not in CONCURRENCY_METHODS]
+    if unknown:
+        raise ValueError(f"--concurrency runs the methods {', '.join(CONCURRENCY_METHODS)}; not {', '.join(unknown)}")
+    if args.temperature:
+        raise ValueError("--concurrency measures greedy decoding; leave --temperature out")
+    samples = [sample for name in datasets for sample in load_samples(name, data_dir, limit)]
+    from goose.cli import load_model
+    from goose.models import encode_prompt
+
+    rows = []
+    for model_name in model_names:
+        args.model = model_name
+        model, tokenizer = load_model(args)
+        prompts = [encode_prompt(tokenizer, sample.turns[0], chat=not args.no_chat) for sample in samples]
+        print(f"{model_name}: {len(prompts)} prompts from {', '.join(datasets)}, {max_new_tokens} tokens, "
+              f"concurrency {', '.join(map(str, concurrencies))}", flush=True)
+        rows += run_concurrency(model_name, model, tokenizer, prompts, concurrencies, methods, max_new_tokens,
+                                progress=not args.no_progress)
+    out = Path(args.out).expanduser()
+    written = write_concurrency(rows, out)
+    print((out / "concurrency.md").read_text())
+    print("wrote " + ", ".join(str(p) for p in written))
     return 0
 
 

@@ -1,0 +1,215 @@
+"""``goose bench --concurrency 1,2,4,8``: many requests at once, closed-loop clients, every method on the same prompts.
+
+At concurrency c, c clients each keep one request in flight: when one ends, that client's next
+prompt joins at the next cycle boundary. Methods:
+
+- ``ar`` and ``goose``: the batched engine (:class:`goose.cycle.batch.BatchSession`), without and
+  with drafting;
+- ``hf_ar``: Hugging Face's batched ``generate`` (greedy, left-padded static batches of c prompts:
+  a batch ends when its longest answer does), the peer a user would batch with;
+- ``goose_single`` and ``ar_single`` (concurrency 1 only): today's one-request-at-a-time paths,
+  which also give every prompt's reference output.
+
+Reported per method and concurrency: total output tokens per second, per-request latency p50/p95,
+tau, and the share of requests whose output is token-identical to that prompt's own single-request
+autoregressive run. Written to ``concurrency.json`` (rows with a ``concurrency`` field),
+``concurrency.md`` and ``concurrency.png`` (throughput against concurrency).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+CONCURRENCY_METHODS = ("ar", "goose", "hf_ar")
+SERIAL_METHODS = ("ar_single", "goose_single")
+
+
+@dataclass
+class ConcurrencyRow:
+    model: str
+    method: str
+    concurrency: int
+    requests: int
+    tokens: int
+    wall_s: float
+    tokens_per_s: float
+    latency_p50_s: float
+    latency_p95_s: float
+    tau: float
+    identical_to_ar: float  # share of requests token-identical to their own single-request AR run
+
+
+@dataclass
+class _Run:
+    outputs: list[list[int]]
+    latencies: list[float]
+    wall_s: float
+    taus: list[float]
+
+
+def closed_loop(decoder: Any, prompts: Sequence[list[int]], max_new_tokens: int, concurrency: int) -> _Run:
+    """Every prompt through ``decoder``'s batched engine, ``concurrency`` of them in flight at any time."""
+    session = decoder.batch(concurrency)
+    pending = deque(enumerate(prompts))
+    submitted: dict[int, tuple[int, float]] = {}  # request id -> (prompt index, submit time)
+    outputs: list[list[int]] = [[] for _ in prompts]
+    latencies, taus = [0.0] * len(prompts), [1.0] * len(prompts)
+    started = time.perf_counter()
+
+    def submit_next() -> None:
+        index, prompt = pending.popleft()
+        submitted[session.submit(prompt, max_new_tokens)] = (index, time.perf_counter())
+
+    for _ in range(min(concurrency, len(pending))):
+        submit_next()
+    while session.active:
+        for event in session.step():
+            if event.result is None:
+                continue
+            index, at = submitted.pop(event.request_id)
+            outputs[index], latencies[index] = event.result.new_token_ids, time.perf_counter() - at
+            taus[index] = event.result.stats.tau
+            if pending:
+                submit_next()
+    return _Run(outputs, latencies, time.perf_counter() - started, taus)
+
+
+def serial(decoder: Any, prompts: Sequence[list[int]], max_new_tokens: int) -> _Run:
+    """One request at a time through the single-request path."""
+    outputs, latencies, taus = [], [], []
+    started = time.perf_counter()
+    for prompt in prompts:
+        at = time.perf_counter()
+        result = decoder.generate(prompt, max_new_tokens)
+        outputs.append(result.new_token_ids)
+        latencies.append(time.perf_counter() - at)
+        taus.append(result.stats.tau)
+    return _Run(outputs, latencies, time.perf_counter() - started, taus)
+
+
+@torch.inference_mode()
+def hf_batched(model: Any, tokenizer: Any, prompts: Sequence[list[int]], max_new_tokens: int, concurrency: int,
+               eos_ids: frozenset[int]) -> _Run:
+    """Hugging Face ``generate`` on static, left-padded batches of ``concurrency`` prompts (greedy)."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids, default=0)
+    device = next(model.parameters()).device
+    outputs: list[list[int]] = []
+    latencies: list[float] = []
+    started = time.perf_counter()
+    for first in range(0, len(prompts), concurrency):
+        batch = prompts[first : first + concurrency]
+        width = max(len(p) for p in batch)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
+        at = time.perf_counter()
+        generated = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                   do_sample=False, pad_token_id=pad, eos_token_id=sorted(eos_ids) or None)
+        elapsed = time.perf_counter() - at
+        for row in generated[:, width:].tolist():
+            end = next((i + 1 for i, token in enumerate(row) if token in eos_ids), len(row))
+            outputs.append(row[:end])
+            latencies.append(elapsed)
+    return _Run(outputs, latencies, time.perf_counter() - started, [1.0] * len(prompts))
+
+
+def run_concurrency(model_name: str, model: Any, tokenizer: Any, prompts: Sequence[list[int]],
+                    concurrencies: Sequence[int], methods: Sequence[str], max_new_tokens: int,
+                    progress: bool = True) -> list[ConcurrencyRow]:
+    """Every method at every concurrency on ``prompts`` (token ids); the single-request AR run is the reference."""
+    from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
+
+    ar, goose = AutoregressiveDecoder(model, tokenizer), GooseDecoder(model, tokenizer)
+    for decoder in (ar, goose):  # warm-up: lazy kernels, the cost curves (measured once per machine)
+        decoder.generate(prompts[0], 4)
+        for concurrency in concurrencies:
+            decoder.generate_batch(list(prompts[:concurrency]), 4, max_batch=concurrency)
+    reference = serial(ar, prompts, max_new_tokens)
+    rows = [_row(model_name, "ar_single", 1, reference, reference)]
+    if "goose" in methods:
+        rows.append(_row(model_name, "goose_single", 1, serial(goose, prompts, max_new_tokens), reference))
+    for concurrency in concurrencies:
+        for method in methods:
+            if method == "ar":
+                run = closed_loop(ar, prompts, max_new_tokens, concurrency)
+            elif method == "goose":
+                run = closed_loop(goose, prompts, max_new_tokens, concurrency)
+            elif method == "hf_ar":
+                run = hf_batched(model, tokenizer, prompts, max_new_tokens, concurrency, ar.eos_ids)
+            else:
+                raise ValueError(f"unknown concurrency method {method!r}; known: {', '.join(CONCURRENCY_METHODS)}")
+            rows.append(_row(model_name, method, concurrency, run, reference))
+            if progress:
+                last = rows[-1]
+                print(f"  {model_name} {method} at concurrency {concurrency}: {last.tokens_per_s:.1f} tok/s, "
+                      f"p95 {last.latency_p95_s:.2f} s, identical {last.identical_to_ar:.0%}", flush=True)
+    return rows
+
+
+def _row(model: str, method: str, concurrency: int, run: _Run, reference: _Run) -> ConcurrencyRow:
+    tokens = sum(len(output) for output in run.outputs)
+    same = sum(output == expected for output, expected in zip(run.outputs, reference.outputs, strict=True))
+    return ConcurrencyRow(model, method, concurrency, len(run.outputs), tokens, round(run.wall_s, 3),
+                          round(tokens / run.wall_s, 2), round(float(np.percentile(run.latencies, 50)), 3),
+                          round(float(np.percentile(run.latencies, 95)), 3), round(float(np.mean(run.taus)), 3),
+                          round(same / len(run.outputs), 3))
+
+
+def write_concurrency(rows: Sequence[ConcurrencyRow], out: Path) -> list[Path]:
+    """concurrency.json, concurrency.md (a table per model, ratios against batched ar) and concurrency.png."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "concurrency.json", out / "concurrency.md"]
+    written[0].write_text(json.dumps([asdict(row) for row in rows], indent=1))
+    lines = []
+    for model in dict.fromkeys(row.model for row in rows):
+        mine = [row for row in rows if row.model == model]
+        ar = {row.concurrency: row.tokens_per_s for row in mine if row.method == "ar"}
+        lines += [f"## {model}", "", "| method | concurrency | tok/s | x batched ar | p50 s | p95 s | tau | "
+                  "identical to AR |", "|---|---|---|---|---|---|---|---|"]
+        for row in mine:
+            ratio = f"{row.tokens_per_s / ar[row.concurrency]:.2f}x" if ar.get(row.concurrency) else "-"
+            lines.append(f"| {row.method} | {row.concurrency} | {row.tokens_per_s:.1f} | {ratio} | "
+                         f"{row.latency_p50_s:.2f} | {row.latency_p95_s:.2f} | {row.tau:.2f} | "
+                         f"{row.identical_to_ar:.0%} |")
+        lines.append("")
+    written[1].write_text("\n".join(lines))
+    if _plot(rows, out / "concurrency.png"):
+        written.append(out / "concurrency.png")
+    return written
+
+
+def _plot(rows: Sequence[ConcurrencyRow], path: Path) -> bool:
+    try:
+        from goose.bench.plots import _pyplot
+
+        plt = _pyplot()
+    except ImportError:
+        return False
+    models = list(dict.fromkeys(row.model for row in rows))
+    figure, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4), squeeze=False)
+    for axis, model in zip(axes[0], models, strict=True):
+        for method in CONCURRENCY_METHODS:
+            points = sorted((row.concurrency, row.tokens_per_s) for row in rows
+                            if row.model == model and row.method == method)
+            if points:
+                axis.plot(*zip(*points, strict=True), marker="o", label=method)
+        single = [row.tokens_per_s for row in rows if row.model == model and row.method == "goose_single"]
+        if single:
+            axis.axhline(single[0], linestyle=":", color="gray", label="goose, one at a time")
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("concurrent requests")
+        axis.set_ylabel("output tokens / s (all requests)")
+        axis.set_title(model)
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True
