@@ -193,6 +193,8 @@ class BatchSession:
         logits = verifier.verify(trees)
         verify_s = time.perf_counter() - verify_started
         self.pass_rows.append(sum(tree.size for tree in trees))
+        if self._costs is not None:  # what the pass really cost corrects the curve the next split reads
+            self._costs.observe(len(trees), len(trees) * max(tree.size for tree in trees), verify_s)
         events = []
         for slot, (row, row_logits) in enumerate(zip(rows, logits, strict=True)):
             row.stats.batch_rows.append(len(rows))

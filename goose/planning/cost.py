@@ -181,7 +181,9 @@ class BatchCosts:
     """The verify cost of a batched pass, per batch size: t_B(total rows), measured once per machine and cached.
 
     Batch size 1 is the single-request curve; the sizes in ``BATCH_SIZES`` are measured when first
-    needed; a size between two of them is interpolated at the same rows per request.
+    needed; a size between two of them is interpolated at the same rows per request. The passes
+    really run correct the curve as they come (:meth:`observe`): a calibration taken at 256 tokens of
+    context on a noisy machine is a first guess, the requests' own contexts are the truth.
     """
 
     def __init__(self, model: torch.nn.Module, single: CostCurve, cache_dir: Path | None = None) -> None:
@@ -189,19 +191,39 @@ class BatchCosts:
         self.measured: dict[int, CostCurve] = {1: single}
         self.cache_dir = cache_dir
         self._curves: dict[int, CostCurve] = {1: single}
+        self._corrections: dict[int, np.ndarray] = {}  # per batch size: measured / calibrated, per curve point
+
+    def observe(self, batch: int, rows: int, seconds: float) -> None:
+        """Fold one real pass of ``batch`` requests and ``rows`` rows in all into the nearest point of its curve."""
+        curve = self.curve(batch)
+        base = self._base(batch)
+        point = int(np.argmin(np.abs(np.log(np.asarray(curve.sizes)) - np.log(max(1, rows)))))
+        correction = self._corrections.setdefault(batch, np.ones(len(curve.sizes)))
+        correction[point] += 0.2 * (seconds / float(base(rows)) - correction[point])
+        self._curves[batch] = CostCurve(base.sizes, tuple(float(x) for x in monotone(
+            list(np.asarray(base.seconds) * correction))))
 
     def curve(self, batch: int) -> CostCurve:
-        """The curve over total rows for a pass of ``batch`` requests."""
+        """The curve over total rows for a pass of ``batch`` requests (corrected by the passes observed)."""
         if batch not in self._curves:
+            self._curves[batch] = self._base(batch)
+        return self._curves[batch]
+
+    def _base(self, batch: int) -> CostCurve:
+        """The calibrated curve for ``batch`` requests, before any correction."""
+        if batch == 1:
+            return self.measured[1]
+        key = -batch  # the uncorrected curves live beside the corrected ones, under negative keys
+        if key not in self._curves:
             below = max((b for b in (1, *BATCH_SIZES) if b <= batch), default=1)
             above = min((b for b in BATCH_SIZES if b >= batch), default=BATCH_SIZES[-1])
             low, high = self._measured(below), self._measured(above)
             widths = np.asarray(BATCH_WIDTHS, dtype=float)
             share = 0.0 if above == below else (batch - below) / (above - below)
             seconds = ((1 - share) * low(below * widths) + share * high(above * widths))
-            self._curves[batch] = CostCurve(tuple(int(batch * w) for w in BATCH_WIDTHS),
-                                            tuple(float(x) for x in seconds))
-        return self._curves[batch]
+            self._curves[key] = CostCurve(tuple(int(batch * w) for w in BATCH_WIDTHS),
+                                          tuple(float(x) for x in seconds))
+        return self._curves[key]
 
     def _measured(self, batch: int) -> CostCurve:
         if batch not in self.measured:
