@@ -61,6 +61,8 @@ def main() -> None:
     parser.add_argument("--direct", default="main,worker",
                         help="in-process baselines: main (the thread `goose generate` decodes in), worker (a thread, "
                         "like the server's), or both")
+    parser.add_argument("--max-batch", type=int, default=None,
+                        help="the started server's --max-batch (default: goose serve's own default)")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -68,14 +70,16 @@ def main() -> None:
     with _server(args) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key=os.environ.get("GOOSE_API_KEY", "none"),
                                max_retries=0, timeout=600)
-        model, tokenizer = models.load(args.model, dtype=args.dtype, progress=False)
-        decoder = GooseDecoder(model, tokenizer)
-        baselines = [name.strip() for name in args.direct.split(",") if name.strip()]
-        overhead = measure_overhead(client, decoder, args.rounds, args.tokens, baselines, args.threads)
-        del model, decoder
+        overhead = None
+        if args.rounds > 0:  # --rounds 0: the load alone
+            model, tokenizer = models.load(args.model, dtype=args.dtype, progress=False)
+            decoder = GooseDecoder(model, tokenizer)
+            baselines = [name.strip() for name in args.direct.split(",") if name.strip()]
+            overhead = measure_overhead(client, decoder, args.rounds, args.tokens, baselines, args.threads)
+            del model, decoder
         load = measure_load(client, url, args.clients, args.requests, args.load_tokens)
     report = {"model": args.model, "dtype": args.dtype, "threads": args.threads, "cpus": os.cpu_count(),
-              "overhead": overhead, "load": load}
+              "max_batch": args.max_batch, "overhead": overhead, "load": load}
     print(json.dumps(report, indent=2))
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
@@ -217,6 +221,8 @@ def _server(args: argparse.Namespace) -> Any:
     command = [sys.executable, "-m", "goose", "serve", "--model", args.model, "--dtype", args.dtype,
                "--threads", str(args.threads), "--port", str(port), "--log-level", "warning",
                "--max-queue", str(max(32, args.clients))]
+    if args.max_batch is not None:
+        command += ["--max-batch", str(args.max_batch)]
     process = subprocess.Popen(command, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -221,6 +221,7 @@ class BatchSession:
         for cycle, row_room in zip(cycles, room, strict=True):
             assert cycle is not None
             cycle.draft(row_room, planner)
+            cycle.auxiliary = []  # auxiliary rows (Lookahead's window) do not ride in batched passes yet
         if decoder.config.budget == "auto" and planner is not None:
             if self._costs is None:
                 self._costs = BatchCosts(decoder.model, planner.curve)
@@ -232,9 +233,8 @@ class BatchSession:
             budgets = [int(decoder.config.budget)] * len(cycles)
         for row, budget in zip(self.rows, budgets, strict=True):
             row.stats.row_budgets.append(budget)
-        return [cycle.plan(min(budget, row_room)) for cycle, budget, row_room in zip(cycles, budgets, room,
-                                                                                     strict=True)
-                if cycle is not None]
+        return [cycle.plan(min(budget, row_room)) if budget > 0 else cycle.plan_nothing()
+                for cycle, budget, row_room in zip(cycles, budgets, room, strict=True) if cycle is not None]
 
     def _learn(self, host_s: float) -> None:
         """The planner folds in the cycle's host time per row and every row's tree and yield."""

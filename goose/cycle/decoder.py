@@ -455,6 +455,13 @@ class RowCycle:
         self.clock.lap("plan")
         return self.tree
 
+    def plan_nothing(self) -> DraftTree:
+        """2, undrafted: the bare anchor (a batched pass where this row's draft does not pay for its rows)."""
+        assert self.pool is not None
+        self.tree = DraftTree.single(self.pool.anchor, self.pool.source_names)
+        self.clock.lap("plan")
+        return self.tree
+
     def conclude(self, logits: torch.Tensor, past: int) -> tuple[np.ndarray, list[int]]:
         """4-5. Walk the verified rows ``logits`` (tree rows, then auxiliary rows; the anchor at position
         ``past``), keep the tokens, let every source learn. Returns (the accepted path, the tokens kept);

@@ -88,7 +88,9 @@ class BudgetPlanner:
         (:class:`goose.planning.cost.BatchCosts`; default: the single-request curve).
 
         A batched pass pads every row to the longest, so it costs t(rows x R) for R rows each, whatever
-        the shorter ones hold: once R is chosen, a row's nodes up to R are free. So the split picks the
+        the shorter ones hold: once R is chosen, a row's nodes up to R are free. With several rows, a
+        budget of 0 (the anchor alone: a plain decoding step) is a choice too, since on a device where
+        rows cost, batching alone may already use what drafting would. The split picks the
         R whose pass yields the most tokens per second, the rows' summed expected tokens (each row its
         best tree within R) over t(rows x R) plus every row's overhead; each row then takes its best
         budget within R, and a row whose tree could be larger waits for a pass where it pays. For one
@@ -98,6 +100,9 @@ class BudgetPlanner:
         taus = np.stack(yields)  # [rows, c]
         extra = np.asarray(extra_rows, dtype=np.int64)
         rows = taus.shape[0]
+        if rows > 1:  # several requests may pass a cycle undrafted (budget 0: the anchor alone, one token)
+            budgets = np.concatenate([[0], budgets])
+            taus = np.concatenate([np.ones((rows, 1)), taus], axis=1)
         widths = budgets + 1 + int(extra.min())  # every candidate R: some row's budget fills it exactly
         # row i's best budget within each R: the largest candidate with budget + 1 + extra_i <= R (else the least)
         fits = budgets[None, None, :] + 1 + extra[:, None, None] <= widths[None, :, None]  # [rows, R, c]
