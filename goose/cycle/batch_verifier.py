@@ -18,7 +18,6 @@ column must still hold finite numbers (a NaN times a zero weight is NaN).
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -28,7 +27,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer
 
 from goose.contract.tree import DraftTree
-from goose.cycle.verifier import ContextOverflowError
+from goose.cycle.verifier import ContextOverflowError, TargetModel
 
 
 @dataclass
@@ -141,26 +140,16 @@ class SlotLayer(DynamicLayer):
         return self.slots.plan.offset if self.slots.plan.offsets is None else 0
 
 
-class BatchVerifier:
+class BatchVerifier(TargetModel):
     """Owns the batched KV cache of up to ``slots`` requests: each request's prefill, the joint verify pass,
     and every row's commit."""
 
     def __init__(self, model: PreTrainedModel, slots: int) -> None:
         if slots < 1:
             raise ValueError(f"a batch needs at least one slot, got {slots}")
-        self.model = model
+        super().__init__(model)
         self.slots = slots
-        self.device = next(model.parameters()).device
-        config = model.config.get_text_config(decoder=True)
-        layer_types = getattr(config, "layer_types", None) or []
-        self.sliding_window: int | None = (
-            int(config.sliding_window) if "sliding_attention" in layer_types and config.sliding_window else None
-        )
-        self.mask_kinds = sorted(set(layer_types)) if self.sliding_window is not None else []
-        self.max_positions: int = int(getattr(config, "max_position_embeddings", 1 << 30))
-        self.vocab_size: int = int(model.get_output_embeddings().weight.shape[0])
-        self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-        self.store = SlotStore(int(getattr(config, "num_hidden_layers", 0) or 0), slots)
+        self.store = SlotStore(self._layers, slots)
         self.cache = Cache(layer_class_to_replicate=partial(SlotLayer, self.store))
         self.lengths: list[int] = []  # per live slot: positions that belong to its context
         self._pending: dict[int, tuple[int, np.ndarray]] = {}  # slot -> (start, kept rows' positions) to move

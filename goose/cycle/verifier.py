@@ -166,8 +166,9 @@ class GrowingLayer(DynamicLayer):
         self.length = 0
 
 
-class Verifier:
-    """Owns the KV cache of one request and runs prefill, tree verification and cache compaction."""
+class TargetModel:
+    """What a verifier reads of the target model once: its device, sliding window and mask kinds, context,
+    vocabulary, layer count, and the keyword its forward takes the cache by."""
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
@@ -182,8 +183,15 @@ class Verifier:
         self.vocab_size: int = int(model.get_output_embeddings().weight.shape[0])
         # transformers 5.x renamed `past_key_values` to `cache`; speak whichever this version knows
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-        self._key_positions = torch.arange(0, device=self.device)  # 0..n-1, grown as the context grows
         self._layers = int(getattr(config, "num_hidden_layers", 0) or 0)
+
+
+class Verifier(TargetModel):
+    """Owns the KV cache of one request and runs prefill, tree verification and cache compaction."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        super().__init__(model)
+        self._key_positions = torch.arange(0, device=self.device)  # 0..n-1, grown as the context grows
         self.stacked = True  # layers of one shape share one tensor; False: each its own (the per-layer move)
         self.reset()
 
