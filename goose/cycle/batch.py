@@ -59,7 +59,6 @@ class _Row:
     stats: GenerationStats = field(default_factory=GenerationStats)
     cycle: RowCycle | None = None  # Goose's side of the cycle (None when decoding without drafting)
     started: float = field(default_factory=time.perf_counter)
-    cancelled: bool = False
 
 
 class BatchSession:
@@ -75,7 +74,6 @@ class BatchSession:
         self.decoder = decoder
         self.max_batch = max_batch
         self.verifier = BatchVerifier(decoder.model, max_batch)
-        self.speculating = isinstance(decoder, GooseDecoder)
         self.rows: list[_Row] = []  # the decoding requests, row i in slot i
         self.waiting: deque[_Row] = deque()
         self._next_id = 0
@@ -212,37 +210,28 @@ class BatchSession:
 
     def _plan(self, room: list[int]) -> list[DraftTree]:
         """Every row's tree: drafted by its sources, sized by the budget split, planned by the topology."""
-        cycles = [row.cycle for row in self.rows]
-        if not all(cycles):
-            return [DraftTree.single(int(row.request.tokens[-1])) for row in self.rows]
         decoder = self.decoder
-        assert isinstance(decoder, GooseDecoder)
+        if not isinstance(decoder, GooseDecoder):
+            return [DraftTree.single(int(row.request.tokens[-1])) for row in self.rows]
+        cycles = [row.cycle for row in self.rows if row.cycle is not None]
         planner = decoder.budget_planner
         for cycle, row_room in zip(cycles, room, strict=True):
-            assert cycle is not None
-            cycle.draft(row_room, planner)
-            cycle.auxiliary = []  # auxiliary rows (Lookahead's window) do not ride in batched passes yet
+            cycle.draft(row_room, planner, auxiliary=False)  # auxiliary rows do not ride in batched passes yet
         if decoder.config.budget == "auto" and planner is not None:
             if self._costs is None:
                 self._costs = BatchCosts(decoder.model, planner.curve)
-            budgets = planner.split([planner.yields(cycle.pool, decoder.topology.spine_lengths)
-                                     for cycle in cycles if cycle is not None and cycle.pool is not None],
-                                    [cycle.riding for cycle in cycles if cycle is not None],
-                                    self._costs.curve(len(cycles)))
+            budgets = planner.split([planner.yields(cycle.pool, decoder.topology.spine_lengths) for cycle in cycles],
+                                    [cycle.riding for cycle in cycles], self._costs.curve(len(cycles)))
         else:
             budgets = [int(decoder.config.budget)] * len(cycles)
         for row, budget in zip(self.rows, budgets, strict=True):
             row.stats.row_budgets.append(budget)
         return [cycle.plan(min(budget, row_room)) if budget > 0 else cycle.plan_nothing()
-                for cycle, budget, row_room in zip(cycles, budgets, room, strict=True) if cycle is not None]
+                for cycle, budget, row_room in zip(cycles, budgets, room, strict=True)]
 
     def _learn(self, host_s: float) -> None:
         """The planner folds in the cycle's host time per row and every row's tree and yield."""
-        if not self.speculating:
-            return
-        decoder = self.decoder
-        assert isinstance(decoder, GooseDecoder)
-        planner = decoder._budget_planner
+        planner = self.decoder._budget_planner if isinstance(self.decoder, GooseDecoder) else None
         if planner is None:
             return
         planner.observe_overhead(host_s / len(self.rows))

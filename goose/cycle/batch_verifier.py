@@ -253,10 +253,6 @@ class BatchVerifier(TargetModel):
             self._pending[slot] = (start, start + keep)
         self.lengths[slot] = start + int(keep.shape[0])
 
-    def discard(self, slot: int) -> None:
-        """Drop every row of the last pass in ``slot`` (its cache is as before ``verify``)."""
-        self._pending.pop(slot, None)
-
     @torch.inference_mode()
     def release(self, slot: int) -> int | None:
         """Free ``slot``; the last live slot's request moves into it. Returns the slot that moved (or None)."""

@@ -433,14 +433,15 @@ class RowCycle:
         """Auxiliary rows riding in this cycle's pass."""
         return sum(int(rows.tokens.shape[0]) for _, rows in self.auxiliary)
 
-    def draft(self, room: int, planner: BudgetPlanner | None) -> None:
-        """1. Every source drafts; the pool ranks them by acceptance; auxiliary rows that pay may ride."""
+    def draft(self, room: int, planner: BudgetPlanner | None, auxiliary: bool = True) -> None:
+        """1. Every source drafts; the pool ranks them by acceptance; auxiliary rows that pay may ride
+        (none with ``auxiliary=False``: a pass that cannot carry them)."""
         self.started = time.perf_counter()
-        self.pool, auxiliary = self.sources.propose(self.context())
+        self.pool, offered = self.sources.propose(self.context())
         # auxiliary rows that would sit past the model's last position cannot ride this pass
-        auxiliary = [(name, rows) for name, rows in auxiliary
-                     if rows.tokens.shape[0] == 0 or int(rows.position_offsets.max()) <= room]
-        self.auxiliary = self._rows_that_pay(auxiliary, planner)
+        offered = [(name, rows) for name, rows in offered
+                   if auxiliary and (rows.tokens.shape[0] == 0 or int(rows.position_offsets.max()) <= room)]
+        self.auxiliary = self._rows_that_pay(offered, planner)
         self.clock.lap("draft")
 
     def budget(self, planner: BudgetPlanner | None) -> int:
@@ -487,10 +488,10 @@ class RowCycle:
         self.clock.lap("observe")
         return walked.path, kept
 
-    def learned(self, planner: BudgetPlanner | None, verify_s: float, share: float = 1.0) -> None:
-        """The planner folds in this cycle's host time (``share`` of the pass's, in a batch) and yield."""
+    def learned(self, planner: BudgetPlanner | None, verify_s: float) -> None:
+        """The planner folds in this cycle's host time (all but the pass's ``verify_s``) and yield."""
         if planner is not None and self.tree is not None:
-            planner.observe_overhead(time.perf_counter() - self.started - verify_s * share)
+            planner.observe_overhead(time.perf_counter() - self.started - verify_s)
             planner.observe_cycle(self.tree.size, self.stats.accepted_lengths[-1])
 
     def context(self) -> DecodeContext:

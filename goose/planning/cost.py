@@ -14,6 +14,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,13 +123,17 @@ def load_or_measure(model: torch.nn.Module, cache_dir: Path | None = None, refre
     """The cached curve for this model/dtype/device/threads, measured on first use."""
     from goose.models import default_cache_dir
 
-    folder = (cache_dir or default_cache_dir()) / "calibration"
-    path = folder / f"{cache_key(model)}.json"
+    path = (cache_dir or default_cache_dir()) / "calibration" / f"{cache_key(model)}.json"
+    return _cached(path, lambda: measure(model), refresh)
+
+
+def _cached(path: Path, measured: Callable[[], CostCurve], refresh: bool = False) -> CostCurve:
+    """The curve saved at ``path``, or ``measured()`` saved there (atomically: concurrent writers never tear it)."""
     if path.exists() and not refresh:
         return CostCurve.load(path)
-    logger.info("measuring the verify cost curve once for %s (cached at %s)", cache_key(model), path)
-    curve = measure(model)
-    folder.mkdir(parents=True, exist_ok=True)
+    logger.info("measuring a verify cost curve once (cached at %s)", path)
+    curve = measured()
+    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(f".{os.getpid()}.tmp")
     temporary.write_text(json.dumps(curve.to_dict()))
     temporary.replace(path)
@@ -190,15 +195,15 @@ class BatchCosts:
         self.model = model
         self.measured: dict[int, CostCurve] = {1: single}
         self.cache_dir = cache_dir
-        self._curves: dict[int, CostCurve] = {1: single}
+        self._bases: dict[int, CostCurve] = {1: single}  # calibrated (interpolated), before any correction
+        self._curves: dict[int, CostCurve] = {1: single}  # corrected by the passes observed
         self._corrections: dict[int, np.ndarray] = {}  # per batch size: measured / calibrated, per curve point
 
     def observe(self, batch: int, rows: int, seconds: float) -> None:
         """Fold one real pass of ``batch`` requests and ``rows`` rows in all into the nearest point of its curve."""
-        curve = self.curve(batch)
         base = self._base(batch)
-        point = int(np.argmin(np.abs(np.log(np.asarray(curve.sizes)) - np.log(max(1, rows)))))
-        correction = self._corrections.setdefault(batch, np.ones(len(curve.sizes)))
+        point = int(np.argmin(np.abs(np.log(np.asarray(base.sizes)) - np.log(max(1, rows)))))
+        correction = self._corrections.setdefault(batch, np.ones(len(base.sizes)))
         correction[point] += 0.2 * (seconds / float(base(rows)) - correction[point])
         self._curves[batch] = CostCurve(base.sizes, tuple(float(x) for x in monotone(
             list(np.asarray(base.seconds) * correction))))
@@ -211,19 +216,16 @@ class BatchCosts:
 
     def _base(self, batch: int) -> CostCurve:
         """The calibrated curve for ``batch`` requests, before any correction."""
-        if batch == 1:
-            return self.measured[1]
-        key = -batch  # the uncorrected curves live beside the corrected ones, under negative keys
-        if key not in self._curves:
+        if batch not in self._bases:
             below = max((b for b in (1, *BATCH_SIZES) if b <= batch), default=1)
             above = min((b for b in BATCH_SIZES if b >= batch), default=BATCH_SIZES[-1])
             low, high = self._measured(below), self._measured(above)
             widths = np.asarray(BATCH_WIDTHS, dtype=float)
             share = 0.0 if above == below else (batch - below) / (above - below)
             seconds = ((1 - share) * low(below * widths) + share * high(above * widths))
-            self._curves[key] = CostCurve(tuple(int(batch * w) for w in BATCH_WIDTHS),
-                                          tuple(float(x) for x in seconds))
-        return self._curves[key]
+            self._bases[batch] = CostCurve(tuple(int(batch * w) for w in BATCH_WIDTHS),
+                                           tuple(float(x) for x in seconds))
+        return self._bases[batch]
 
     def _measured(self, batch: int) -> CostCurve:
         if batch not in self.measured:
@@ -234,17 +236,8 @@ class BatchCosts:
 def _load_or_measure_batch(model: torch.nn.Module, batch: int, cache_dir: Path | None) -> CostCurve:
     from goose.models import default_cache_dir
 
-    folder = (cache_dir or default_cache_dir()) / "calibration"
-    path = folder / f"{cache_key(model)}-batch{batch}.json"
-    if path.exists():
-        return CostCurve.load(path)
-    logger.info("measuring the batched verify cost curve once for %d requests (cached at %s)", batch, path)
-    curve = measure_batch(model, batch)
-    folder.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(f".{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(curve.to_dict()))
-    temporary.replace(path)
-    return curve
+    path = (cache_dir or default_cache_dir()) / "calibration" / f"{cache_key(model)}-batch{batch}.json"
+    return _cached(path, lambda: measure_batch(model, batch))
 
 
 HARVEST_SHARE = 0.03  # the most of the prompt's forward the automatic prefill harvest may add

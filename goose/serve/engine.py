@@ -105,6 +105,15 @@ class Job:
         except RuntimeError:  # the loop is closed: nobody is listening any more
             self.cancelled.set()
 
+    def decoder_options(self) -> dict[str, Any]:
+        """The decoder's options for this job: its sampling, and no EOS or a prediction when it asks."""
+        options: dict[str, Any] = dict(self.sampling)
+        if self.ignore_eos:
+            options["eos_token_ids"] = ()
+        if self.prediction is not None:
+            options["prediction"] = self.prediction
+        return options
+
     def cancel(self) -> None:
         """The client has gone: skip the job if it still waits, stop it at the next cycle if it runs."""
         self.cancelled.set()
@@ -339,10 +348,7 @@ class Engine:
             session = sessions.get(job.decoding)
             if session is None:
                 session = sessions[job.decoding] = decoder.batch(self.max_batch)
-            extra: dict[str, Any] = {"eos_token_ids": ()} if job.ignore_eos else {}
-            if job.prediction is not None:
-                extra["prediction"] = job.prediction
-            request_id = session.submit(job.prompt_ids, job.max_tokens, **job.sampling, **extra)
+            request_id = session.submit(job.prompt_ids, job.max_tokens, **job.decoder_options())
         except (PluginError, ValueError) as error:
             job.deliver(Failed(_rejection(error, job) if isinstance(error, ValueError) else bad_request(str(error)),
                                started=False))
@@ -362,7 +368,7 @@ class Engine:
             for key, running in list(self._batch.items()):
                 if key[0] == decoding:
                     running.job.deliver(Failed(failure, started=True))
-                    self._release(key, running)
+                    self._release(key)
             return False
         if session.rows:
             self.metrics.batch_size.observe(len(session.rows))
@@ -397,9 +403,9 @@ class Engine:
         else:
             job.deliver(Finished(finish_reason, running.text, len(job.prompt_ids), running.produced, stats))
         self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * (time.perf_counter() - running.started) / self.max_batch
-        self._release((job.decoding, running.request_id), running)
+        self._release((job.decoding, running.request_id))
 
-    def _release(self, key: tuple[Decoding, int], running: _Running) -> None:
+    def _release(self, key: tuple[Decoding, int]) -> None:
         del self._batch[key]
         self._done()
 
@@ -425,10 +431,7 @@ class Engine:
             self.metrics.generations.labels(job.endpoint, "error").inc()
             return
         decoder.last_result = None
-        extra: dict[str, Any] = {"eos_token_ids": ()} if job.ignore_eos else {}
-        if job.prediction is not None:
-            extra["prediction"] = job.prediction
-        generation = decoder.stream(job.prompt_ids, job.max_tokens, **job.sampling, **extra)
+        generation = decoder.stream(job.prompt_ids, job.max_tokens, **job.decoder_options())
         scanner = StopScanner(job.stop)
         text, produced, cycles, finish_reason = "", 0, 0, None
         try:
