@@ -93,6 +93,12 @@ class GooseConfig(BaseModel):
     source_options: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per-source options, validated by each source's own model"
     )
+    batch_shared_sources: list[str] = Field(
+        default_factory=list,
+        description="sources whose one instance serves every row of a batch (knowledge of the model, not of "
+        "the request, e.g. bigram_transition's table); each row still keeps its own acceptance estimates. "
+        "A shared source is not reset when a row joins",
+    )
 
     # ablations (paper, Table "Ablations")
     spine_branches: bool = Field(default=True, description="False: no branches on spine nodes (root only)")

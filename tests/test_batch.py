@@ -15,6 +15,7 @@ import pytest
 import goose
 from goose import cli, plugins
 from goose.config import GooseConfig
+from goose.cycle.batch_verifier import CacheBudgetError
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.planning.budget import BudgetPlanner
 from goose.planning.cost import CostCurve
@@ -150,6 +151,43 @@ def test_bad_requests_are_refused_at_submit(smollm2) -> None:
     with pytest.raises(ValueError, match="max_batch"):
         GooseDecoder(model, tokenizer).batch(0)
     assert session.active == 0 and session.step() == []
+
+
+def test_a_request_beyond_the_cache_budget_is_refused_and_nothing_else_changes(smollm2, ar_reference) -> None:
+    """Each slot holds an equal share of the cache budget: a request that could outgrow it is refused at submit
+    with a clear error; the rows decoding meanwhile are untouched, even while the longest one fills its share
+    (its length then bounds every row's padded tree)."""
+    model, tokenizer = smollm2
+    decoder = GooseDecoder(model, tokenizer)
+    references = [ar_reference(model, tokenizer, p, SMOLLM2_TOKENS).new_token_ids for p in PROMPTS[:2]]
+    longest = max(len(decoder.encode(p)) for p in PROMPTS[:2])
+    share = longest + SMOLLM2_TOKENS  # the longest row ends exactly at its share
+    session = decoder.batch(2, cache_positions=2 * share)
+    ids = [session.submit(p, SMOLLM2_TOKENS) for p in PROMPTS[:2]]
+    session.step()
+    with pytest.raises(CacheBudgetError, match=f"does not fit a slot's share of the cache budget.*{share} positions"):
+        session.submit(PROMPTS[0], share - len(decoder.encode(PROMPTS[0])) + 1)
+    assert session.active == 2
+    results = {event.request_id: event.result for event in session.run() if event.finished}
+    assert [results[i].new_token_ids for i in ids] == references
+    assert session.verifier.store.store.shape[-2] <= share  # the cache never grew past a slot's share
+    assert max(session.pass_rows) > 2  # the rows still drafted
+
+
+def test_rows_sharing_one_bigram_table_stay_exact(smollm2, ar_reference) -> None:
+    """``batch_shared_sources``: one bigram table learns from every row; each row's output is still its own."""
+    model, tokenizer = smollm2
+    references = [ar_reference(model, tokenizer, p, SMOLLM2_TOKENS).new_token_ids for p in PROMPTS[:3]]
+    decoder = GooseDecoder(model, tokenizer, GooseConfig(batch_shared_sources=["bigram_transition"]))
+    session = decoder.batch(2)
+    ids = [session.submit(p, SMOLLM2_TOKENS) for p in PROMPTS[:3]]  # the third joins when a slot frees
+    results = {event.request_id: event.result for event in session.run() if event.finished}
+    assert [results[i].new_token_ids for i in ids] == references
+    instances = {id(row_set.instances["bigram_transition"]) for sets in session._spare_sources.values()
+                 for row_set in sets}
+    assert instances == {id(session._shared_sources["bigram_transition"])}  # one table behind every row
+    with pytest.raises(ValueError, match="batch_shared_sources names rest"):
+        GooseDecoder(model, tokenizer, GooseConfig(batch_shared_sources=["rest"])).batch(2)
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.xdist_group("batch_server")  # one worker starts the mo
 
 DEVICE = os.environ.get("GOOSE_TEST_DEVICE", "cpu")
 MAX_BATCH = 4
+CACHE_TOKENS = MAX_BATCH * 1024  # --max-cache-tokens: each slot holds 1024 positions
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("serve-batch") / "server.log"
     command = [sys.executable, "-m", "goose", "serve", "--model", MODEL, "--dtype", "float32", "--device", DEVICE,
                "--threads", os.environ.get("GOOSE_TEST_THREADS", "2"), "--port", str(port), "--api-key", API_KEY,
-               "--max-batch", str(MAX_BATCH), "--max-queue", "16"]
+               "--max-batch", str(MAX_BATCH), "--max-queue", "16", "--max-cache-tokens", str(CACHE_TOKENS)]
     running = start_server(command, port, log)
     yield running
     running.process.terminate()
@@ -147,3 +148,10 @@ def test_a_client_leaving_mid_batch_changes_no_other_answer(server: Server, refe
     server.wait_idle()
     after = server.post("/v1/completions", {"prompt": "The capital of France is", "max_tokens": 32})
     assert after.status_code == 200 and after.json()["choices"][0]["text"] == expected
+    # a request that could outgrow its slot's share of --max-cache-tokens is a 400; the server carries on
+    beyond = server.post("/v1/completions", {"prompt": "The capital of France is", "max_tokens": 1024})
+    error = beyond.json()["error"]
+    assert beyond.status_code == 400 and error["code"] == "context_length_exceeded", beyond.text
+    assert "cache budget" in error["message"] and "1024 positions" in error["message"]
+    assert server.post("/v1/completions", {"prompt": "The capital of France is",
+                                           "max_tokens": 32}).json()["choices"][0]["text"] == expected

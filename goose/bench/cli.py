@@ -63,7 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", default=None, metavar="C1,C2,...",
                         help="many requests at once instead of the per-prompt tables: closed-loop clients at each "
                              "concurrency (e.g. 1,2,4,8), methods ar, goose (the batched engine) and hf_ar (Hugging "
-                             "Face's batched generate); writes concurrency.json/.md/.png")
+                             "Face's batched generate), and goose_shared (one bigram table for all rows) when "
+                             "--methods names it; writes concurrency.json/.md/.png")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--list-methods", action="store_true", help="print every method and whether it can run")
     parser.set_defaults(run=run_command)
@@ -171,7 +172,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 def _run_concurrency(args: argparse.Namespace, model_names: list[str], datasets: list[str], data_dir: Path,
                      limit: int | None, max_new_tokens: int) -> int:
-    from goose.bench.concurrency import CONCURRENCY_METHODS, run_concurrency, write_concurrency
+    from goose.bench.concurrency import CONCURRENCY_METHODS, OPTIONAL_METHODS, run_concurrency, write_concurrency
     from goose.bench.prompts import load_samples
 
     try:
@@ -181,9 +182,10 @@ def _run_concurrency(args: argparse.Namespace, model_names: list[str], datasets:
     if not concurrencies or concurrencies[0] < 1 or concurrencies[-1] > 64:
         raise ValueError(f"--concurrency takes integers in 1..64, got {args.concurrency!r}")
     methods = _names(args.methods) or list(CONCURRENCY_METHODS)
-    unknown = [m for m in methods if m not in CONCURRENCY_METHODS]
+    unknown = [m for m in methods if m not in CONCURRENCY_METHODS + OPTIONAL_METHODS]
     if unknown:
-        raise ValueError(f"--concurrency runs the methods {', '.join(CONCURRENCY_METHODS)}; not {', '.join(unknown)}")
+        raise ValueError(f"--concurrency runs the methods {', '.join(CONCURRENCY_METHODS + OPTIONAL_METHODS)}; "
+                         f"not {', '.join(unknown)}")
     if args.temperature:
         raise ValueError("--concurrency measures greedy decoding; leave --temperature out")
     samples = [sample for name in datasets for sample in load_samples(name, data_dir, limit)]

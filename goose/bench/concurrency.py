@@ -4,7 +4,8 @@ At concurrency c, c clients each keep one request in flight: when one ends, that
 prompt joins at the next cycle boundary. Methods:
 
 - ``ar`` and ``goose``: the batched engine (:class:`goose.cycle.batch.BatchSession`), without and
-  with drafting;
+  with drafting; ``goose_shared``: the same with one bigram table for all rows
+  (``GooseConfig.batch_shared_sources``), which learns from every request (asked for by name only);
 - ``hf_ar``: Hugging Face's batched ``generate`` (greedy, left-padded static batches of c prompts:
   a batch ends when its longest answer does), the peer a user would batch with;
 - ``goose_single`` and ``ar_single`` (concurrency 1 only): today's one-request-at-a-time paths,
@@ -30,6 +31,7 @@ import numpy as np
 import torch
 
 CONCURRENCY_METHODS = ("ar", "goose", "hf_ar")
+OPTIONAL_METHODS = ("goose_shared",)  # run when --methods names them
 SERIAL_METHODS = ("ar_single", "goose_single")
 
 
@@ -125,10 +127,13 @@ def run_concurrency(model_name: str, model: Any, tokenizer: Any, prompts: Sequen
                     concurrencies: Sequence[int], methods: Sequence[str], max_new_tokens: int,
                     progress: bool = True) -> list[ConcurrencyRow]:
     """Every method at every concurrency on ``prompts`` (token ids); the single-request AR run is the reference."""
+    from goose.config import GooseConfig
     from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 
     ar, goose = AutoregressiveDecoder(model, tokenizer), GooseDecoder(model, tokenizer)
-    for decoder in (ar, goose):  # warm-up: lazy kernels, the cost curves (measured once per machine)
+    shared = GooseDecoder(model, tokenizer, GooseConfig(batch_shared_sources=["bigram_transition"]))
+    warmed = (ar, goose, shared) if "goose_shared" in methods else (ar, goose)
+    for decoder in warmed:  # warm-up: lazy kernels, the cost curves (measured once per machine)
         decoder.generate(prompts[0], 4)
         for concurrency in concurrencies:
             decoder.generate_batch(list(prompts[:concurrency]), 4, max_batch=concurrency)
@@ -142,10 +147,13 @@ def run_concurrency(model_name: str, model: Any, tokenizer: Any, prompts: Sequen
                 run = closed_loop(ar, prompts, max_new_tokens, concurrency)
             elif method == "goose":
                 run = closed_loop(goose, prompts, max_new_tokens, concurrency)
+            elif method == "goose_shared":
+                run = closed_loop(shared, prompts, max_new_tokens, concurrency)
             elif method == "hf_ar":
                 run = hf_batched(model, tokenizer, prompts, max_new_tokens, concurrency, ar.eos_ids)
             else:
-                raise ValueError(f"unknown concurrency method {method!r}; known: {', '.join(CONCURRENCY_METHODS)}")
+                raise ValueError(f"unknown concurrency method {method!r}; known: "
+                                 f"{', '.join(CONCURRENCY_METHODS + OPTIONAL_METHODS)}")
             rows.append(_row(model_name, method, concurrency, run, reference))
             if progress:
                 last = rows[-1]
@@ -196,7 +204,7 @@ def _plot(rows: Sequence[ConcurrencyRow], path: Path) -> bool:
     models = list(dict.fromkeys(row.model for row in rows))
     figure, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4), squeeze=False)
     for axis, model in zip(axes[0], models, strict=True):
-        for method in CONCURRENCY_METHODS:
+        for method in (*CONCURRENCY_METHODS, *OPTIONAL_METHODS):
             points = sorted((row.concurrency, row.tokens_per_s) for row in rows
                             if row.model == model and row.method == method)
             if points:

@@ -108,9 +108,11 @@ class SourceSet:
 
     # --- the request's life -----------------------------------------------------------------
 
-    def reset(self) -> None:
+    def reset(self, keep: frozenset[str] = frozenset()) -> None:
+        """A new request begins: every source but those in ``keep`` (instances shared with other rows) resets."""
         for implementation in self._hooks["goose_reset"]:
-            self._call("goose_reset", implementation)
+            if implementation[0] not in keep:
+                self._call("goose_reset", implementation)
 
     def prefill(self, context: DecodeContext, harvest: Harvest) -> None:
         for implementation in self._hooks["goose_prefill"]:

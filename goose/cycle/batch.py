@@ -68,16 +68,17 @@ class BatchSession:
     request that moved), stop a request with :meth:`cancel`. Call all three from one thread.
     """
 
-    def __init__(self, decoder: _Decoding, max_batch: int) -> None:
+    def __init__(self, decoder: _Decoding, max_batch: int, cache_positions: int | None = None) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.decoder = decoder
         self.max_batch = max_batch
-        self.verifier = BatchVerifier(decoder.model, max_batch)
+        self.verifier = BatchVerifier(decoder.model, max_batch, cache_positions)
         self.rows: list[_Row] = []  # the decoding requests, row i in slot i
         self.waiting: deque[_Row] = deque()
         self._next_id = 0
         self._spare_sources: dict[tuple[str, ...], list[SourceSet]] = {}  # released rows' sets, to reuse
+        self._shared_sources = self._make_shared_sources()  # GooseConfig.batch_shared_sources: one instance each
         self.pass_rows: list[int] = []  # rows of every pass so far (the batch-size record)
         self._costs: BatchCosts | None = None  # the batched passes' cost curves, measured when first needed
 
@@ -87,8 +88,10 @@ class BatchSession:
         return len(self.rows) + len(self.waiting)
 
     def submit(self, prompt: Prompt, max_new_tokens: int = 128, **options: Any) -> int:
-        """Queue a request (options as for ``GooseDecoder.stream``); returns its id. Bad input raises here."""
+        """Queue a request (options as for ``GooseDecoder.stream``); returns its id. Bad input raises here, and so
+        does a request that would not fit a slot of the cache (``CacheBudgetError``, a ``ContextOverflowError``)."""
         request = self.decoder._request(prompt, max_new_tokens, dict(options))
+        self.verifier.check_fits(len(request.prompt_ids) + max_new_tokens)
         row = _Row(self._next_id, request, IncrementalText(self.decoder.tokenizer))
         self._next_id += 1
         self.waiting.append(row)
@@ -131,7 +134,7 @@ class BatchSession:
         harvest = 0
         if isinstance(decoder, GooseDecoder):
             row.cycle = RowCycle(decoder, request, row.stats, self._sources(request))
-            row.cycle.sources.reset()
+            row.cycle.sources.reset(keep=frozenset(self._shared_sources))
             harvest = row.cycle.harvest_rows()
         _, logits = self.verifier.prefill(request.prompt_ids, logits_to_keep=harvest + 1)
         request.accept([request.next_token(logits[-1], request.length)])
@@ -149,7 +152,21 @@ class BatchSession:
         spare = self._spare_sources.get(names)
         if spare:
             return spare.pop()
-        return SourceSet(names, decoder.config, self.verifier.vocab_size, faults=decoder.sources.faults)
+        return SourceSet(names, decoder.config, self.verifier.vocab_size, faults=decoder.sources.faults,
+                         instances=self._shared_sources)
+
+    def _make_shared_sources(self) -> dict[str, Any]:
+        """One instance of each source in ``batch_shared_sources``, for every row's source set to hold."""
+        decoder = self.decoder
+        if not isinstance(decoder, GooseDecoder) or not decoder.config.batch_shared_sources:
+            return {}
+        unused = set(decoder.config.batch_shared_sources) - set(decoder.source_names(True))
+        if unused:
+            raise ValueError(f"batch_shared_sources names {', '.join(sorted(unused))}, which this decoder does not "
+                             f"draft from (its sources: {', '.join(decoder.sources.names)})")
+        shared = SourceSet(decoder.config.batch_shared_sources, decoder.config, self.verifier.vocab_size,
+                           faults=decoder.sources.faults)
+        return dict(shared.instances)
 
     def _release_finished(self) -> None:
         for slot in reversed(range(len(self.rows))):  # from the last: a freed slot takes the last row
@@ -179,14 +196,13 @@ class BatchSession:
 
     def _cycle(self) -> list[BatchEvent]:
         verifier, rows = self.verifier, self.rows
-        room = [verifier.max_positions - 1 - length for length in verifier.lengths]
-        full = [i for i, r in enumerate(room) if r <= 0]
+        full = verifier.full()
         for i in full:  # a row at the model's last position ends here, as the single loop does
             rows[i].request.stop_reason = "context_full"
         if full:
             return [self._event(rows[i], []) for i in full]
         cycle_started = time.perf_counter()
-        trees = self._plan(room)
+        trees = self._plan(verifier.room())
         verify_started = time.perf_counter()
         logits = verifier.verify(trees)
         verify_s = time.perf_counter() - verify_started
@@ -226,7 +242,7 @@ class BatchSession:
             budgets = [int(decoder.config.budget)] * len(cycles)
         for row, budget in zip(self.rows, budgets, strict=True):
             row.stats.row_budgets.append(budget)
-        return [cycle.plan(min(budget, row_room)) if budget > 0 else cycle.plan_nothing()
+        return [cycle.plan(min(budget, row_room)) if min(budget, row_room) > 0 else cycle.plan_nothing()
                 for cycle, budget, row_room in zip(cycles, budgets, room, strict=True)]
 
     def _learn(self, host_s: float) -> None:
@@ -241,7 +257,8 @@ class BatchSession:
 
 
 def generate_batch(decoder: _Decoding, prompts: Sequence[Prompt], max_new_tokens: int = 128,
-                   max_batch: int | None = None, **options: Any) -> list[GenerationResult]:
+                   max_batch: int | None = None, cache_positions: int | None = None,
+                   **options: Any) -> list[GenerationResult]:
     """Decode ``prompts`` together, at most ``max_batch`` at a time (default: all); one result per prompt, in order.
 
     ``options`` apply to every prompt (as for ``GooseDecoder.stream``); a ``seed`` seeds each prompt's own
@@ -249,7 +266,7 @@ def generate_batch(decoder: _Decoding, prompts: Sequence[Prompt], max_new_tokens
     """
     if not prompts:
         return []
-    session = BatchSession(decoder, max_batch or len(prompts))
+    session = BatchSession(decoder, max_batch or len(prompts), cache_positions)
     ids = [session.submit(prompt, max_new_tokens, **options) for prompt in prompts]
     results: dict[int, GenerationResult] = {}
     for event in session.run():

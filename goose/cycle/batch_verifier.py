@@ -61,9 +61,10 @@ class SlotStore:
     model whose layers differ in heads or head size is refused with a clear error.
     """
 
-    def __init__(self, layers: int, slots: int) -> None:
+    def __init__(self, layers: int, slots: int, capacity: int | None = None) -> None:
         self.layers = layers
         self.slots = slots
+        self.capacity = capacity  # the positions one slot may hold at most (None: as many as it needs)
         self.members: list[SlotLayer] = []
         self.store: torch.Tensor | None = None
         self.plan = _PassPlan()
@@ -85,7 +86,12 @@ class SlotStore:
         held = self.store.shape[-2]
         if needed <= held:
             return
-        store = self.store.new_zeros((*self.store.shape[:-2], max(needed, 2 * held, 256), self.store.shape[-1]))
+        grown = max(needed, 2 * held, 256)
+        if self.capacity is not None:
+            if needed > self.capacity:
+                raise CacheBudgetError(f"a pass needs {needed} positions a slot; the cache holds {self.capacity}")
+            grown = min(grown, self.capacity)
+        store = self.store.new_zeros((*self.store.shape[:-2], grown, self.store.shape[-1]))
         if held:
             store[..., :held, :] = self.store
         self.store = store
@@ -140,16 +146,29 @@ class SlotLayer(DynamicLayer):
         return self.slots.plan.offset if self.slots.plan.offsets is None else 0
 
 
+class CacheBudgetError(ContextOverflowError):
+    """A request needs more cache positions than a slot of the batch's cache budget holds."""
+
+
 class BatchVerifier(TargetModel):
     """Owns the batched KV cache of up to ``slots`` requests: each request's prefill, the joint verify pass,
-    and every row's commit."""
+    and every row's commit.
 
-    def __init__(self, model: PreTrainedModel, slots: int) -> None:
+    ``cache_positions``: the cache's budget, in positions over all slots (each slot holds an equal share,
+    at most the model's context); None: each slot may grow to the model's context. The cache is
+    allocated as it grows, so the budget bounds memory without reserving it up front.
+    """
+
+    def __init__(self, model: PreTrainedModel, slots: int, cache_positions: int | None = None) -> None:
         if slots < 1:
             raise ValueError(f"a batch needs at least one slot, got {slots}")
+        if cache_positions is not None and cache_positions < slots * 2:
+            raise ValueError(f"a cache budget of {cache_positions} positions is too small for {slots} slots")
         super().__init__(model)
         self.slots = slots
-        self.store = SlotStore(self._layers, slots)
+        self.slot_positions = min(self.max_positions, cache_positions // slots) if cache_positions else \
+            self.max_positions
+        self.store = SlotStore(self._layers, slots, self.slot_positions)
         self.cache = Cache(layer_class_to_replicate=partial(SlotLayer, self.store))
         self.lengths: list[int] = []  # per live slot: positions that belong to its context
         self._pending: dict[int, tuple[int, np.ndarray]] = {}  # slot -> (start, kept rows' positions) to move
@@ -157,6 +176,27 @@ class BatchVerifier(TargetModel):
     @property
     def live(self) -> int:
         return len(self.lengths)
+
+    def check_fits(self, positions: int) -> None:
+        """Refuse (CacheBudgetError) a request that may come to hold ``positions`` positions: more than a slot holds."""
+        if positions > self.slot_positions:
+            budget = ("the model's context" if self.slot_positions == self.max_positions else
+                      f"a slot's share of the cache budget ({self.slots} slots)")
+            raise CacheBudgetError(f"a request of up to {positions} positions (prompt + max_new_tokens) does not fit "
+                                   f"{budget}: {self.slot_positions} positions; lower max_new_tokens")
+
+    def full(self) -> list[int]:
+        """The live slots at the model's last position: their requests end here (``context_full``)."""
+        return [slot for slot, length in enumerate(self.lengths) if length >= self.max_positions - 1]
+
+    def room(self) -> list[int]:
+        """Per live slot, the draft nodes its next tree may hold (0: the anchor alone).
+
+        Every row of a pass is padded to the widest tree and written from its own length, so the longest
+        row bounds every row's tree within a slot's positions; the model's context bounds each row's own.
+        """
+        shared = self.slot_positions - 1 - max(self.lengths)
+        return [max(0, min(self.max_positions - 1 - length, shared)) for length in self.lengths]
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: list[int], logits_to_keep: int = 1) -> tuple[int, torch.Tensor]:
@@ -189,8 +229,9 @@ class BatchVerifier(TargetModel):
         rows = max(tree.size for tree in trees)
         live = self.live
         lengths = np.asarray(self.lengths, dtype=np.int64)
-        if int(lengths.max()) + rows > self.max_positions:
-            raise ContextOverflowError(f"context reached the model's limit of {self.max_positions} positions")
+        if int(lengths.max()) + rows > self.slot_positions:
+            raise ContextOverflowError(f"a pass of {rows} rows after {int(lengths.max())} positions does not fit a "
+                                       f"slot's {self.slot_positions} positions")
         tokens = np.zeros((live, rows), dtype=np.int64)
         depths = np.zeros((live, rows), dtype=np.int64)
         block = np.zeros((live, rows, rows), dtype=np.int64)

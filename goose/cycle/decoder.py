@@ -243,19 +243,24 @@ class _Decoding:
         seed = request.sampler.seed if request.sampler is not None else None
         return GenerationResult(request.prompt_ids, new_ids, text, request.stop_reason or "context_full", stats, seed)
 
-    def batch(self, max_batch: int) -> BatchSession:
-        """A session decoding up to ``max_batch`` requests together (submit, step, cancel)."""
+    def batch(self, max_batch: int, cache_positions: int | None = None) -> BatchSession:
+        """A session decoding up to ``max_batch`` requests together (submit, step, cancel).
+
+        ``cache_positions``: the KV cache's budget in positions over all slots (each request's prompt and
+        output must fit a slot's equal share, or it is refused at submit); None: a slot holds the model's context.
+        """
         from goose.cycle.batch import BatchSession
 
-        return BatchSession(self, max_batch)
+        return BatchSession(self, max_batch, cache_positions)
 
     def generate_batch(self, prompts: list[Prompt], max_new_tokens: int = 128, max_batch: int | None = None,
-                       **options: Any) -> list[GenerationResult]:
+                       cache_positions: int | None = None, **options: Any) -> list[GenerationResult]:
         """Decode ``prompts`` together (at most ``max_batch`` at once; default all): one result per prompt, in
-        order, each the output that prompt gets alone. ``options`` as for :meth:`stream`, for every prompt."""
+        order, each the output that prompt gets alone. ``options`` as for :meth:`stream`, for every prompt;
+        ``cache_positions`` as for :meth:`batch`."""
         from goose.cycle.batch import generate_batch
 
-        return generate_batch(self, prompts, max_new_tokens, max_batch, **options)
+        return generate_batch(self, prompts, max_new_tokens, max_batch, cache_positions, **options)
 
     def _prefill(self, request: _Request, stats: GenerationStats, harvest_rows: int) -> torch.Tensor:
         started = time.perf_counter()

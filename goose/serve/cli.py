@@ -29,6 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, metavar="N",
                         help="requests decoded together, their trees verified in one pass; more wait in the queue "
                              f"(default {DEFAULT_MAX_BATCH}; 1: one at a time)")
+    parser.add_argument("--max-cache-tokens", type=int, default=None, metavar="N",
+                        help="KV cache budget of a batch, in positions over its --max-batch slots: a request whose "
+                             "prompt + max_tokens exceed a slot's share is answered 400 (default: each slot holds "
+                             "the model's context)")
     parser.add_argument("--served-model-name", default=None, help="the model's name in /v1/models (default: --model)")
     parser.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                         help="also accept requests whose Host header is NAME (any port; repeatable; '*': any). "
@@ -68,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-queue must be at least 1, got {args.max_queue}")
     if not 1 <= args.max_batch <= 64:
         raise ValueError(f"--max-batch must be in 1..64, got {args.max_batch}")
+    if args.max_cache_tokens is not None and args.max_cache_tokens < 2 * args.max_batch:
+        raise ValueError(f"--max-cache-tokens must be at least 2 per slot ({2 * args.max_batch}), "
+                         f"got {args.max_cache_tokens}")
     if args.api_key is not None and not args.api_key.strip():
         raise ValueError("--api-key is empty")
     for flag, seconds in (("--body-timeout", args.body_timeout), ("--header-timeout", args.header_timeout)):
@@ -82,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
               "machine can use the model", file=sys.stderr)
     model, tokenizer = load_model(args)
     name = args.served_model_name or args.model
-    engine = Engine(model, tokenizer, config, max_queue=args.max_queue, max_batch=args.max_batch)
+    engine = Engine(model, tokenizer, config, max_queue=args.max_queue, max_batch=args.max_batch,
+                    cache_positions=args.max_cache_tokens)
     origins = tuple(origin.rstrip("/").lower() for origin in args.cors_origin)  # as browsers write them
     app = create_app(engine, name, api_key=args.api_key, hosts=HostRule(args.host, args.allowed_host),
                      cors_origins=origins, body_timeout_s=args.body_timeout, docs=args.docs)

@@ -142,6 +142,7 @@ class Engine:
         *,
         max_queue: int = 32,
         max_batch: int = 1,
+        cache_positions: int | None = None,
         metrics: ServerMetrics | None = None,
     ) -> None:
         if max_queue < 1:
@@ -149,6 +150,7 @@ class Engine:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.max_batch = max_batch
+        self.cache_positions = cache_positions  # each batch's KV cache budget (BatchSession), None: the context
         self.model = model
         self.tokenizer = tokenizer
         self.config = config or GooseConfig()
@@ -333,7 +335,8 @@ class Engine:
             self.metrics.busy.set(1 if self._batch else 0)
             for decoding, session in list(sessions.items()):
                 if session.active and not self._step(decoding, session):
-                    sessions[decoding] = session = session.decoder.batch(self.max_batch)  # afresh, an empty cache
+                    # afresh, an empty cache
+                    sessions[decoding] = session = session.decoder.batch(self.max_batch, self.cache_positions)
                 if not session.active and decoding != self.default_decoding:
                     del sessions[decoding]  # its cache goes with it; the default's stays warm
             for running in list(self._batch.values()):
@@ -347,7 +350,7 @@ class Engine:
             decoder = self._decoder(job.decoding)
             session = sessions.get(job.decoding)
             if session is None:
-                session = sessions[job.decoding] = decoder.batch(self.max_batch)
+                session = sessions[job.decoding] = decoder.batch(self.max_batch, self.cache_positions)
             request_id = session.submit(job.prompt_ids, job.max_tokens, **job.decoder_options())
         except (PluginError, ValueError) as error:
             job.deliver(Failed(_rejection(error, job) if isinstance(error, ValueError) else bad_request(str(error)),
