@@ -17,6 +17,8 @@ import httpx
 import openai
 import pytest
 
+from goose.cycle.sampling import choice_seed
+from goose.models import encode_chat
 from tests.test_server import API_KEY, AUTH, MODEL, Reference, Server, _free_port, _stream_chat, start_server
 
 pytestmark = pytest.mark.xdist_group("batch_server")  # one worker starts the module's server once
@@ -155,3 +157,34 @@ def test_a_client_leaving_mid_batch_changes_no_other_answer(server: Server, refe
     assert "cache budget" in error["message"] and "1024 positions" in error["message"]
     assert server.post("/v1/completions", {"prompt": "The capital of France is",
                                            "max_tokens": 32}).json()["choices"][0]["text"] == expected
+
+
+def test_n_choices_decode_together_each_with_its_own_seed(server: Server, reference: Reference) -> None:
+    """``n``: sampled, choice i is the seeded autoregressive run with ``choice_seed(seed, i)`` (choice 0: the
+    request's seed), streamed or not; greedy, every choice is the one output; usage counts every choice."""
+    server.wait_idle()
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=300)
+    messages = [{"role": "user", "content": "Write a sentence about the sea."}]
+    ids = encode_chat(reference.tokenizer, messages)
+    sampled = [reference.generate(ids, 16, temperature=0.8, seed=choice_seed(7, i)).text for i in range(3)]
+    answer = client.chat.completions.create(model=MODEL, messages=messages, n=3, max_tokens=16, temperature=0.8,
+                                            seed=7)
+    assert [choice.index for choice in answer.choices] == [0, 1, 2]
+    assert [choice.message.content for choice in answer.choices] == sampled
+    assert len(set(sampled)) > 1  # the choices differ: each draws with its own seed
+    extra = answer.model_extra or {}
+    assert [stats["seed"] for stats in extra["goose_choices"]] == [choice_seed(7, i) for i in range(3)]
+    assert answer.usage.completion_tokens == sum(stats["new_tokens"] for stats in extra["goose_choices"])
+    # streamed: every chunk names its choice; the choices' texts come out whole
+    texts, finished = ["", ""], [None, None]
+    for chunk in client.completions.create(model=MODEL, prompt="The sea is", n=2, max_tokens=12, temperature=0.8,
+                                           seed=7, stream=True):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+            finished[choice.index] = choice.finish_reason or finished[choice.index]
+    prompt_ids = reference.ids("The sea is")
+    assert texts == [reference.generate(prompt_ids, 12, temperature=0.8, seed=choice_seed(7, i)).text
+                     for i in range(2)]
+    assert None not in finished
+    greedy = client.completions.create(model=MODEL, prompt="The sea is", n=2, max_tokens=12)
+    assert [choice.text for choice in greedy.choices] == [reference.completion("The sea is", 12)[0]] * 2

@@ -290,7 +290,7 @@ BAD_BODIES: list[tuple[str, bytes]] = [
     ("/v1/completions", b'{"prompt": "\\udc00 x"}'),
     ("/v1/completions", b'{"prompt": '),
     ("/v1/completions", b"[1]"),
-    ("/v1/completions", json.dumps({"prompt": "hi", "n": 2}).encode()),
+    ("/v1/completions", json.dumps({"prompt": "hi", "n": 17}).encode()),
     ("/v1/completions", json.dumps({"prompt": "hi", "wibble": 1}).encode()),
     ("/v1/chat/completions", json.dumps({"messages": []}).encode()),
     ("/v1/chat/completions", json.dumps({**CHAT, "max_tokens": 10**6}).encode()),

@@ -396,7 +396,8 @@ BAD_CHAT: list[tuple[Any, str | None]] = [
     ({**CHAT, "stop": ""}, "stop"),
     ({**CHAT, "stop": 5}, "stop"),
     ({**CHAT, "stream": "yes"}, "stream"),
-    ({**CHAT, "n": 2}, "n"),
+    ({**CHAT, "n": 0}, "n"),
+    ({**CHAT, "n": 17}, "n"),
     ({**CHAT, "n": True}, "n"),
     ({**CHAT, "logprobs": True}, "logprobs"),
     ({**CHAT, "top_logprobs": 3}, "top_logprobs"),
@@ -473,7 +474,7 @@ def test_client_errors_through_the_openai_client(client: openai.OpenAI) -> None:
         client.chat.completions.create(model=MODEL, messages=[], max_tokens=4)
     assert empty.value.body["param"] == "messages"
     with pytest.raises(openai.BadRequestError) as two:
-        client.chat.completions.create(model=MODEL, messages=CHAT["messages"], n=2)
+        client.chat.completions.create(model=MODEL, messages=CHAT["messages"], n=17)
     assert two.value.body["param"] == "n"
 
 
@@ -579,7 +580,7 @@ def test_load_8_clients_x_4_requests_mixed(server: Server, reference: Reference)
     prompts = ["Name three rivers.", "What is 2 + 2?", "Say hello in French.", "Name a colour."]
     expected_chat = {p: reference.chat([{"role": "user", "content": p}], 8)[0] for p in prompts}
     expected_completion = {p: reference.completion(p, 8)[0] for p in prompts}
-    bad_bodies = [{"messages": []}, {"messages": [{"role": "user", "content": "x"}], "n": 3},
+    bad_bodies = [{"messages": []}, {"messages": [{"role": "user", "content": "x"}], "n": 0},
                   {"messages": [{"role": "user", "content": "x"}], "max_tokens": "eight"}]
     generations_before = sum(v for (name, _), v in server.metrics().items() if name == "goose_generations_total")
 

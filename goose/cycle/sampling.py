@@ -55,6 +55,12 @@ def random_seed() -> int:
     return int.from_bytes(os.urandom(8), "little") >> 1
 
 
+def choice_seed(seed: int, index: int) -> int:
+    """The seed of choice ``index`` of a request seeded ``seed`` that asks for several (OpenAI's ``n``): choice 0
+    keeps ``seed`` (so n = 1 is the request alone), every other one gets its own stream of draws."""
+    return seed if index == 0 else _splitmix64(_splitmix64(seed) ^ (index * 0x9E3779B97F4A7C15 & _MASK64)) >> 1
+
+
 def _splitmix64(value: int) -> int:
     value = (value + 0x9E3779B97F4A7C15) & _MASK64
     value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64

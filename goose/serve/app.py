@@ -29,7 +29,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import goose
-from goose.cycle.sampling import SamplingParams
+from goose.cycle.sampling import SamplingParams, choice_seed, random_seed
 from goose.serve.engine import Delta, Engine, Event, Failed, Finished, Job, QueueFullError
 from goose.serve.errors import APIError, from_validation_error
 from goose.serve.guard import HostRule, RequestGuard
@@ -149,9 +149,10 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
         prompt_ids = await run_in_threadpool(encoder.completion, body.prompt)
         max_tokens = encoder.token_limit(prompt_ids, body.max_tokens)
         prediction = await _prediction_ids(encoder, body, prompt_ids)
-        job = Job("completions", prompt_ids, max_tokens, body.stop_sequences, decoding, sampling,
-                  asyncio.get_running_loop(), body.ignore_eos, prediction)
-        return await _answer(engine, job, request, body.stream, CompletionFormat(model_name))
+        jobs = [Job("completions", prompt_ids, max_tokens, body.stop_sequences, decoding, choice_sampling,
+                    asyncio.get_running_loop(), body.ignore_eos, prediction)
+                for choice_sampling in _choices(engine, sampling, body.n or 1)]
+        return await _answer(engine, jobs, request, body.stream, CompletionFormat(model_name))
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)],
               openapi_extra=_body_schema(ChatCompletionRequest))
@@ -162,9 +163,10 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
         limit_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         max_tokens = encoder.token_limit(prompt_ids, body.token_limit, limit_field)
         prediction = await _prediction_ids(encoder, body, prompt_ids)
-        job = Job("chat", prompt_ids, max_tokens, body.stop_sequences, decoding, sampling, asyncio.get_running_loop(),
-                  body.ignore_eos, prediction)
-        return await _answer(engine, job, request, body.stream, ChatFormat(model_name))
+        jobs = [Job("chat", prompt_ids, max_tokens, body.stop_sequences, decoding, choice_sampling,
+                    asyncio.get_running_loop(), body.ignore_eos, prediction)
+                for choice_sampling in _choices(engine, sampling, body.n or 1)]
+        return await _answer(engine, jobs, request, body.stream, ChatFormat(model_name))
 
     if docs:
         @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(authorized)])
@@ -185,69 +187,103 @@ def _error_response(error: APIError) -> JSONResponse:
 # --- one generation request, end to end ---------------------------------------------------------
 
 
-async def _answer(engine: Engine, job: Job, request: Request, stream: bool, wire: Format) -> Response:
-    """Queue the job, then answer with the whole result or open the event stream at its first token."""
+async def _answer(engine: Engine, jobs: list[Job], request: Request, stream: bool, wire: Format) -> Response:
+    """Queue the request's jobs (one per choice), then answer with the whole result or open the event stream at
+    the first token."""
+    if len(jobs) > engine.max_queue:
+        raise APIError(400, f"n: {len(jobs)} choices cannot queue together on this server (--max-queue "
+                       f"{engine.max_queue})", param="n")
+    submitted: list[Job] = []
     try:
-        engine.submit(job)
-    except QueueFullError as full:
+        for job in jobs:
+            engine.submit(job)
+            submitted.append(job)
+    except (QueueFullError, APIError) as refused:
+        for job in submitted:  # all choices or none: the ones already queued are skipped
+            job.cancel()
+        if isinstance(refused, APIError):
+            raise
         raise APIError(503, f"the server is busy: {engine.max_queue} requests are already waiting; retry after "
-                       f"{full.retry_after_s} s", code="queue_full",
-                       headers={"Retry-After": str(full.retry_after_s)}) from None
-    events = _Events(job, request)
+                       f"{refused.retry_after_s} s", code="queue_full",
+                       headers={"Retry-After": str(refused.retry_after_s)}) from None
+    events = _Events(jobs, request)
     try:
-        first = await events.next_watching_disconnect()
-        while not stream and isinstance(first, Delta):
+        if stream:
             first = await events.next_watching_disconnect()
+        else:  # every choice to its end
+            finished: list[Finished | None] = [None] * len(jobs)
+            while any(choice is None for choice in finished):
+                index, event = await events.next_watching_disconnect()
+                if isinstance(event, Failed):
+                    events.close()
+                    raise event.error
+                if isinstance(event, Finished):
+                    finished[index] = event
+            return JSONResponse(wire.response([choice for choice in finished if choice is not None]))
     except ClientGone:
-        return Response(status_code=499)  # nobody reads it; the job was cancelled
-    if isinstance(first, Failed):
-        raise first.error
-    if not stream:
-        assert isinstance(first, Finished)
-        return JSONResponse(wire.response(first))
+        return Response(status_code=499)  # nobody reads it; the jobs were cancelled
+    if isinstance(first[1], Failed):
+        events.close()
+        raise first[1].error
     return StreamingResponse(_event_stream(first, events, wire), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def _event_stream(first: Event, events: _Events, wire: Format) -> AsyncIterator[str]:
-    """Server-sent events from the job's events. A client that goes away cancels the job (finally)."""
+async def _event_stream(first: tuple[int, Event], events: _Events, wire: Format) -> AsyncIterator[str]:
+    """Server-sent events from the jobs' events, each chunk naming its choice. A client that goes away cancels
+    every job (finally)."""
     try:
-        for opening in wire.opening():
+        for opening in wire.opening(len(events.jobs)):
             yield opening
-        event = first
+        finished: list[Finished | None] = [None] * len(events.jobs)
+        index, event = first
         while True:
             if isinstance(event, Delta):
                 if event.text:
-                    yield wire.delta(event.text)
+                    yield wire.delta(event.text, index)
             elif isinstance(event, Finished):
-                for closing in wire.closing(event):
-                    yield closing
-                yield DONE
-                return
+                finished[index] = event
+                yield wire.finish(event, index)
+                if all(choice is not None for choice in finished):
+                    yield wire.totals([choice for choice in finished if choice is not None])
+                    yield DONE
+                    return
             else:  # failed after the stream began: the status line is sent, so the error goes in-band
                 yield sse(event.error.body())
                 yield DONE
                 return
-            event = await events.next()
+            index, event = await events.next()
     finally:
         events.close()
 
 
 class _Events:
-    """Reads a job's events; while no response has started it also notices a client that disconnects."""
+    """Reads the events of a request's jobs (one per choice) as they come; while no response has started it also
+    notices a client that disconnects."""
 
-    def __init__(self, job: Job, request: Request) -> None:
-        self.job = job
+    def __init__(self, jobs: list[Job], request: Request) -> None:
+        self.jobs = jobs
         self.request = request
-        self._pending: asyncio.Task[Event] | None = None
+        self._pending: dict[int, asyncio.Task[Event]] = {}  # choice -> its get(), so that no event is lost
+        self._ended: set[int] = set()  # choices whose last event was read
         self._next_check = time.monotonic() + DISCONNECT_POLL_S
 
-    async def next(self) -> Event:
-        return await self.job.events.get()
+    async def next(self, timeout_s: float | None = None) -> tuple[int, Event]:
+        """The next event of any choice, as (choice, event); ``TimeoutError`` after ``timeout_s``."""
+        for index, job in enumerate(self.jobs):
+            if index not in self._pending and index not in self._ended:
+                self._pending[index] = asyncio.ensure_future(job.events.get())
+        done, _ = await asyncio.wait(set(self._pending.values()), timeout=timeout_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if not done:
+            raise TimeoutError
+        index = min(i for i, task in self._pending.items() if task in done)  # the lowest choice first: stable
+        event = self._pending.pop(index).result()
+        if not isinstance(event, Delta):
+            self._ended.add(index)
+        return index, event
 
-    async def next_watching_disconnect(self) -> Event:
-        # one get() task, polled, so that an event is never lost to a timeout
-        self._pending = self._pending or asyncio.ensure_future(self.job.events.get())
+    async def next_watching_disconnect(self) -> tuple[int, Event]:
         while True:
             # checked by the clock, not only when no event comes: a request that is not streamed gets an
             # event every cycle and would otherwise never look
@@ -256,16 +292,15 @@ class _Events:
                 if await self.request.is_disconnected():
                     self.close()
                     raise ClientGone()
-            done, _ = await asyncio.wait({self._pending}, timeout=DISCONNECT_POLL_S)
-            if done:
-                event, self._pending = self._pending.result(), None
-                return event
+            with contextlib.suppress(TimeoutError):
+                return await self.next(DISCONNECT_POLL_S)
 
     def close(self) -> None:
-        self.job.cancel()
-        if self._pending is not None:
-            self._pending.cancel()
-            self._pending = None
+        for job in self.jobs:
+            job.cancel()
+        for task in self._pending.values():
+            task.cancel()
+        self._pending.clear()
 
 
 # --- parsing ------------------------------------------------------------------------------------
@@ -282,6 +317,19 @@ async def _prediction_ids(encoder: PromptEncoder, body: GenerationRequest, promp
     if body.prediction is None:
         return None
     return await run_in_threadpool(encoder.prediction, body.prediction.text, prompt_ids)
+
+
+def _choices(engine: Engine, sampling: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """Each choice's sampling settings. Sampled, choice i draws with ``choice_seed(seed, i)`` from the request's
+    seed (a random one when it gave none and the server has none), so every choice is reproducible on its own;
+    greedy, every choice is the one output."""
+    if n == 1:
+        return [sampling]
+    effective = engine.config.sampling_params().model_copy(update=sampling)
+    if effective.greedy:
+        return [sampling] * n
+    seed = effective.seed if effective.seed is not None else random_seed()
+    return [{**sampling, "seed": choice_seed(seed, index)} for index in range(n)]
 
 
 def _sampling(body: GenerationRequest) -> dict[str, Any]:

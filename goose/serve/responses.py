@@ -3,7 +3,8 @@
 Streams follow OpenAI's chunk format: chat opens with a chunk carrying the assistant role, text
 follows as deltas, a chunk with the finish reason closes the choice, and a last chunk with no
 choices carries ``usage`` (as ``stream_options.include_usage`` asks OpenAI to) and Goose's
-statistics; then ``data: [DONE]``.
+statistics; then ``data: [DONE]``. With ``n`` > 1 every chunk names its choice by ``index``; the
+choices' chunks interleave as they decode, and the closing usage counts every choice's tokens.
 """
 
 from __future__ import annotations
@@ -35,16 +36,26 @@ def sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-def _dump(chunk: ChatCompletionChunk | Completion) -> dict[str, Any]:
-    # like OpenAI's chunks with include_usage: "usage" is null until the last one; "goose" only appears there
-    return chunk.model_dump(exclude={"goose"} if chunk.goose is None else None)
+def _dump(body: ChatCompletion | ChatCompletionChunk | Completion) -> dict[str, Any]:
+    # like OpenAI's chunks with include_usage: "usage" is null until the last one; "goose" only appears there,
+    # and "goose_choices" only with n > 1
+    return body.model_dump(exclude={name for name in ("goose", "goose_choices") if getattr(body, name) is None})
 
 
-def usage(finished: Finished) -> Usage:
-    details = CompletionTokensDetails(accepted_prediction_tokens=finished.stats.accepted_prediction_tokens,
-                                      rejected_prediction_tokens=finished.stats.rejected_prediction_tokens)
-    return Usage(prompt_tokens=finished.prompt_tokens, completion_tokens=finished.completion_tokens,
-                 total_tokens=finished.prompt_tokens + finished.completion_tokens, completion_tokens_details=details)
+def usage(finished: list[Finished]) -> Usage:
+    """The request's usage: its prompt once, the tokens of every choice."""
+    completion = sum(choice.completion_tokens for choice in finished)
+    details = CompletionTokensDetails(
+        accepted_prediction_tokens=sum(choice.stats.accepted_prediction_tokens for choice in finished),
+        rejected_prediction_tokens=sum(choice.stats.rejected_prediction_tokens for choice in finished))
+    return Usage(prompt_tokens=finished[0].prompt_tokens, completion_tokens=completion,
+                 total_tokens=finished[0].prompt_tokens + completion, completion_tokens_details=details)
+
+
+def _statistics(finished: list[Finished]) -> dict[str, Any]:
+    """``goose`` (choice 0's statistics) and, with several choices, ``goose_choices`` (each one's)."""
+    return {"goose": finished[0].stats, "goose_choices": [choice.stats for choice in finished]
+            if len(finished) > 1 else None}
 
 
 class ChatFormat:
@@ -55,22 +66,27 @@ class ChatFormat:
         self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
 
-    def response(self, finished: Finished) -> dict[str, Any]:
-        return ChatCompletion(
+    def response(self, finished: list[Finished]) -> dict[str, Any]:
+        """The whole answer: one choice per finished generation, in choice order."""
+        return _dump(ChatCompletion(
             id=self.id, created=self.created, model=self.model,
-            choices=[ChatChoice(message=AssistantMessage(content=finished.text), finish_reason=finished.finish_reason)],
-            usage=usage(finished), goose=finished.stats,
-        ).model_dump()
+            choices=[ChatChoice(index=index, message=AssistantMessage(content=choice.text),
+                                finish_reason=choice.finish_reason) for index, choice in enumerate(finished)],
+            usage=usage(finished), **_statistics(finished),
+        ))
 
-    def opening(self) -> list[str]:
-        return [self._chunk([ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))])]
+    def opening(self, choices: int = 1) -> list[str]:
+        return [self._chunk([ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""))])
+                for index in range(choices)]
 
-    def delta(self, text: str) -> str:
-        return self._chunk([ChatChunkChoice(delta=ChatDelta(content=text))])
+    def delta(self, text: str, index: int = 0) -> str:
+        return self._chunk([ChatChunkChoice(index=index, delta=ChatDelta(content=text))])
 
-    def closing(self, finished: Finished) -> list[str]:
-        return [self._chunk([ChatChunkChoice(delta=ChatDelta(), finish_reason=finished.finish_reason)]),
-                self._chunk([], usage=usage(finished), goose=finished.stats)]
+    def finish(self, finished: Finished, index: int = 0) -> str:
+        return self._chunk([ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=finished.finish_reason)])
+
+    def totals(self, finished: list[Finished]) -> str:
+        return self._chunk([], usage=usage(finished), **_statistics(finished))
 
     def _chunk(self, choices: list[ChatChunkChoice], **extra: Any) -> str:
         return sse(_dump(ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices,
@@ -85,20 +101,25 @@ class CompletionFormat:
         self.id = f"cmpl-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
 
-    def response(self, finished: Finished) -> dict[str, Any]:
-        return self._completion([CompletionChoice(text=finished.text, finish_reason=finished.finish_reason)],
-                                usage=usage(finished), goose=finished.stats).model_dump()
+    def response(self, finished: list[Finished]) -> dict[str, Any]:
+        """The whole answer: one choice per finished generation, in choice order."""
+        return _dump(self._completion([CompletionChoice(index=index, text=choice.text,
+                                                        finish_reason=choice.finish_reason)
+                                       for index, choice in enumerate(finished)],
+                                      usage=usage(finished), **_statistics(finished)))
 
-    def opening(self) -> list[str]:
+    def opening(self, choices: int = 1) -> list[str]:
         return []
 
-    def delta(self, text: str) -> str:
-        return sse(_dump(self._completion([CompletionChoice(text=text, finish_reason=None)])))
+    def delta(self, text: str, index: int = 0) -> str:
+        return sse(_dump(self._completion([CompletionChoice(index=index, text=text, finish_reason=None)])))
 
-    def closing(self, finished: Finished) -> list[str]:
-        end = self._completion([CompletionChoice(text="", finish_reason=finished.finish_reason)])
-        totals = self._completion([], usage=usage(finished), goose=finished.stats)
-        return [sse(_dump(end)), sse(_dump(totals))]
+    def finish(self, finished: Finished, index: int = 0) -> str:
+        return sse(_dump(self._completion([CompletionChoice(index=index, text="",
+                                                            finish_reason=finished.finish_reason)])))
+
+    def totals(self, finished: list[Finished]) -> str:
+        return sse(_dump(self._completion([], usage=usage(finished), **_statistics(finished))))
 
     def _completion(self, choices: list[CompletionChoice], **extra: Any) -> Completion:
         return Completion(id=self.id, created=self.created, model=self.model, choices=choices, **extra)

@@ -3,10 +3,10 @@
 Requests are strict: a string where a number belongs, an unknown field or a bad value is a 400 naming the field.
 ``prediction`` (OpenAI's Predicted Outputs) is honoured on both endpoints: its text becomes the request's most
 trusted draft source, and the output is the same with it or without it. OpenAI options Goose does not implement
-(``n``, ``logprobs``, ``tools``, penalties, ...) are accepted only at their default values, so a client that
-sends ``n: 1`` or ``logprobs: false`` works and one that asks for more
-is told no. Goose's own options (``sources``, ``topology``, ``budget``) and vLLM's ``top_k`` and ``ignore_eos``
-are extra top-level fields.
+(``logprobs``, ``tools``, penalties, ...) are accepted only at their default values, so a client that
+sends ``logprobs: false`` works and one that asks for more is told no. ``n`` choices decode as rows of one
+batch. Goose's own options (``sources``, ``topology``, ``budget``) and vLLM's ``top_k`` and ``ignore_eos`` are
+extra top-level fields.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from pydantic import (
 # OpenAI options Goose does not implement: the values that mean "not asked for", and what to tell a client
 # that asks for more. null (or leaving the field out) is always fine.
 UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "n": ((1,), "one choice per request is supported: n must be 1"),
     "best_of": ((1,), "best_of is not supported: it must be 1"),
     "echo": ((False,), "echo is not supported"),
     "suffix": (("",), "suffix (insertion) is not supported"),
@@ -47,6 +46,7 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
 }
 
 StopSequence = Annotated[str, Field(min_length=1, max_length=256)]
+MAX_CHOICES = 16  # n at most: the choices of one request queue together
 
 
 def _is_default(value: Any, allowed: tuple[Any, ...]) -> bool:
@@ -117,7 +117,9 @@ class GenerationRequest(_Strict):
     prediction: Prediction | None = Field(
         default=None, description="Predicted Outputs: the expected output, drafted from; the output is unchanged")
     # OpenAI options Goose does not implement: accepted at their defaults only
-    n: Any = None
+    n: int | None = Field(default=None, ge=1, le=MAX_CHOICES,
+                          description=f"choices to generate (1..{MAX_CHOICES}); sampled, each draws with its own seed "
+                          "derived from the request's (choice 0 keeps it); greedy, every choice is the one output")
     logprobs: Any = None
     top_logprobs: Any = None
     logit_bias: Any = None
@@ -247,6 +249,8 @@ class Completion(_Envelope):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     goose: GooseStats | None = None
+    goose_choices: list[GooseStats] | None = Field(
+        default=None, description="with n > 1: every choice's statistics, in choice order (``goose`` is choice 0's)")
 
 
 class AssistantMessage(BaseModel):
@@ -266,6 +270,8 @@ class ChatCompletion(_Envelope):
     choices: list[ChatChoice]
     usage: Usage
     goose: GooseStats
+    goose_choices: list[GooseStats] | None = Field(
+        default=None, description="with n > 1: every choice's statistics, in choice order (``goose`` is choice 0's)")
 
 
 class ChatDelta(BaseModel):
@@ -290,6 +296,8 @@ class ChatCompletionChunk(_Envelope):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     goose: GooseStats | None = None
+    goose_choices: list[GooseStats] | None = Field(
+        default=None, description="with n > 1: every choice's statistics, in choice order (``goose`` is choice 0's)")
 
 
 class ModelCard(BaseModel):
