@@ -43,6 +43,10 @@ _ALL_ALLOWED = np.int32(-1)  # every bit set
 _COMPILED_KEPT = 64  # compiled grammars kept per tokenizer (a server sees the same few schemas again and again)
 
 
+class GrammarError(ValueError):
+    """A structured output that cannot be: a schema that does not compile, or one without an EOS to end on."""
+
+
 def schema_text(json_schema: dict[str, Any] | str | None, json_object: bool) -> str | None:
     """The schema a request asks for, as canonical JSON text (the compile cache's key); None when unconstrained.
 
@@ -51,14 +55,14 @@ def schema_text(json_schema: dict[str, Any] | str | None, json_object: bool) -> 
     if json_schema is None:
         return json.dumps(JSON_OBJECT_SCHEMA) if json_object else None
     if json_object:
-        raise ValueError("give json_schema or json_object, not both (a schema already says what object to produce)")
+        raise GrammarError("give json_schema or json_object, not both (a schema already says what object to produce)")
     if isinstance(json_schema, str):
         try:
             json_schema = json.loads(json_schema)
         except json.JSONDecodeError as error:
-            raise ValueError(f"json_schema is not valid JSON: {error}") from None
+            raise GrammarError(f"json_schema is not valid JSON: {error}") from None
     if not isinstance(json_schema, dict):
-        raise ValueError(f"json_schema must be a JSON object (a dict), not {type(json_schema).__name__}")
+        raise GrammarError(f"json_schema must be a JSON object (a dict), not {type(json_schema).__name__}")
     return json.dumps(json_schema)  # key order kept: the grammar lays properties in it
 
 
@@ -71,7 +75,7 @@ class GrammarCompiler:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> None:
         if not getattr(tokenizer, "is_fast", False):
-            raise ValueError("structured outputs need a fast (Rust) tokenizer; this model's tokenizer is not one")
+            raise GrammarError("structured outputs need a fast (Rust) tokenizer; this model's tokenizer is not one")
         self.tokenizer = tokenizer  # kept alive so its id stays this compiler's key
         self.vocab_size = vocab_size
         self.words = (vocab_size + _WORD_BITS - 1) // _WORD_BITS
@@ -82,7 +86,7 @@ class GrammarCompiler:
     def of(cls, tokenizer: PreTrainedTokenizerBase | None, vocab_size: int) -> GrammarCompiler:
         """The compiler of ``tokenizer`` (made on first use and shared by every decoder of that tokenizer)."""
         if tokenizer is None:
-            raise ValueError("structured outputs need the model's tokenizer; pass it to the decoder")
+            raise GrammarError("structured outputs need the model's tokenizer; pass it to the decoder")
         with cls._lock:
             key = (id(tokenizer), vocab_size)
             compiler = cls._by_tokenizer.get(key)
@@ -98,10 +102,10 @@ class GrammarCompiler:
                 try:
                     grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
                 except ValueError as error:
-                    raise ValueError(f"json_schema cannot be compiled: {error}") from None
+                    raise GrammarError(f"json_schema cannot be compiled: {error}") from None
                 compiled = llguidance.LLMatcher(self.grammar_tokenizer, grammar, log_level=0)
                 if compiled.is_error():
-                    raise ValueError(f"json_schema cannot be compiled: {compiled.get_error().strip()}")
+                    raise GrammarError(f"json_schema cannot be compiled: {compiled.get_error().strip()}")
                 self._compiled[schema] = compiled
                 if len(self._compiled) > _COMPILED_KEPT:
                     self._compiled.popitem(last=False)
@@ -120,7 +124,7 @@ class Constraint:
     def __init__(self, compiler: GrammarCompiler, schema: str, eos_ids: Iterable[int]) -> None:
         eos = sorted(int(token) for token in eos_ids if 0 <= int(token) < compiler.vocab_size)
         if not eos:
-            raise ValueError("a structured output needs an end-of-sequence token to end on "
+            raise GrammarError("a structured output needs an end-of-sequence token to end on "
                              "(ignore_eos or an empty eos_token_ids cannot go with a json_schema)")
         self.matcher = compiler.matcher(schema)
         self.words = compiler.words
@@ -175,17 +179,25 @@ class Constraint:
         return mask
 
     def apply(self, logits: torch.Tensor, masks: np.ndarray) -> None:
-        """Set the forbidden tokens of the first ``len(masks)`` rows of ``logits`` [rows, V] to -inf, in place,
-        on their device: the bitmask travels (32 tokens a word) and is unpacked there."""
+        """Set the forbidden tokens of the first ``len(masks)`` rows of ``logits`` [rows, V] to -inf, in place.
+
+        On an accelerator the bitmask travels (32 tokens a word) and is unpacked and applied there. On the CPU
+        the rows are rewritten through their bits with NumPy's vectorised integer ops (value AND keep, OR -inf
+        where forbidden): torch's ``masked_fill_`` is several times slower there and fights the model's threads.
+        """
         started = time.perf_counter()
-        rows, vocab = masks.shape[0], logits.shape[-1]
-        shifts = self._shifts.get(logits.device)
-        if shifts is None:
-            shifts = self._shifts[logits.device] = torch.arange(_WORD_BITS, dtype=torch.int32, device=logits.device)
-        words = torch.from_numpy(masks).to(logits.device, non_blocking=True)
-        allowed = ((words[:, :, None] >> shifts) & 1).flatten(1)[:, :vocab]
+        rows = logits[: masks.shape[0]]
         with torch.inference_mode():  # the verifier's logits are inference tensors
-            logits[:rows].masked_fill_(allowed == 0, float("-inf"))
+            if rows.device.type == "cpu" and rows.is_contiguous() and rows.element_size() in _INTEGER_OF_SIZE:
+                _mask_on_host(rows, masks)
+            else:
+                shifts = self._shifts.get(rows.device)
+                if shifts is None:
+                    shifts = self._shifts[rows.device] = torch.arange(_WORD_BITS, dtype=torch.int32,
+                                                                      device=rows.device)
+                words = torch.from_numpy(masks).to(rows.device, non_blocking=True)
+                allowed = ((words[:, :, None] >> shifts) & 1).flatten(1)[:, : rows.shape[-1]]
+                rows.masked_fill_(allowed == 0, float("-inf"))
         self.seconds += time.perf_counter() - started
 
     # --- the depth-first walk of a tree ------------------------------------------------------------
@@ -214,6 +226,22 @@ class Constraint:
         _set_bits(mask, self._grammar_eos, False)
         if self.matcher.is_accepting():
             _set_bits(mask, self._eos, True)
+
+
+_INTEGER_OF_SIZE = {4: torch.int32, 2: torch.int16}  # float32; bfloat16 and float16
+
+
+def _mask_on_host(rows: torch.Tensor, masks: np.ndarray) -> None:
+    """-inf (the dtype's own bit pattern) in the forbidden places of the CPU float rows [n, V], in place."""
+    integer = _INTEGER_OF_SIZE[rows.element_size()]
+    minus_infinity = torch.tensor(float("-inf"), dtype=rows.dtype).view(integer).item()
+    values = rows.view(integer).numpy()  # the logits' own memory, as integers
+    keep = np.unpackbits(masks.view(np.uint8), axis=1, count=values.shape[1], bitorder="little").astype(values.dtype)
+    np.negative(keep, out=keep)  # all bits set where the token is allowed, none where it is forbidden
+    np.bitwise_and(values, keep, out=values)
+    np.invert(keep, out=keep)
+    np.bitwise_and(keep, values.dtype.type(minus_infinity), out=keep)
+    np.bitwise_or(values, keep, out=values)
 
 
 def _set_bits(mask: np.ndarray, tokens: np.ndarray, value: bool) -> None:
