@@ -363,6 +363,9 @@ def _stats_line(report: dict[str, Any]) -> str:
     checked = report["accepted_prediction_tokens"] + report["rejected_prediction_tokens"]
     if checked:
         line += f"; prediction {report['accepted_prediction_tokens']} of {checked} checked tokens kept"
+    if "grammar_s" in report:
+        line += (f"; grammar {1e3 * report['grammar_s'] / max(1, report['verify_steps']):.2f} ms per cycle, "
+                 f"{report['grammar_cut_tokens']} drafted tokens cut")
     if "speedup" in report:
         verdict = "identical" if report["identical_to_ar"] else "DIFFERENT from AR"
         line += f"; AR {report['ar_tokens_per_s']:.1f} tok/s -> {report['speedup']:.2f}x, {verdict}"
