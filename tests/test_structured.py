@@ -9,6 +9,7 @@ from typing import Any
 import jsonschema
 import numpy as np
 import pytest
+import torch
 
 from goose.config import GooseConfig
 from goose.contract.tree import TreeBuilder
@@ -106,6 +107,13 @@ def test_drafts_the_grammar_forbids_are_cut_with_their_subtrees(smollm2) -> None
     for node in range(pruned.size - 1):  # every kept draft token is allowed by its parent's row
         assert allowed[int(pruned.parents[node + 1]), int(pruned.tokens[node + 1])]
     assert not allowed[0, int(tree.tokens[1 + len(good)])]  # "Bob" is not
+    # the rows are masked alike on the host path (contiguous CPU rows) and the device path (any other rows)
+    logits = torch.randn(compiler.vocab_size, pruned.size).t()  # not contiguous: the device path
+    host = logits.contiguous()
+    constraint.apply(logits, masks)
+    constraint.apply(host, masks)
+    assert torch.equal(logits, host)
+    assert torch.equal(torch.isfinite(host), torch.from_numpy(allowed[:, : compiler.vocab_size].astype(bool)))
 
 
 @pytest.mark.parametrize(("options", "message"), [
