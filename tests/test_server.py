@@ -434,6 +434,8 @@ BAD_COMPLETION: list[tuple[Any, str | None]] = [
     ({"prompt": "hi", "suffix": "x"}, "suffix"),
     ({"prompt": "hi", "logprobs": 2}, "logprobs"),
     ({"prompt": "hi", "prediction": {"content": "x"}}, "prediction.type"),
+    ({"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+     "response_format.json_schema.json_schema.name"),
     ({"prompt": "hi", "prediction": {"type": "content", "content": LONG}}, "prediction"),
 ]
 
