@@ -153,6 +153,11 @@ def _add_generate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prediction", default=None, metavar="FILE",
                         help="the expected output, as in OpenAI's Predicted Outputs (e.g. the file being edited): "
                              "Goose drafts from it first; the output is the same with it or without it")
+    parser.add_argument("--json-schema", default=None, metavar="FILE",
+                        help="structured output: the output is JSON following this JSON schema file (with --prompts: "
+                             "every prompt's)")
+    parser.add_argument("--json-object", action="store_true",
+                        help="structured output: the output is a JSON object (JSON mode)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object instead of text (with --prompts: one per line, in input order)")
     parser.add_argument("--profile", action="store_true", help="time each phase of the Goose cycle")
@@ -176,6 +181,22 @@ def _read_prediction(path: str | None) -> str | None:
     return text
 
 
+def _structured_output(args: argparse.Namespace) -> dict[str, Any]:
+    """The decoder options of --json-schema FILE / --json-object; a one-line error for a file that is not JSON."""
+    if args.json_schema is None:
+        return {"json_object": True} if args.json_object else {}
+    if args.json_object:
+        raise ValueError("give --json-schema or --json-object, not both")
+    try:
+        with open(args.json_schema, encoding="utf-8") as file:
+            return {"json_schema": json.load(file)}
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"--json-schema: cannot read {args.json_schema}: "
+                         f"{getattr(error, 'strerror', None) or error}") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--json-schema: {args.json_schema} is not JSON: {error}") from None
+
+
 def _run_generate(args: argparse.Namespace) -> int:
     from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder, check_request
     from goose.cycle.sampling import random_seed
@@ -191,6 +212,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     check_request(prompt, args.max_new_tokens)  # before the model loads: a bad request fails at once
     prediction = _read_prediction(args.prediction)
+    structured = _structured_output(args)
     config = decoding_config(args)
     if config.temperature > 0 and config.seed is None:  # one seed for Goose and the reference, reported
         config.seed = random_seed()
@@ -199,8 +221,9 @@ def _run_generate(args: argparse.Namespace) -> int:
     baseline = (AutoregressiveDecoder(model, tokenizer, chat=not args.no_chat, sampling=config.sampling_params())
                 if args.compare_ar else None)
     options = {"prediction": prediction} if prediction is not None else {}
+    options |= structured
     if baseline is not None:  # warm both paths up so the first timed run pays no one-off costs
-        baseline.generate(prompt, 4)
+        baseline.generate(prompt, 4, **structured)
         goose.generate(prompt, 4, **options)
     if args.json or baseline is not None:
         result = goose.generate(prompt, args.max_new_tokens, **options)
@@ -216,7 +239,7 @@ def _run_generate(args: argparse.Namespace) -> int:
                               "temperature": config.temperature, "top_p": config.top_p, "top_k": config.top_k,
                               **result.to_dict()}
     if baseline is not None:
-        ar = baseline.generate(prompt, args.max_new_tokens)
+        ar = baseline.generate(prompt, args.max_new_tokens, **structured)  # constrained AR for a constrained run
         report |= {
             "ar_new_token_ids": ar.new_token_ids,
             "ar_tokens_per_s": round(ar.stats.tokens_per_s, 3),
@@ -287,7 +310,7 @@ def _run_generate_batch(args: argparse.Namespace) -> int:
         raise ValueError("--prediction goes with one prompt; give each line of --prompts its own 'prediction'")
     if args.max_batch is not None and args.max_batch < 1:
         raise ValueError(f"--max-batch must be at least 1, got {args.max_batch}")
-    requests = _read_prompts(args.prompts, args.max_new_tokens)
+    requests = [item | _structured_output(args) for item in _read_prompts(args.prompts, args.max_new_tokens)]
     config = decoding_config(args)
     if config.temperature > 0:  # every row its own seed, reported, so its AR reference can draw the same
         for item in requests:
@@ -297,8 +320,9 @@ def _run_generate_batch(args: argparse.Namespace) -> int:
     baseline = (AutoregressiveDecoder(model, tokenizer, chat=not args.no_chat, sampling=config.sampling_params())
                 if args.compare_ar else None)
     if baseline is not None:  # warm both paths up so the timed runs pay no one-off costs
-        baseline.generate(requests[0]["prompt"], 4)
-        goose.generate_batch([requests[0]["prompt"]], 4)
+        warm_up = {k: v for k, v in requests[0].items() if k in ("json_schema", "json_object")}
+        baseline.generate(requests[0]["prompt"], 4, **warm_up)
+        goose.generate_batch([requests[0]["prompt"]], 4, **warm_up)
     session = goose.batch(args.max_batch or len(requests))
     started = time.perf_counter()
     ids = [session.submit(item["prompt"], **{k: v for k, v in item.items() if k != "prompt"}) for item in requests]
@@ -339,6 +363,9 @@ def _stats_line(report: dict[str, Any]) -> str:
     checked = report["accepted_prediction_tokens"] + report["rejected_prediction_tokens"]
     if checked:
         line += f"; prediction {report['accepted_prediction_tokens']} of {checked} checked tokens kept"
+    if "grammar_s" in report:
+        line += (f"; grammar {1e3 * report['grammar_s'] / max(1, report['verify_steps']):.2f} ms per cycle, "
+                 f"{report['grammar_cut_tokens']} drafted tokens cut")
     if "speedup" in report:
         verdict = "identical" if report["identical_to_ar"] else "DIFFERENT from AR"
         line += f"; AR {report['ar_tokens_per_s']:.1f} tok/s -> {report['speedup']:.2f}x, {verdict}"

@@ -164,8 +164,9 @@ class References:
         prompt_ids = decoder.encode(prompt)
         eos = sorted(decoder.eos_ids if options.get("eos_token_ids") is None else
                      {int(token) for token in options["eos_token_ids"]})
+        structured = {k: options[k] for k in ("json_schema", "json_object") if options.get(k) is not None}
         sampling = decoder.sampling.model_copy(update={k: v for k, v in options.items()
-                                                       if k != "eos_token_ids" and v is not None})
+                                                       if k not in ("eos_token_ids", *structured) and v is not None})
         if not sampling.greedy and sampling.seed is None:
             raise ValueError("a sampled reference needs a seed")
         parameter = next(model.parameters())
@@ -175,6 +176,7 @@ class References:
             "max_positions": decoder.verifier.max_positions, "prompt": prompt_ids, "eos": eos,
             "sampling": "greedy" if sampling.greedy else [sampling.temperature, sampling.top_p, sampling.top_k,
                                                           sampling.seed],
+            **({"structured_output": structured} if structured else {}),  # a constrained run is its own reference
         })
         digest = hashlib.sha256(key.encode()).hexdigest()[:32]
 

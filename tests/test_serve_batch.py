@@ -7,6 +7,7 @@ process (the suite's ``ar_reference``), so "correct" means token-exact.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -14,12 +15,14 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
 from goose.cycle.sampling import choice_seed
 from goose.models import encode_chat
 from tests.test_server import API_KEY, AUTH, MODEL, Reference, Server, _free_port, _stream_chat, start_server
+from tests.test_structured import PROMPT, SCHEMA
 
 pytestmark = pytest.mark.xdist_group("batch_server")  # one worker starts the module's server once
 
@@ -188,3 +191,26 @@ def test_n_choices_decode_together_each_with_its_own_seed(server: Server, refere
     assert None not in finished
     greedy = client.completions.create(model=MODEL, prompt="The sea is", n=2, max_tokens=12)
     assert [choice.text for choice in greedy.choices] == [reference.completion("The sea is", 12)[0]] * 2
+
+
+
+
+def test_response_format_json_schema_through_the_openai_client(server: Server, reference: Reference) -> None:
+    """Structured outputs on the batched engine: the schema's JSON, token for token constrained greedy decoding,
+    the drafts the grammar forbids counted; a schema that cannot compile is a 400 naming response_format."""
+    server.wait_idle()
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=300)
+    messages = [{"role": "user", "content": PROMPT}]
+    expected = reference.generate(encode_chat(reference.tokenizer, messages), 48, json_schema=SCHEMA)
+    response = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=48,
+        response_format={"type": "json_schema", "json_schema": {"name": "user", "schema": SCHEMA, "strict": True}})
+    content = response.choices[0].message.content
+    assert content == expected.text and response.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(content), SCHEMA)
+    assert response.model_extra["goose"]["grammar_cut_tokens"] > 0
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, response_format={
+            "type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "object", "properties": {
+                "a": {"type": "string", "pattern": "(("}}}}})
+    assert raised.value.body["param"] == "response_format" and "unclosed group" in raised.value.body["message"]

@@ -403,7 +403,10 @@ BAD_CHAT: list[tuple[Any, str | None]] = [
     ({**CHAT, "top_logprobs": 3}, "top_logprobs"),
     ({**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({**CHAT, "presence_penalty": 0.5}, "presence_penalty"),
-    ({**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
+    ({**CHAT, "response_format": {"type": "xml"}}, "response_format"),
+    ({**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wibble"}}}},
+     "response_format"),  # a schema the grammar library cannot compile
+    ({**CHAT, "response_format": {"type": "json_object"}, "ignore_eos": True}, "response_format"),
     ({**CHAT, "sources": ["nope"]}, "sources"),
     ({**CHAT, "sources": []}, "sources"),
     ({**CHAT, "topology": "nope"}, "topology"),
@@ -432,6 +435,8 @@ BAD_COMPLETION: list[tuple[Any, str | None]] = [
     ({"prompt": "hi", "suffix": "x"}, "suffix"),
     ({"prompt": "hi", "logprobs": 2}, "logprobs"),
     ({"prompt": "hi", "prediction": {"content": "x"}}, "prediction.type"),
+    ({"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+     "response_format.json_schema.json_schema.name"),
     ({"prompt": "hi", "prediction": {"type": "content", "content": LONG}}, "prediction"),
 ]
 

@@ -83,6 +83,18 @@ class DraftTree:
         """The token before every node on its root path: what a bigram key of each row starts with."""
         return tokens_before(self.parents, self.tokens, np.arange(self.size), anchor_previous)
 
+    def keeping(self, keep: np.ndarray) -> DraftTree:
+        """The tree of the nodes where ``keep`` (bool [n]) is True, in their order; ``keep`` must hold the anchor
+        and every kept node's parent (a node cut takes its subtree with it)."""
+        index = np.cumsum(keep) - 1  # a kept node's new index
+        parents = self.parents[keep]
+        depths = self.depths[keep]
+        return DraftTree(
+            tokens=self.tokens[keep], parents=np.where(parents >= 0, index[np.maximum(parents, 0)], NO_PARENT),
+            depths=depths, source_ids=self.source_ids[keep], on_spine=self.on_spine[keep],
+            source_names=self.source_names, max_depth=int(depths.max()),
+        )
+
     @staticmethod
     def single(anchor: int, source_names: tuple[str, ...] = ()) -> DraftTree:
         """The one-node tree: plain autoregressive decoding through the same plumbing."""

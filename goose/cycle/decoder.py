@@ -36,6 +36,7 @@ from goose.plugins import PluginError
 
 if TYPE_CHECKING:
     from goose.cycle.batch import BatchSession
+    from goose.cycle.grammar import Constraint
 
 Prompt = str | list[int] | torch.Tensor
 
@@ -86,6 +87,7 @@ class _Request:
     eos_ids: frozenset[int]
     sampler: Sampler | None = None
     prediction: np.ndarray | None = None  # the predicted output's token ids (read-only), if the request has one
+    constraint: Constraint | None = None  # the grammar the output must follow (structured outputs), if any
     buffer: np.ndarray = field(init=False)
     length: int = field(init=False)
     stop_reason: str | None = None
@@ -106,7 +108,10 @@ class _Request:
         return view
 
     def next_token(self, row: torch.Tensor, position: int) -> int:
-        """The target's token at ``position`` from the logits ``row`` that predict it: argmax, or a seeded draw."""
+        """The target's token at ``position`` from the logits ``row`` that predict it: argmax, or a seeded draw
+        (of a constrained request: from ``row`` masked in place by the grammar at the committed output)."""
+        if self.constraint is not None:
+            self.constraint.apply(row[None], self.constraint.next_mask())
         return int(greedy(row[None])[0]) if self.sampler is None else self.sampler.draw(row, position)
 
     def accept(self, tokens: list[int]) -> list[int]:
@@ -117,6 +122,8 @@ class _Request:
                 kept = kept[: i + 1]
                 self.stop_reason = "eos"
                 break
+        if self.constraint is not None:
+            self.constraint.advance(kept)
         self.buffer[self.length : self.length + len(kept)] = kept
         self.length += len(kept)
         if self.stop_reason is None and self.produced >= self.max_new_tokens:
@@ -158,6 +165,8 @@ class _Decoding:
         check_request(prompt, max_new_tokens)
         eos_token_ids: Iterable[int] | None = options.pop("eos_token_ids", None)
         prediction: str | list[int] | None = options.pop("prediction", None)
+        json_schema: dict[str, Any] | str | None = options.pop("json_schema", None)
+        json_object: bool = bool(options.pop("json_object", False))
         unknown = set(options) - set(SamplingParams.model_fields)
         if unknown:
             raise TypeError(f"unknown generation option(s): {', '.join(sorted(unknown))}")
@@ -171,7 +180,19 @@ class _Decoding:
         eos = self.eos_ids if eos_token_ids is None else frozenset(int(t) for t in eos_token_ids)
         sampler = None if sampling.greedy else Sampler(sampling, random_seed() if sampling.seed is None
                                                        else sampling.seed)
-        return _Request(ids, max_new_tokens, eos, sampler, self._prediction_ids(prediction, len(ids)))
+        return _Request(ids, max_new_tokens, eos, sampler, self._prediction_ids(prediction, len(ids)),
+                        self._constraint(json_schema, json_object, eos))
+
+    def _constraint(self, json_schema: dict[str, Any] | str | None, json_object: bool,
+                    eos: frozenset[int]) -> Constraint | None:
+        """The grammar of a structured output (None, and no grammar library loaded, for a free-form one)."""
+        if json_schema is None and not json_object:
+            return None
+        from goose.cycle.grammar import Constraint, GrammarCompiler, schema_text
+
+        schema = schema_text(json_schema, json_object)
+        assert schema is not None
+        return Constraint(GrammarCompiler.of(self.tokenizer, self.verifier.vocab_size), schema, eos)
 
     def _prediction_ids(self, prediction: str | list[int] | None, prompt_length: int) -> np.ndarray | None:
         """The prediction's token ids (text is tokenized without special tokens); ValueError naming what is wrong."""
@@ -204,7 +225,11 @@ class _Decoding:
         None keeps the decoder's default) and ``eos_token_ids`` (the tokens that end the output;
         default: the model's and the tokenizer's EOS) and ``prediction`` (the expected output, text or
         token ids, as in OpenAI's Predicted Outputs: Goose drafts from it; the output is the same with
-        or without it). Stopping the iteration ends the generation at the next cycle.
+        or without it) and ``json_schema`` (a JSON schema, dict or JSON text: the output is JSON that
+        follows it) or ``json_object=True`` (the output is a JSON object): structured outputs, every
+        token drawn from the target's distribution restricted to what the grammar allows, the output
+        ending (EOS) where the JSON is complete; a schema that cannot be compiled is a ValueError.
+        Stopping the iteration ends the generation at the next cycle.
         """
         request = self._request(prompt, max_new_tokens, dict(options))
         stats = GenerationStats()
@@ -241,6 +266,10 @@ class _Decoding:
         stats.new_tokens = len(new_ids)
         text = self.tokenizer.decode(new_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
         seed = request.sampler.seed if request.sampler is not None else None
+        if request.constraint is not None:
+            stats.constrained = True
+            stats.grammar_s = request.constraint.seconds
+            stats.grammar_cut_tokens = request.constraint.cut_tokens
         return GenerationResult(request.prompt_ids, new_ids, text, request.stop_reason or "context_full", stats, seed)
 
     def batch(self, max_batch: int, cache_positions: int | None = None) -> BatchSession:
@@ -416,6 +445,7 @@ class RowCycle:
         self.pool: CandidatePool | None = None
         self.auxiliary: list[tuple[str, AuxiliaryRows]] = []
         self.tree: DraftTree | None = None
+        self.masks: np.ndarray | None = None  # a constrained request's grammar bitmask of every tree row
         self.started = 0.0
 
     def harvest_rows(self) -> int:
@@ -455,18 +485,23 @@ class RowCycle:
         return planner.budget(self.pool, self.decoder.topology.spine_lengths, self.riding)
 
     def plan(self, budget: int) -> DraftTree:
-        """2. The topology turns the pool into a draft tree of at most ``budget`` draft nodes."""
+        """2. The topology turns the pool into a draft tree of at most ``budget`` draft nodes (of a constrained
+        request: without the drafted tokens its grammar forbids)."""
         assert self.pool is not None
-        self.tree = self.decoder.topology.plan(self.pool, budget)
-        self.clock.lap("plan")
-        return self.tree
+        return self._planned(self.decoder.topology.plan(self.pool, budget))
 
     def plan_nothing(self) -> DraftTree:
         """2, undrafted: the bare anchor (a batched pass where this row's draft does not pay for its rows)."""
         assert self.pool is not None
-        self.tree = DraftTree.single(self.pool.anchor, self.pool.source_names)
+        return self._planned(DraftTree.single(self.pool.anchor, self.pool.source_names))
+
+    def _planned(self, tree: DraftTree) -> DraftTree:
+        constraint = self.request.constraint
+        if constraint is not None:  # between the plan and the pass: the grammar cuts and masks the tree
+            tree, self.masks = constraint.plan(tree)
+        self.tree = tree
         self.clock.lap("plan")
-        return self.tree
+        return tree
 
     def conclude(self, logits: torch.Tensor, past: int) -> tuple[np.ndarray, list[int]]:
         """4-5. Walk the verified rows ``logits`` (tree rows, then auxiliary rows; the anchor at position
@@ -474,6 +509,9 @@ class RowCycle:
         the caller commits the path to its cache."""
         tree, pool, request, config = self.tree, self.pool, self.request, self.decoder.config
         assert tree is not None and pool is not None
+        if request.constraint is not None:
+            assert self.masks is not None
+            request.constraint.apply(logits, self.masks)
         readout = read(logits, tree.size, config.harvest_top_k)
         # 4. walk: the longest path the target agrees with, then the bonus token
         if request.sampler is None:
@@ -584,7 +622,8 @@ def generate(
 ) -> GenerationResult:
     """Generate with Goose: token-identical to plain decoding (greedy, or seeded sampling), in fewer passes.
 
-    ``options``: ``temperature``, ``top_p``, ``top_k``, ``seed``, ``eos_token_ids`` (see ``GooseDecoder.stream``).
+    ``options``: ``temperature``, ``top_p``, ``top_k``, ``seed``, ``eos_token_ids``, ``prediction``,
+    ``json_schema``, ``json_object`` (see ``GooseDecoder.stream``).
     """
     overrides = {key: value for key, value in (("sources", sources), ("topology", topology), ("budget", budget))
                  if value is not None}

@@ -26,6 +26,9 @@ class GenerationStats:
     profile: Counter[str] = field(default_factory=Counter)  # seconds per cycle phase, when profiling
     batch_rows: list[int] = field(default_factory=list)  # batched: the requests in each pass this one rode in
     row_budgets: list[int] = field(default_factory=list)  # batched: this request's share of each pass's budget
+    constrained: bool = False  # a structured output: its output followed a grammar
+    grammar_cut_tokens: int = 0  # drafted tokens the grammar forbade, cut before verification
+    grammar_s: float = 0.0  # the grammar's own time: masks, cuts, masking the rows, advancing the matcher
 
     def record_step(self, new_tokens: int, tree_size: int, kind: PathKind,
                     per_source: dict[str, tuple[int, int]], auxiliary_rows: int = 0) -> None:
@@ -77,4 +80,6 @@ class GenerationStats:
             **({"profile_s": {k: round(v, 4) for k, v in self.profile.items()}} if self.profile else {}),
             **({"mean_batch_rows": round(sum(self.batch_rows) / len(self.batch_rows), 2)} if self.batch_rows else {}),
             **({"row_budgets": list(self.row_budgets)} if self.row_budgets else {}),
+            **({"grammar_cut_tokens": self.grammar_cut_tokens, "grammar_s": round(self.grammar_s, 4)}
+               if self.constrained else {}),
         }

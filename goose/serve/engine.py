@@ -31,6 +31,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from goose.config import GooseConfig
 from goose.cycle.batch import BatchSession
 from goose.cycle.decoder import GooseDecoder
+from goose.cycle.grammar import GrammarError
 from goose.cycle.verifier import ContextOverflowError, Verifier
 from goose.plugins import PluginError, registry
 from goose.serve.errors import APIError, bad_request, from_validation_error
@@ -94,6 +95,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     ignore_eos: bool = False
     prediction: list[int] | None = None  # Predicted Outputs: the expected output's token ids
+    structured_output: dict[str, Any] = field(default_factory=dict)  # response_format: json_schema or json_object
     arrived: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
@@ -112,6 +114,7 @@ class Job:
             options["eos_token_ids"] = ()
         if self.prediction is not None:
             options["prediction"] = self.prediction
+        options.update(self.structured_output)
         return options
 
     def cancel(self) -> None:
@@ -515,6 +518,8 @@ def _rejection(error: ValueError, job: Job) -> APIError:
                            code="context_length_exceeded")
     if isinstance(error, ValidationError):
         return from_validation_error(error)
+    if isinstance(error, GrammarError):
+        return bad_request(f"response_format: {error}", param="response_format")
     sampling = (job.sampling.get("temperature") or 0) > 0
     return bad_request(str(error), param="temperature" if sampling and "sampl" in str(error) else None)
 

@@ -2,11 +2,12 @@
 
 Requests are strict: a string where a number belongs, an unknown field or a bad value is a 400 naming the field.
 ``prediction`` (OpenAI's Predicted Outputs) is honoured on both endpoints: its text becomes the request's most
-trusted draft source, and the output is the same with it or without it. OpenAI options Goose does not implement
-(``logprobs``, ``tools``, penalties, ...) are accepted only at their default values, so a client that
-sends ``logprobs: false`` works and one that asks for more is told no. ``n`` choices decode as rows of one
-batch. Goose's own options (``sources``, ``topology``, ``budget``) and vLLM's ``top_k`` and ``ignore_eos`` are
-extra top-level fields.
+trusted draft source, and the output is the same with it or without it. ``response_format`` (structured outputs:
+``json_object`` or ``json_schema``) is honoured on both endpoints too: the output follows the schema's grammar, token
+for token what constrained autoregressive decoding gives. ``n`` choices decode as rows of one batch. OpenAI
+options Goose does not implement (``logprobs``, ``tools``, penalties, ...) are accepted only at their default
+values, so a client that sends ``logprobs: false`` works and one that asks for more is told no. Goose's own
+options (``sources``, ``topology``, ``budget``) and vLLM's ``top_k`` and ``ignore_eos`` are extra top-level fields.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "functions": (([],), "function calling is not supported"),
     "function_call": (("none", "auto"), "function calling is not supported"),
     "parallel_tool_calls": ((True, False), "tool calling is not supported"),
-    "response_format": (({"type": "text"},), "structured output (response_format) is not supported"),
     "modalities": ((["text"],), "only text output is supported"),
     "audio": ((), "audio output is not supported"),
     "store": ((False,), "stored completions are not supported"),
@@ -91,6 +91,33 @@ class Prediction(_Strict):
         return content
 
 
+class ResponseFormatText(_Strict):
+    type: Literal["text"] = Field(description="free text (the default)")
+
+
+class ResponseFormatJsonObject(_Strict):
+    type: Literal["json_object"] = Field(description="JSON mode: the output is a JSON object")
+
+
+class JsonSchemaFormat(_Strict):
+    """OpenAI's ``json_schema`` body: the schema the output must follow, and its name."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema",
+                                    description="a JSON schema; {} (or leaving it out) allows any JSON")
+    strict: bool | None = Field(default=None, description="accepted: the output always follows the schema exactly")
+
+
+class ResponseFormatJsonSchema(_Strict):
+    type: Literal["json_schema"] = Field(description="structured outputs: JSON that follows json_schema.schema")
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Annotated[ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema,
+                           Field(discriminator="type")]
+
+
 class GenerationRequest(_Strict):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -116,10 +143,12 @@ class GenerationRequest(_Strict):
     ignore_eos: bool = Field(default=False, description="extra (as in vLLM): generate max_tokens tokens, past EOS")
     prediction: Prediction | None = Field(
         default=None, description="Predicted Outputs: the expected output, drafted from; the output is unchanged")
-    # OpenAI options Goose does not implement: accepted at their defaults only
+    response_format: ResponseFormat | None = Field(
+        default=None, description="structured outputs: {\"type\": \"json_object\"} or {\"type\": \"json_schema\", ...}")
     n: int | None = Field(default=None, ge=1, le=MAX_CHOICES,
                           description=f"choices to generate (1..{MAX_CHOICES}); sampled, each draws with its own seed "
                           "derived from the request's (choice 0 keeps it); greedy, every choice is the one output")
+    # OpenAI options Goose does not implement: accepted at their defaults only
     logprobs: Any = None
     top_logprobs: Any = None
     logit_bias: Any = None
@@ -133,6 +162,15 @@ class GenerationRequest(_Strict):
         if not _is_default(value, allowed):
             raise ValueError(reason)
         return value
+
+    def structured_output(self) -> dict[str, Any]:
+        """The decoder's options for ``response_format``: ``json_schema`` or ``json_object``, or none for text."""
+        response_format = self.response_format
+        if isinstance(response_format, ResponseFormatJsonObject):
+            return {"json_object": True}
+        if isinstance(response_format, ResponseFormatJsonSchema):
+            return {"json_schema": response_format.json_schema.schema_}
+        return {}
 
     @property
     def stop_sequences(self) -> tuple[str, ...]:
@@ -173,7 +211,6 @@ class ChatCompletionRequest(GenerationRequest):
     functions: Any = None
     function_call: Any = None
     parallel_tool_calls: Any = None
-    response_format: Any = None
     modalities: Any = None
     audio: Any = None
     store: Any = None
@@ -226,6 +263,15 @@ class GooseStats(BaseModel):
     rejected_prediction_tokens: int = Field(default=0, description="Predicted Outputs: prediction tokens refused")
     seed: int | None = Field(default=None, description="the seed a sampled request used")
     partial: bool = Field(default=False, description="true when only token and step counts could be measured")
+    grammar_cut_tokens: int | None = Field(
+        default=None, description="response_format: drafted tokens the grammar forbade, cut before verification")
+    grammar_s: float | None = Field(default=None, description="response_format: seconds spent in the grammar")
+
+    @model_serializer(mode="wrap")
+    def _grammar_when_constrained(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # the grammar's counters appear on structured outputs only
+        return {key: value for key, value in handler(self).items()
+                if value is not None or key not in ("grammar_cut_tokens", "grammar_s")}
 
 
 class CompletionChoice(BaseModel):

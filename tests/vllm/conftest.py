@@ -25,7 +25,7 @@ from goose import models  # noqa: E402
 from goose.bench.prompts import load_samples  # noqa: E402
 from goose.vllm import CONFIG_ENV  # noqa: E402
 
-MAX_TOKENS = 128
+MAX_TOKENS = 64
 MAX_MODEL_LEN = 2048
 MAX_NUM_SEQS = 4  # the batch: at most four requests decode together
 PROPOSER = "goose.vllm.GooseProposer"

@@ -1,0 +1,129 @@
+"""Structured outputs (json_schema / json_object): valid JSON, token for token what constrained autoregressive
+decoding gives, greedy and seeded, alone and batched, with the drafts the grammar forbids cut before the pass."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import numpy as np
+import pytest
+import torch
+
+from goose.config import GooseConfig
+from goose.contract.tree import TreeBuilder
+from goose.cycle.decoder import GooseDecoder
+from goose.cycle.grammar import Constraint, GrammarCompiler, GrammarError, schema_text
+
+# objects, an array, an enum, a nested object with a required field, a string pattern
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-z_]+$"},
+        "role": {"enum": ["admin", "user", "guest"]},
+        "skills": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+        "address": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                    "required": ["city"], "additionalProperties": False},
+    },
+    "required": ["name", "role", "skills", "address"],
+    "additionalProperties": False,
+}
+# the repeated prose is what context match copies: drafts of it inside the JSON are forbidden, and cut
+FACT = "The user bob_smith is an admin, knows python and rust, and lives in Paris. "
+PROMPT = (FACT + FACT + 'Reply with one line of JSON, like {"name": "ann_lee", "role": "guest", "skills": ["go"], '
+          '"address": {"city": "Rome"}}.')
+MAX_NEW = 48
+
+
+def _valid(text: str) -> dict[str, Any]:
+    document = json.loads(text)
+    jsonschema.validate(document, SCHEMA)
+    return document
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2, ar_reference) -> Any:
+    """Constrained greedy autoregressive decoding of PROMPT (the reference every greedy run must equal)."""
+    result = ar_reference(*smollm2, PROMPT, MAX_NEW, json_schema=SCHEMA)
+    assert result.stop_reason == "eos", result.text  # the schema's JSON is complete within MAX_NEW tokens
+    _valid(result.text)
+    return result
+
+
+@pytest.mark.parametrize("topology", ["spine", "chain", "multi_spine"])
+def test_json_schema_greedy_equals_constrained_autoregressive(smollm2, reference, topology: str) -> None:
+    goose = GooseDecoder(*smollm2, GooseConfig(topology=topology, budget=12))  # small trees: cheap passes
+    result = goose.generate(PROMPT, MAX_NEW, json_schema=SCHEMA)
+    assert result.new_token_ids == reference.new_token_ids
+    assert result.stop_reason == "eos"
+    _valid(result.text)
+    stats = result.to_dict()
+    assert stats["grammar_cut_tokens"] > 0  # context match drafted prose inside the JSON: cut, never verified
+    assert stats["grammar_s"] > 0
+    assert stats["tau"] > 1.0
+
+
+def test_json_schema_seeded_sampling_equals_the_constrained_sampler(smollm2, ar_reference) -> None:
+    options = {"json_schema": SCHEMA, "temperature": 0.7, "seed": 11}
+    expected = ar_reference(*smollm2, PROMPT, 24, **options)
+    result = GooseDecoder(*smollm2, GooseConfig(budget=12)).generate(PROMPT, 24, **options)
+    assert result.new_token_ids == expected.new_token_ids and result.seed == 11
+    if result.stop_reason == "eos":  # a finished output follows the schema (a cut one may stop mid-string)
+        _valid(result.text)
+
+
+def test_batched_json_schema_and_json_object(smollm2, reference) -> None:
+    """Through BatchSession (the server's path): a constrained row equals the single-request reference, and a
+    JSON-mode row next to it gives a JSON object."""
+    session = GooseDecoder(*smollm2, GooseConfig(budget=8)).batch(2)
+    schema_id = session.submit(PROMPT, MAX_NEW, json_schema=json.dumps(SCHEMA))
+    object_id = session.submit("Give a cat's name and color as a short JSON object.", 32, json_object=True)
+    results = {event.request_id: event.result for event in session.run() if event.result is not None}
+    assert results[schema_id].new_token_ids == reference.new_token_ids
+    assert results[schema_id].stats.grammar_cut_tokens > 0
+    assert results[object_id].stop_reason == "eos", results[object_id].text
+    assert isinstance(json.loads(results[object_id].text), dict)
+
+
+def test_drafts_the_grammar_forbids_are_cut_with_their_subtrees(smollm2) -> None:
+    """At `{"name": "` a name drafted in lower case stays (with its masks), one with a space or a capital goes
+    (its whole subtree with it); each kept row's mask allows exactly what the grammar allows there."""
+    tokenizer = smollm2[1]
+    compiler = GrammarCompiler.of(tokenizer, smollm2[0].config.vocab_size)
+    constraint = Constraint(compiler, schema_text(SCHEMA, False), [tokenizer.eos_token_id])
+    prefix = tokenizer.encode('{"name": "', add_special_tokens=False)
+    constraint.advance(prefix)  # the anchor (the last token) is output already: the grammar has consumed it
+    encode = lambda text: np.asarray(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+    builder = TreeBuilder(prefix[-1], ("a", "b"), capacity=32)
+    good = builder.add_chain(0, encode("bob_smith\","), 0)
+    bad = builder.add_chain(0, encode("Bob Smith\","), 1)
+    tree = builder.build()
+    pruned, masks = constraint.plan(tree)
+    assert constraint.cut_tokens == len(bad) == tree.size - pruned.size
+    assert pruned.tokens.tolist() == tree.tokens[: 1 + len(good)].tolist()
+    assert masks.shape == (pruned.size, compiler.words)
+    allowed = np.unpackbits(masks.view(np.uint8), axis=1, bitorder="little")
+    for node in range(pruned.size - 1):  # every kept draft token is allowed by its parent's row
+        assert allowed[int(pruned.parents[node + 1]), int(pruned.tokens[node + 1])]
+    assert not allowed[0, int(tree.tokens[1 + len(good)])]  # "Bob" is not
+    # the rows are masked alike on the host path (contiguous CPU rows) and the device path (any other rows)
+    logits = torch.randn(compiler.vocab_size, pruned.size).t()  # not contiguous: the device path
+    host = logits.contiguous()
+    constraint.apply(logits, masks)
+    constraint.apply(host, masks)
+    assert torch.equal(logits, host)
+    assert torch.equal(torch.isfinite(host), torch.from_numpy(allowed[:, : compiler.vocab_size].astype(bool)))
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"json_schema": {"type": "object", "properties": {"a": {"type": "string", "pattern": "(("}}}}, "unclosed group"),
+    ({"json_schema": {"type": "wibble"}}, "wibble"),
+    ({"json_schema": "{not json"}, "not valid JSON"),
+    ({"json_schema": SCHEMA, "json_object": True}, "not both"),
+    ({"json_schema": SCHEMA, "eos_token_ids": []}, "end-of-sequence"),
+])
+def test_bad_structured_requests_are_clear_value_errors(smollm2, options: dict[str, Any], message: str) -> None:
+    with pytest.raises(GrammarError, match=r"json_schema|json_object|end-of-sequence") as raised:
+        GooseDecoder(*smollm2).generate("hi", 4, **options)
+    assert isinstance(raised.value, ValueError) and message in str(raised.value)
