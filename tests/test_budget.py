@@ -40,8 +40,10 @@ def test_the_curve_is_cached_per_model_and_processor(smollm2, tmp_path) -> None:
     assert json.loads(stored.read_text()) == first.to_dict()
     stored.write_text(json.dumps({"sizes": [1, 2], "seconds": [1.0, 2.0]}))  # the cache is what is read back
     assert cost.load_or_measure(model, cache_dir=tmp_path) == CostCurve((1, 2), (1.0, 2.0))
-    refreshed = cost.load_or_measure(model, cache_dir=tmp_path, refresh=True)
-    assert refreshed.sizes == cost.DEFAULT_SIZES
+    # refresh measures again and replaces the file (a stand-in measurement: the real one was timed above)
+    remeasured = CostCurve((1, 4), (0.5, 0.6))
+    assert cost._cached(stored, lambda: remeasured, refresh=True) == remeasured
+    assert CostCurve.load(stored) == remeasured and first.sizes == cost.DEFAULT_SIZES
 
 
 def _curve(relative: dict[int, float], one_token: float = 0.05) -> CostCurve:

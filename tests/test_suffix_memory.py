@@ -251,7 +251,10 @@ def test_lossless_with_the_suffix_memory(model_name: str, request, ar_reference)
     prompts = dataset_prompts("humaneval", 1) + dataset_prompts("gsm8k", 1)
     expected = [ar_reference(model, tokenizer, prompt, tokens, chat=chat).new_token_ids for prompt in prompts]
     tested = 0
-    for name, config in LOSSLESS_CONFIGS.items():
+    # Gemma 3 (a pass costs several of SmolLM2's) with all three sources only: the memory alone and
+    # multi_spine are topology questions SmolLM2 answers; Gemma checks the memory across its own vocabulary
+    configs = LOSSLESS_CONFIGS if model_name == "smollm2" else {"spine": LOSSLESS_CONFIGS["spine"]}
+    for name, config in configs.items():
         goose = GooseDecoder(model, tokenizer, config, chat=chat)  # the second prompt drafts from the first's output
         for prompt, want in zip(prompts, expected, strict=True):
             result = goose.generate(prompt, tokens)

@@ -28,7 +28,7 @@ def build_tree(anchor: int, parent_choices: list[int], tokens: list[int]) -> Dra
 
 @torch.inference_mode()
 def sequential_logits(model, ids: list[int]) -> torch.Tensor:
-    return model(input_ids=torch.tensor([ids], device=model.device)).logits[0, -1]
+    return model(input_ids=torch.tensor([ids], device=model.device), logits_to_keep=1).logits[0, -1]
 
 
 def check_tree_against_sequential(model, context: list[int], tree: DraftTree) -> None:
@@ -105,13 +105,14 @@ def test_commit_keeps_exactly_the_accepted_path(smollm2) -> None:
 
 
 def test_the_cache_grows_in_place_across_many_passes(smollm2) -> None:
-    """Storage that doubles: hundreds of passes and commits later, the cache still equals a plain forward."""
+    """Storage that doubles: dozens of passes and commits past its first block, the cache still equals a plain
+    forward."""
     model, tokenizer = smollm2
-    context = tokenizer.encode("Count: 1, 2, 3,")
+    context = tokenizer.encode("Count: " + ", ".join(map(str, range(1, 80))) + ",")[:200]
     verifier = Verifier(model)
     verifier.prefill(context[:-1])
     accepted = list(context)
-    for step in range(300):  # past the first storage block of 256 rows
+    for step in range(60):  # from 200 rows past the first storage block of 256, and its doubling
         tree = build_tree(accepted[-1], [0, 0, 1], [11 + step % 5, 12, 13])
         logits = verifier.verify(tree)
         walked = walk(tree, logits.argmax(-1).cpu().numpy())
