@@ -150,7 +150,7 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
         max_tokens = encoder.token_limit(prompt_ids, body.max_tokens)
         prediction = await _prediction_ids(encoder, body, prompt_ids)
         job = Job("completions", prompt_ids, max_tokens, body.stop_sequences, decoding, sampling,
-                  asyncio.get_running_loop(), body.ignore_eos, prediction)
+                  asyncio.get_running_loop(), body.ignore_eos, prediction, logprobs=body.logprobs)
         return await _answer(engine, job, request, body.stream, CompletionFormat(model_name))
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)],
@@ -163,7 +163,7 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
         max_tokens = encoder.token_limit(prompt_ids, body.token_limit, limit_field)
         prediction = await _prediction_ids(encoder, body, prompt_ids)
         job = Job("chat", prompt_ids, max_tokens, body.stop_sequences, decoding, sampling, asyncio.get_running_loop(),
-                  body.ignore_eos, prediction)
+                  body.ignore_eos, prediction, logprobs=body.top_alternatives)
         return await _answer(engine, job, request, body.stream, ChatFormat(model_name))
 
     if docs:
@@ -217,8 +217,8 @@ async def _event_stream(first: Event, events: _Events, wire: Format) -> AsyncIte
         event = first
         while True:
             if isinstance(event, Delta):
-                if event.text:
-                    yield wire.delta(event.text)
+                if event.text or event.logprobs:
+                    yield wire.delta(event)
             elif isinstance(event, Finished):
                 for closing in wire.closing(event):
                     yield closing
