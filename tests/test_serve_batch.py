@@ -17,7 +17,18 @@ import httpx
 import openai
 import pytest
 
-from tests.test_server import API_KEY, AUTH, MODEL, Reference, Server, _free_port, _stream_chat, start_server
+from tests.test_logprobs import ar_logprobs, assert_same_logprobs, rows
+from tests.test_server import (
+    API_KEY,
+    AUTH,
+    MODEL,
+    Reference,
+    Server,
+    _free_port,
+    _stream_chat,
+    completion_rows,
+    start_server,
+)
 
 pytestmark = pytest.mark.xdist_group("batch_server")  # one worker starts the module's server once
 
@@ -147,3 +158,30 @@ def test_a_client_leaving_mid_batch_changes_no_other_answer(server: Server, refe
     server.wait_idle()
     after = server.post("/v1/completions", {"prompt": "The capital of France is", "max_tokens": 32})
     assert after.status_code == 200 and after.json()["choices"][0]["text"] == expected
+
+
+def test_logprobs_in_a_batch_end_where_a_stop_string_cuts_the_text(server: Server, reference: Reference) -> None:
+    """The batched engine (goose serve's default): a streamed completion cut by a stop string carries the log
+    probabilities of the tokens whose text it sent, each the autoregressive loop's, beside another request."""
+    server.wait_idle()
+    model, tokenizer = reference.model, reference.tokenizer
+    prompt = "Once upon a time"
+    expected = ar_logprobs(model, tokenizer, reference.ids(prompt), 24, 2)
+    stop = expected.text.split()[4]
+    cut = expected.text.index(stop)
+    starts = [len(tokenizer.decode(expected.new_token_ids[:i])) for i in range(len(expected.new_token_ids))]
+    kept = sum(1 for start in starts if start < cut)  # the tokens whose text begins before the stop string
+    other = threading.Thread(target=server.post, args=("/v1/completions", {"prompt": "The capital of France is",
+                                                                            "max_tokens": 24}))
+    other.start()
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=300)
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, logprobs=2, stop=[stop],
+                                            stream=True))
+    other.join(timeout=300)
+    pieces = [c.choices[0] for c in chunks if c.choices and c.choices[0].logprobs is not None]
+    assert "".join(piece.text for piece in pieces) == expected.text[:cut]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+    got = [row for piece in pieces for row in completion_rows(piece.logprobs, 2)]
+    assert_same_logprobs(got, rows(expected.logprobs[:kept], tokenizer))
+    tokens = [token for piece in pieces for token in piece.logprobs.tokens]
+    assert "".join(tokens).startswith(expected.text[:cut]) and len("".join(tokens[:-1])) < cut
