@@ -166,16 +166,16 @@ def test_logprobs_in_a_batch_end_where_a_stop_string_cuts_the_text(server: Serve
     server.wait_idle()
     model, tokenizer = reference.model, reference.tokenizer
     prompt = "Once upon a time"
-    expected = ar_logprobs(model, tokenizer, reference.ids(prompt), 24, 2)
+    expected = ar_logprobs(model, tokenizer, reference.ids(prompt), 16, 2)
     stop = expected.text.split()[4]
     cut = expected.text.index(stop)
     starts = [len(tokenizer.decode(expected.new_token_ids[:i])) for i in range(len(expected.new_token_ids))]
     kept = sum(1 for start in starts if start < cut)  # the tokens whose text begins before the stop string
     other = threading.Thread(target=server.post, args=("/v1/completions", {"prompt": "The capital of France is",
-                                                                            "max_tokens": 24}))
+                                                                            "max_tokens": 12}))
     other.start()
     client = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=300)
-    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, logprobs=2, stop=[stop],
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, logprobs=2, stop=[stop],
                                             stream=True))
     other.join(timeout=300)
     pieces = [c.choices[0] for c in chunks if c.choices and c.choices[0].logprobs is not None]
