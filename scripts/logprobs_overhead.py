@@ -1,10 +1,11 @@
 """What asking for log probabilities costs a Goose generation: the same prompts with and without ``logprobs``.
 
-Each prompt is generated ``--repeats`` times in each mode, alternating (off, on, on, off, ...) so that
-drift on a shared machine and the decoder's learning fall on both modes alike, after one warm-up run
-of each. Per prompt the median wall time of each mode, their ratio, and whether the tokens are the
-same (they must be: log probabilities never change the output); the summary is the median of the
-per-prompt ratios.
+Each prompt is generated once to warm up (its tokens are the reference), then ``--repeats`` times in
+each mode, alternating (off, on, on, off, ...) so that drift on a shared machine and the decoder's
+learning fall on both modes alike. Per prompt: the median wall time of each mode and their ratio, the
+median time of the cycle phase that reads the log probabilities (the decoder's profile, "walk+commit")
+in each mode, whose difference is their cost measured directly, and whether the tokens are the same
+(they must be: log probabilities never change the output). The summary: medians over the prompts.
 
     python scripts/logprobs_overhead.py --dtype float32 --datasets humaneval,gsm8k,mt_bench --limit 2
 """
@@ -37,28 +38,33 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, tokenizer = models.load(args.model, dtype=args.dtype, device=args.device)
-    decoder = GooseDecoder(model, tokenizer)
+    decoder = GooseDecoder(model, tokenizer, profile=True)
     prompts = [sample.turns[0] for name in args.datasets.split(",") for sample in load_samples(name, limit=args.limit)]
     rows = []
     for index, prompt in enumerate(prompts):
         options = {"off": {}, "on": {"logprobs": args.logprobs}}
-        tokens = {mode: decoder.generate(prompt, args.max_new_tokens, **extra).new_token_ids  # warm-up
-                  for mode, extra in options.items()}
+        tokens = decoder.generate(prompt, args.max_new_tokens).new_token_ids  # warm-up, and the reference
         times: dict[str, list[float]] = {"off": [], "on": []}
+        walk: dict[str, list[float]] = {"off": [], "on": []}
+        same = True
         for repeat in range(args.repeats):
             order = ("off", "on") if repeat % 2 == 0 else ("on", "off")
             for mode in order:
                 result = decoder.generate(prompt, args.max_new_tokens, **options[mode])
                 times[mode].append(result.stats.wall_s)
-                assert result.new_token_ids == tokens[mode]
+                walk[mode].append(result.stats.profile["walk+commit"])
+                same = same and result.new_token_ids == tokens
         off, on = statistics.median(times["off"]), statistics.median(times["on"])
-        row = {"prompt": index, "new_tokens": len(tokens["off"]), "off_s": round(off, 4), "on_s": round(on, 4),
-               "ratio": round(on / off, 4), "same_tokens": tokens["off"] == tokens["on"]}
+        added = statistics.median(walk["on"]) - statistics.median(walk["off"])
+        row = {"prompt": index, "new_tokens": len(tokens), "off_s": round(off, 4), "on_s": round(on, 4),
+               "ratio": round(on / off, 4), "logprobs_s": round(added, 4), "logprobs_share": round(added / off, 4),
+               "same_tokens": same}
         rows.append(row)
         print(json.dumps(row), flush=True)
     ratios = [row["ratio"] for row in rows]
     summary = {"model": args.model, "dtype": args.dtype, "logprobs": args.logprobs, "prompts": len(rows),
                "median_ratio": round(statistics.median(ratios), 4), "min_ratio": min(ratios), "max_ratio": max(ratios),
+               "median_logprobs_share": round(statistics.median(row["logprobs_share"] for row in rows), 4),
                "all_same_tokens": all(row["same_tokens"] for row in rows)}
     print(json.dumps(summary))
     if args.out:
