@@ -135,3 +135,26 @@ def test_goose_generate_logprobs_json(smollm2, reference, capsys) -> None:
     tokenizer = smollm2[1]
     assert [entry["token"] for entry in report["logprobs"]] == [tokenizer.decode([t]) for t in report["new_token_ids"]]
     assert all(len(entry["top_logprobs"]) == 3 and "token" in entry["top_logprobs"][0] for entry in report["logprobs"])
+
+
+def test_server_places_tokens_in_the_text_and_shows_partial_characters_as_bytes(smollm2) -> None:
+    """A character split over tokens: each piece shows as OpenAI's bytes:\\x.. with its own raw bytes, and goes
+    out with the text that completes it; a stop string drops the tokens whose text starts after it."""
+    from goose.serve.logprobs import LogprobPlacer, TokenTexts
+
+    tokenizer = smollm2[1]
+    ids = tokenizer.encode("Geese 🦢 fly.", add_special_tokens=False)
+    texts = TokenTexts(tokenizer)
+    shown = [texts(token) for token in ids]
+    assert b"".join(bytes(text.bytes) for text in shown).decode() == "Geese 🦢 fly."
+    assert any(text.token.startswith("bytes:\\x") for text in shown)
+    entries = [TokenLogprob(token, -0.5, ()) for token in ids]
+    placer = LogprobPlacer(texts)
+    swan = next(i for i, text in enumerate(shown) if text.token.startswith("bytes:"))
+    placer.add(entries[: swan + 1])  # the text so far ends inside the swan: its first piece waits for the rest
+    assert [entry.text for entry in placer.release(len("Geese"))] == shown[:2]
+    placer.add(entries[swan + 1 :])
+    sent = placer.release(len("Geese 🦢"), cut=True)  # a stop string " fly" cuts the text after the swan
+    assert [entry.text for entry in sent] == shown[2:-2]
+    assert [entry.offset for entry in placer.sent] == [0, 2, 5, 5, 5][: len(placer.sent)]
+    assert placer.release(100, ended=True) == []  # " fly" and "." were dropped with their text

@@ -4,9 +4,9 @@ A response carries the log probabilities of the tokens whose text it carries. St
 back (it may be the start of a stop string) and cut the output, so each token is placed in the output
 text (where its text starts and ends, decoded incrementally as the output is) and goes out once all of
 its text has been sent; at a stop string, the tokens whose text starts before the cut are the output's
-and the rest are dropped with the text they produced. Tokens without text of their own (the first
-bytes of a character, the EOS token) go out with what precedes them; whatever is left when the output
-ends on its own goes out with its last piece.
+and the rest are dropped with the text they produced. A token that holds only the first bytes of a
+character goes out with the text that completes it; whatever is left when the output ends on its own
+(the EOS token, which has no text in the answer) goes out with its last piece.
 
 Everything here runs in the worker thread: it decodes with the worker's tokenizer, which must not be
 used from two threads at once.
@@ -14,6 +14,7 @@ used from two threads at once.
 
 from __future__ import annotations
 
+import math
 import re
 from collections import deque
 from collections.abc import Sequence
@@ -93,16 +94,24 @@ class LogprobPlacer:
         self.texts = texts
         self._decoded = IncrementalText(texts.tokenizer)
         self._length = 0  # characters of output text placed so far
-        self._waiting: deque[tuple[WireLogprob, int]] = deque()  # (entry, where its text ends)
+        self._waiting: deque[list[Any]] = deque()  # [entry, where its text ends], in output order
+        self._incomplete: list[list[Any]] = []  # waiting entries whose text is not decoded yet
         self.sent: list[WireLogprob] = []  # every entry handed out, in order
 
     def add(self, entries: Sequence[TokenLogprob]) -> None:
         """Place a cycle's new tokens, one by one, after the text placed so far."""
         for entry in entries:
             start = self._length
-            self._length += len(self._decoded.add([entry.token_id]))
+            piece = self._decoded.add([entry.token_id])
+            self._length += len(piece)
             top = tuple(Alternative(self.texts(token), logprob) for token, logprob in entry.top)
-            self._waiting.append((WireLogprob(self.texts(entry.token_id), entry.logprob, start, top), self._length))
+            waiting = [WireLogprob(self.texts(entry.token_id), entry.logprob, start, top), math.inf]
+            self._waiting.append(waiting)
+            self._incomplete.append(waiting)
+            if piece:  # this token's text, and that of the tokens before it that held part of it, is complete
+                for done in self._incomplete:
+                    done[1] = self._length
+                self._incomplete.clear()
 
     def release(self, sent_length: int, *, cut: bool = False, ended: bool = False) -> list[WireLogprob]:
         """The entries to send with the output's first ``sent_length`` characters: those whose text has all been
@@ -116,6 +125,7 @@ class LogprobPlacer:
             released.append(self._waiting.popleft()[0])
         if cut or ended:
             self._waiting.clear()
+            self._incomplete.clear()
         self.sent += released
         return released
 
