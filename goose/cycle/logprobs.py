@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from goose.cycle.readout import greedy_and_top_k
+
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
 
 
@@ -49,15 +51,19 @@ def check_top_logprobs(value: Any) -> int | None:
 
 def token_logprobs(logits: torch.Tensor, rows: Sequence[int], tokens: Sequence[int], top: int) -> list[TokenLogprob]:
     """The log probability of ``tokens[i]`` under row ``rows[i]`` of ``logits`` [n, V], with each row's ``top``
-    most likely tokens: every row at once and one device-to-host copy (float64 carries ids exactly)."""
+    most likely tokens: every row at once and one device-to-host copy (float64 carries ids exactly).
+
+    One ``log_softmax`` kernel over the picked rows, and the readout's blockwise top-k (one values-only
+    pass, then k blocks), rather than a composite log-sum-exp and a full ``topk``: on a CPU each full
+    read of the rows is what costs.
+    """
     device = logits.device
-    picked = logits[torch.as_tensor(list(rows), dtype=torch.long, device=device)].float()
-    normalizer = torch.logsumexp(picked, dim=-1, keepdim=True)
-    chosen = picked.gather(1, torch.as_tensor(list(tokens), dtype=torch.long, device=device)[:, None]) - normalizer
-    parts = [chosen]
+    picked = logits[torch.as_tensor(list(rows), dtype=torch.long, device=device)]
+    scores = torch.log_softmax(picked.float(), dim=-1)
+    parts = [scores.gather(1, torch.as_tensor(list(tokens), dtype=torch.long, device=device)[:, None])]
     if top:
-        values, indices = picked.topk(min(top, picked.shape[-1]), dim=-1)
-        parts += [values - normalizer, indices.to(torch.float64)]
+        _, indices, values = greedy_and_top_k(scores, top)
+        parts += [values, indices]
     host = torch.cat([part.to(torch.float64) for part in parts], dim=1).cpu().tolist()
     kept = (len(host[0]) - 1) // 2 if host else 0
     return [TokenLogprob(int(token), line[0], tuple(zip((int(i) for i in line[1 + kept :]), line[1 : 1 + kept],
