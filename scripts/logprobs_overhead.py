@@ -7,7 +7,10 @@ median time of the cycle phase that reads the log probabilities (the decoder's p
 in each mode, whose difference is their cost measured directly, and whether the tokens are the same
 (they must be: log probabilities never change the output). The summary: medians over the prompts.
 
-    python scripts/logprobs_overhead.py --dtype float32 --datasets humaneval,gsm8k,mt_bench --limit 2
+    python scripts/logprobs_overhead.py --threads 1 --datasets humaneval,gsm8k,mt_bench --limit 2 --repeats 3
+
+(On a machine whose cores other work shares, use ``--threads 1``: with two threads every parallel region
+of every operator waits for a core, and that wait, not Goose's work, sets the time.)
 """
 
 from __future__ import annotations
