@@ -160,6 +160,9 @@ def _add_generate(parser: argparse.ArgumentParser) -> None:
                         help="structured output: the output is a JSON object (JSON mode)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object instead of text (with --prompts: one per line, in input order)")
+    parser.add_argument("--logprobs", type=int, default=None, metavar="K",
+                        help="with --json: every new token's log probability under the target's raw distribution "
+                             "and its K most likely alternatives (0-20), in a 'logprobs' list")
     parser.add_argument("--profile", action="store_true", help="time each phase of the Goose cycle")
     parser.set_defaults(run=_run_generate)
 
@@ -203,6 +206,7 @@ def _run_generate(args: argparse.Namespace) -> int:
 
     if (args.prompt is None) == (args.prompts is None):
         raise ValueError("give a prompt or --prompts FILE (one of them)")
+    _check_logprobs(args)
     if args.prompts is not None:
         return _run_generate_batch(args)
     if args.max_batch is not None:
@@ -220,8 +224,10 @@ def _run_generate(args: argparse.Namespace) -> int:
     goose = GooseDecoder(model, tokenizer, config, chat=not args.no_chat, profile=args.profile)
     baseline = (AutoregressiveDecoder(model, tokenizer, chat=not args.no_chat, sampling=config.sampling_params())
                 if args.compare_ar else None)
-    options = {"prediction": prediction} if prediction is not None else {}
+    options: dict[str, Any] = {"prediction": prediction} if prediction is not None else {}
     options |= structured
+    if args.logprobs is not None:
+        options["logprobs"] = args.logprobs
     if baseline is not None:  # warm both paths up so the first timed run pays no one-off costs
         baseline.generate(prompt, 4, **structured)
         goose.generate(prompt, 4, **options)
@@ -237,7 +243,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"model": args.model, "dtype": args.dtype, "sources": sources,
                               "topology": config.topology, "budget": config.budget,
                               "temperature": config.temperature, "top_p": config.top_p, "top_k": config.top_k,
-                              **result.to_dict()}
+                              **_with_token_text(result.to_dict(), tokenizer)}
     if baseline is not None:
         ar = baseline.generate(prompt, args.max_new_tokens, **structured)  # constrained AR for a constrained run
         report |= {
@@ -254,6 +260,30 @@ def _run_generate(args: argparse.Namespace) -> int:
         print(result.text)
     print(_stats_line(report), file=sys.stderr)
     return 0
+
+
+def _check_logprobs(args: argparse.Namespace) -> None:
+    """--logprobs: a count the decoder takes, printed only in the JSON report."""
+    from goose.cycle.logprobs import MAX_TOP_LOGPROBS
+
+    if args.logprobs is None:
+        return
+    if not args.json:
+        raise ValueError("--logprobs goes with --json (the log probabilities are printed in the JSON report)")
+    if not 0 <= args.logprobs <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"--logprobs must be from 0 to {MAX_TOP_LOGPROBS}, got {args.logprobs}")
+
+
+def _with_token_text(report: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
+    """The report with each log probability entry's token text beside its id (for a reader of the JSON)."""
+    def named(item: dict[str, Any]) -> dict[str, Any]:
+        return {"token_id": item["token_id"], "token": tokenizer.decode([item["token_id"]], skip_special_tokens=False),
+                **item}
+
+    if "logprobs" in report:
+        report["logprobs"] = [{**named(entry), "top_logprobs": [named(top) for top in entry["top_logprobs"]]}
+                              for entry in report["logprobs"]]
+    return report
 
 
 _LINE_FIELDS = {"prompt": str, "max_new_tokens": int, "prediction": str, "seed": int}
@@ -325,10 +355,13 @@ def _run_generate_batch(args: argparse.Namespace) -> int:
         goose.generate_batch([requests[0]["prompt"]], 4, **warm_up)
     session = goose.batch(args.max_batch or len(requests))
     started = time.perf_counter()
-    ids = [session.submit(item["prompt"], **{k: v for k, v in item.items() if k != "prompt"}) for item in requests]
+    logprobs = {"logprobs": args.logprobs} if args.logprobs is not None else {}
+    ids = [session.submit(item["prompt"], **{k: v for k, v in item.items() if k != "prompt"}, **logprobs)
+           for item in requests]
     results = {event.request_id: event.result for event in session.run() if event.result is not None}
     wall_s = time.perf_counter() - started
-    reports = [{"index": i, **results[request_id].to_dict()} for i, request_id in enumerate(ids)]
+    reports = [{"index": i, **_with_token_text(results[request_id].to_dict(), tokenizer)}
+               for i, request_id in enumerate(ids)]
     ar_wall_s = 0.0
     if baseline is not None:  # each row against its own single-request autoregressive run
         for item, report in zip(requests, reports, strict=True):

@@ -48,6 +48,8 @@ from goose.topologies.spine import SpineTopology
         (["generate", "--prompts", "/no/such.jsonl"], "--prompts: cannot read /no/such.jsonl"),
         (["generate", "--prompts", "/dev/null"], "--prompts: /dev/null holds no prompt"),
         (["generate", "--prompts", "/dev/null", "--max-batch", "0"], "--max-batch must be at least 1"),
+        (["generate", "hi", "--logprobs", "3"], "--logprobs goes with --json"),
+        (["generate", "hi", "--logprobs", "21", "--json"], "--logprobs must be from 0 to 20"),
     ],
 )
 def test_cli_errors_are_one_line(argv: list[str], message: str, capsys) -> None:

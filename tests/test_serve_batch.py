@@ -21,7 +21,18 @@ import pytest
 
 from goose.cycle.sampling import choice_seed
 from goose.models import encode_chat
-from tests.test_server import API_KEY, AUTH, MODEL, Reference, Server, _free_port, _stream_chat, start_server
+from tests.test_logprobs import ar_logprobs, assert_same_logprobs, rows
+from tests.test_server import (
+    API_KEY,
+    AUTH,
+    MODEL,
+    Reference,
+    Server,
+    _free_port,
+    _stream_chat,
+    completion_rows,
+    start_server,
+)
 from tests.test_structured import PROMPT, SCHEMA
 
 pytestmark = pytest.mark.xdist_group("batch_server")  # one worker starts the module's server once
@@ -214,3 +225,30 @@ def test_response_format_json_schema_through_the_openai_client(server: Server, r
             "type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "object", "properties": {
                 "a": {"type": "string", "pattern": "(("}}}}})
     assert raised.value.body["param"] == "response_format" and "unclosed group" in raised.value.body["message"]
+
+
+def test_logprobs_in_a_batch_end_where_a_stop_string_cuts_the_text(server: Server, reference: Reference) -> None:
+    """The batched engine (goose serve's default): a streamed completion cut by a stop string carries the log
+    probabilities of the tokens whose text it sent, each the autoregressive loop's, beside another request."""
+    server.wait_idle()
+    model, tokenizer = reference.model, reference.tokenizer
+    prompt = "Once upon a time"
+    expected = ar_logprobs(model, tokenizer, reference.ids(prompt), 16, 2)
+    stop = expected.text.split()[4]
+    cut = expected.text.index(stop)
+    starts = [len(tokenizer.decode(expected.new_token_ids[:i])) for i in range(len(expected.new_token_ids))]
+    kept = sum(1 for start in starts if start < cut)  # the tokens whose text begins before the stop string
+    other = threading.Thread(target=server.post, args=("/v1/completions", {"prompt": "The capital of France is",
+                                                                            "max_tokens": 12}))
+    other.start()
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=300)
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, logprobs=2, stop=[stop],
+                                            stream=True))
+    other.join(timeout=300)
+    pieces = [c.choices[0] for c in chunks if c.choices and c.choices[0].logprobs is not None]
+    assert "".join(piece.text for piece in pieces) == expected.text[:cut]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+    got = [row for piece in pieces for row in completion_rows(piece.logprobs, 2)]
+    assert_same_logprobs(got, rows(expected.logprobs[:kept], tokenizer))
+    tokens = [token for piece in pieces for token in piece.logprobs.tokens]
+    assert "".join(tokens).startswith(expected.text[:cut]) and len("".join(tokens[:-1])) < cut

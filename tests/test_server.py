@@ -31,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from goose import cli
 from goose.models import encode_chat, encode_prompt
 from goose.serve.stop import StopScanner
+from tests.test_logprobs import Row, ar_logprobs, assert_same_logprobs, rows
 
 pytestmark = pytest.mark.xdist_group("server")  # one worker: the module's server (a model load) starts once
 
@@ -369,6 +370,70 @@ def test_sampled_requests_replay_by_seed_and_equal_the_seeded_sampler(client: op
     assert "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices) == expected.text
 
 
+# --- log probabilities ----------------------------------------------------------------------------
+
+
+def chat_rows(content: list[Any]) -> list[Row]:
+    """A chat response's logprobs.content as rows (token text, logprob, top alternatives)."""
+    return [(e.token, e.logprob, tuple((t.token, t.logprob) for t in e.top_logprobs)) for e in content]
+
+
+def completion_rows(logprobs: Any, top: int) -> list[Row]:
+    """A completion's logprobs as rows; each top dict holds the k alternatives and the chosen token (OpenAI's
+    "up to k + 1"), so the alternatives are its k best items."""
+    result = []
+    for token, logprob, alternatives in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs,
+                                            strict=True):
+        assert token in alternatives and abs(alternatives[token] - logprob) <= 1e-6
+        best = sorted(alternatives.items(), key=lambda item: -item[1])[:top]
+        result.append((token, logprob, tuple(best)))
+    return result
+
+
+def test_logprobs_chat_and_completions_equal_the_python_reference(client: openai.OpenAI, reference: Reference) -> None:
+    """Chat and completions, streamed and not, greedy and seeded: each equals the autoregressive loop's within 1e-4,
+    and every streamed chunk carries the tokens whose text it carries."""
+    model, tokenizer = reference.model, reference.tokenizer
+    messages = [{"role": "user", "content": "Why do geese fly in a V formation?"}]
+    chat_ids = encode_chat(tokenizer, messages)
+    greedy = ar_logprobs(model, tokenizer, chat_ids, 16, 3)
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, logprobs=True,
+                                           top_logprobs=3)
+    content = whole.choices[0].logprobs.content
+    assert_same_logprobs(chat_rows(content), rows(greedy.logprobs, tokenizer))
+    assert "".join(e.token for e in content) == whole.choices[0].message.content
+    assert all(bytes(e.bytes) == e.token.encode() for e in content)
+
+    sampling = {"temperature": 0.8, "seed": 5}
+    sampled = ar_logprobs(model, tokenizer, chat_ids, 16, 0, **sampling)
+    _, chunks = _stream_chat(client, model=MODEL, messages=messages, max_tokens=16, logprobs=True, **sampling)
+    carrying = [c.choices[0] for c in chunks if c.choices and c.choices[0].logprobs is not None]
+    for choice in carrying:  # a chunk's log probabilities are those of the tokens whose text it carries
+        assert "".join(e.token for e in choice.logprobs.content) == choice.delta.content
+    assert_same_logprobs(chat_rows([e for c in carrying for e in c.logprobs.content]),
+                         rows(sampled.logprobs, tokenizer))
+
+    prompt = "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists.\"\"\"\n"
+    prompt_ids = reference.ids(prompt)
+    greedy = ar_logprobs(model, tokenizer, prompt_ids, 16, 2)
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, logprobs=2, stream=True))
+    pieces = [c.choices[0] for c in chunks if c.choices and c.choices[0].logprobs is not None]
+    assert all("".join(piece.logprobs.tokens) == piece.text for piece in pieces)
+    streamed = [row for piece in pieces for row in completion_rows(piece.logprobs, 2)]
+    assert_same_logprobs(streamed, rows(greedy.logprobs, tokenizer))
+    offsets = [offset for piece in pieces for offset in piece.logprobs.text_offset]
+    text = "".join(piece.text for piece in pieces)
+    assert offsets == [len(tokenizer.decode(greedy.new_token_ids[:i])) for i in range(len(offsets))]
+    assert text == greedy.text
+
+    sampled = ar_logprobs(model, tokenizer, prompt_ids, 16, 5, **sampling)
+    completion = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, logprobs=5, **sampling)
+    assert completion.choices[0].text == sampled.text
+    assert_same_logprobs(completion_rows(completion.choices[0].logprobs, 5), rows(sampled.logprobs, tokenizer))
+    plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2)
+    assert plain.choices[0].logprobs is None  # none unless asked for
+
+
 # --- errors -------------------------------------------------------------------------------------
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -399,8 +464,12 @@ BAD_CHAT: list[tuple[Any, str | None]] = [
     ({**CHAT, "n": 0}, "n"),
     ({**CHAT, "n": 17}, "n"),
     ({**CHAT, "n": True}, "n"),
-    ({**CHAT, "logprobs": True}, "logprobs"),
-    ({**CHAT, "top_logprobs": 3}, "top_logprobs"),
+    ({**CHAT, "logprobs": "yes"}, "logprobs"),
+    ({**CHAT, "logprobs": 1}, "logprobs"),
+    ({**CHAT, "top_logprobs": 3}, "top_logprobs"),  # OpenAI: top_logprobs needs logprobs true
+    ({**CHAT, "logprobs": False, "top_logprobs": 3}, "top_logprobs"),
+    ({**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({**CHAT, "logprobs": True, "top_logprobs": -1}, "top_logprobs"),
     ({**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({**CHAT, "presence_penalty": 0.5}, "presence_penalty"),
     ({**CHAT, "response_format": {"type": "xml"}}, "response_format"),
@@ -433,7 +502,10 @@ BAD_COMPLETION: list[tuple[Any, str | None]] = [
     ({"prompt": "hi", "echo": True}, "echo"),
     ({"prompt": "hi", "best_of": 3}, "best_of"),
     ({"prompt": "hi", "suffix": "x"}, "suffix"),
-    ({"prompt": "hi", "logprobs": 2}, "logprobs"),
+    ({"prompt": "hi", "logprobs": 6}, "logprobs"),
+    ({"prompt": "hi", "logprobs": -1}, "logprobs"),
+    ({"prompt": "hi", "logprobs": True}, "logprobs"),
+    ({"prompt": "hi", "top_logprobs": 2}, "top_logprobs"),  # the chat endpoint's field
     ({"prompt": "hi", "prediction": {"content": "x"}}, "prediction.type"),
     ({"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
      "response_format.json_schema.json_schema.name"),

@@ -31,18 +31,21 @@ from goose.contract.tree import DraftTree
 from goose.cycle.batch_verifier import BatchVerifier
 from goose.cycle.decoder import GenerationResult, GooseDecoder, Prompt, RowCycle, _Decoding, _Request
 from goose.cycle.detokenize import IncrementalText
+from goose.cycle.logprobs import TokenLogprob
 from goose.cycle.stats import GenerationStats
 from goose.planning.cost import BatchCosts
 
 
 @dataclass(frozen=True)
 class BatchEvent:
-    """What one step did for one request: the tokens it appended, their text, and its result once it ended."""
+    """What one step did for one request: the tokens it appended, their text (and log probabilities, with the
+    ``logprobs`` option), and its result once it ended."""
 
     request_id: int
     token_ids: list[int]
     text: str
     result: GenerationResult | None = None  # set on the request's last event
+    logprobs: list[TokenLogprob] | None = None
 
     @property
     def finished(self) -> bool:
@@ -137,7 +140,7 @@ class BatchSession:
             row.cycle.sources.reset(keep=frozenset(self._shared_sources))
             harvest = row.cycle.harvest_rows()
         _, logits = self.verifier.prefill(request.prompt_ids, logits_to_keep=harvest + 1)
-        request.accept([request.next_token(logits[-1], request.length)])
+        request.accept_scored([request.next_token(logits[-1], request.length)], logits, [logits.shape[0] - 1])
         row.stats.prefill_s = time.perf_counter() - row.started
         self.rows.append(row)
         event = self._event(row, request.tokens[-1:].tolist())
@@ -184,10 +187,11 @@ class BatchSession:
 
     def _event(self, row: _Row, token_ids: list[int]) -> BatchEvent:
         piece = row.text.add(token_ids)
+        logprobs = row.request.recent_logprobs(len(token_ids))
         if row.request.stop_reason is not None:
             piece += row.text.finish()
-            return BatchEvent(row.request_id, token_ids, piece, self._result(row))
-        return BatchEvent(row.request_id, token_ids, piece)
+            return BatchEvent(row.request_id, token_ids, piece, self._result(row), logprobs)
+        return BatchEvent(row.request_id, token_ids, piece, logprobs=logprobs)
 
     def _result(self, row: _Row) -> GenerationResult:
         return self.decoder._result(row.request, row.stats, row.started)
@@ -214,7 +218,8 @@ class BatchSession:
             row.stats.batch_rows.append(len(rows))
             if row.cycle is None:
                 path = np.zeros(0, dtype=np.int64)
-                kept = row.request.accept([row.request.next_token(row_logits[0], row.request.length)])
+                kept = row.request.accept_scored([row.request.next_token(row_logits[0], row.request.length)],
+                                                 row_logits, [0])
                 row.stats.verify_steps += 1
                 row.stats.accepted_lengths.append(len(kept))
             else:

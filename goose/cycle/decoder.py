@@ -11,7 +11,7 @@ each forward pass yields.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,8 +23,9 @@ from goose.config import GooseConfig
 from goose.contract.boundary import FaultLog, SourceSet, TopologyPlanner
 from goose.contract.candidates import CandidatePool, DecodeContext
 from goose.contract.outcome import AuxiliaryRows, Harvest, VerifyOutcome
-from goose.contract.tree import DraftTree
+from goose.contract.tree import ROOT, DraftTree
 from goose.cycle.detokenize import IncrementalText
+from goose.cycle.logprobs import TokenLogprob, check_top_logprobs, token_logprobs
 from goose.cycle.readout import greedy, greedy_and_top_k, read
 from goose.cycle.sampling import Sampler, SamplingParams, random_seed
 from goose.cycle.stats import GenerationStats
@@ -46,6 +47,7 @@ class GenerationResult:
     """What a generation returns: the new tokens, their text, why it stopped, and its statistics.
 
     ``seed``: the seed of a sampled run (the one given, or the random one picked), None when greedy.
+    ``logprobs``: with the ``logprobs`` option, one entry per new token (see :mod:`goose.cycle.logprobs`).
     """
 
     prompt_ids: list[int]
@@ -54,18 +56,22 @@ class GenerationResult:
     stop_reason: str  # "eos", "max_new_tokens", "context_full", or "stopped" (the stream's consumer stopped early)
     stats: GenerationStats
     seed: int | None = None
+    logprobs: list[TokenLogprob] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"text": self.text, "new_token_ids": self.new_token_ids, "stop_reason": self.stop_reason,
-                "seed": self.seed, **self.stats.to_dict()}
+                "seed": self.seed, **self.stats.to_dict(),
+                **({"logprobs": [entry.to_dict() for entry in self.logprobs]} if self.logprobs is not None else {})}
 
 
 @dataclass(frozen=True)
 class Chunk:
-    """One streamed piece: the tokens a cycle appended and the text they complete."""
+    """One streamed piece: the tokens a cycle appended, the text they complete, and their log probabilities
+    (with the ``logprobs`` option)."""
 
     token_ids: list[int]
     text: str
+    logprobs: list[TokenLogprob] | None = None
 
 
 def check_request(prompt: Prompt, max_new_tokens: int) -> None:
@@ -88,6 +94,8 @@ class _Request:
     sampler: Sampler | None = None
     prediction: np.ndarray | None = None  # the predicted output's token ids (read-only), if the request has one
     constraint: Constraint | None = None  # the grammar the output must follow (structured outputs), if any
+    top_logprobs: int | None = None  # None: no log probabilities; else the alternatives reported per token
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token, with top_logprobs set
     buffer: np.ndarray = field(init=False)
     length: int = field(init=False)
     stop_reason: str | None = None
@@ -130,6 +138,20 @@ class _Request:
             self.stop_reason = "max_new_tokens"
         return kept
 
+    def accept_scored(self, tokens: list[int], logits: torch.Tensor, rows: Sequence[int]) -> list[int]:
+        """:meth:`accept`, and the kept tokens' log probabilities when the request asks for them (row
+        ``rows[i]`` of ``logits`` predicted ``tokens[i]``); without the option this is :meth:`accept`."""
+        kept = self.accept(tokens)
+        if self.top_logprobs is not None and kept:
+            self.logprobs += token_logprobs(logits, rows[: len(kept)], kept, self.top_logprobs)
+        return kept
+
+    def recent_logprobs(self, count: int) -> list[TokenLogprob] | None:
+        """The log probabilities of the last ``count`` tokens (None without the option)."""
+        if self.top_logprobs is None:
+            return None
+        return self.logprobs[len(self.logprobs) - count :]
+
 
 class _Decoding:
     """What the Goose decoder and the autoregressive loop share: prompts, sampling, stopping, results.
@@ -167,6 +189,7 @@ class _Decoding:
         prediction: str | list[int] | None = options.pop("prediction", None)
         json_schema: dict[str, Any] | str | None = options.pop("json_schema", None)
         json_object: bool = bool(options.pop("json_object", False))
+        top_logprobs = check_top_logprobs(options.pop("logprobs", None))
         unknown = set(options) - set(SamplingParams.model_fields)
         if unknown:
             raise TypeError(f"unknown generation option(s): {', '.join(sorted(unknown))}")
@@ -181,7 +204,7 @@ class _Decoding:
         sampler = None if sampling.greedy else Sampler(sampling, random_seed() if sampling.seed is None
                                                        else sampling.seed)
         return _Request(ids, max_new_tokens, eos, sampler, self._prediction_ids(prediction, len(ids)),
-                        self._constraint(json_schema, json_object, eos))
+                        self._constraint(json_schema, json_object, eos), top_logprobs)
 
     def _constraint(self, json_schema: dict[str, Any] | str | None, json_object: bool,
                     eos: frozenset[int]) -> Constraint | None:
@@ -228,8 +251,11 @@ class _Decoding:
         or without it) and ``json_schema`` (a JSON schema, dict or JSON text: the output is JSON that
         follows it) or ``json_object=True`` (the output is a JSON object): structured outputs, every
         token drawn from the target's distribution restricted to what the grammar allows, the output
-        ending (EOS) where the JSON is complete; a schema that cannot be compiled is a ValueError.
-        Stopping the iteration ends the generation at the next cycle.
+        ending (EOS) where the JSON is complete; a schema that cannot be compiled is a ValueError;
+        and ``logprobs`` (None, the default: off; k in 0..20: every new token's log probability under
+        the target's raw distribution (restricted by the grammar for a structured output) and its k
+        most likely alternatives, on each chunk and on the result; the output is the same with or
+        without it). Stopping the iteration ends the generation at the next cycle.
         """
         request = self._request(prompt, max_new_tokens, dict(options))
         stats = GenerationStats()
@@ -242,7 +268,7 @@ class _Decoding:
                 if request.stop_reason is not None:
                     piece += text.finish()
                 paused = time.perf_counter()
-                yield Chunk(token_ids, piece)
+                yield Chunk(token_ids, piece, request.recent_logprobs(len(token_ids)))
                 started += time.perf_counter() - paused  # time spent in the consumer is not decoding time
         except GeneratorExit:  # the consumer stopped early (a stop string, a client gone)
             request.stop_reason = request.stop_reason or "stopped"
@@ -270,7 +296,9 @@ class _Decoding:
             stats.constrained = True
             stats.grammar_s = request.constraint.seconds
             stats.grammar_cut_tokens = request.constraint.cut_tokens
-        return GenerationResult(request.prompt_ids, new_ids, text, request.stop_reason or "context_full", stats, seed)
+        logprobs = list(request.logprobs) if request.top_logprobs is not None else None
+        return GenerationResult(request.prompt_ids, new_ids, text, request.stop_reason or "context_full", stats, seed,
+                                logprobs)
 
     def batch(self, max_batch: int, cache_positions: int | None = None) -> BatchSession:
         """A session decoding up to ``max_batch`` requests together (submit, step, cancel).
@@ -294,7 +322,7 @@ class _Decoding:
     def _prefill(self, request: _Request, stats: GenerationStats, harvest_rows: int) -> torch.Tensor:
         started = time.perf_counter()
         logits = self.verifier.prefill(request.prompt_ids, logits_to_keep=harvest_rows + 1)
-        request.accept([request.next_token(logits[-1], request.length)])
+        request.accept_scored([request.next_token(logits[-1], request.length)], logits, [logits.shape[0] - 1])
         stats.prefill_s = time.perf_counter() - started
         return logits
 
@@ -312,7 +340,7 @@ class AutoregressiveDecoder(_Decoding):
             tree = DraftTree.single(int(request.tokens[-1]))
             logits = self.verifier.verify(tree)
             self.verifier.commit(tree.tokens[:0])
-            kept = request.accept([request.next_token(logits[0], request.length)])
+            kept = request.accept_scored([request.next_token(logits[0], request.length)], logits, [0])
             stats.verify_steps += 1
             stats.accepted_lengths.append(len(kept))
             yield kept
@@ -518,7 +546,8 @@ class RowCycle:
             walked = walk(tree, readout.predictions[: tree.size])
         else:
             walked = walk_sampled(tree, self.decoder._row_draws(request.sampler, logits, tree, past))
-        kept = request.accept(walked.tokens)
+        # the anchor's row predicted the first kept token, each accepted node's row the next (the bonus last)
+        kept = request.accept_scored(walked.tokens, logits, [ROOT, *walked.path.tolist()])
         self.clock.lap("walk+commit")
         # 5. every source learns from the outcome; the boundary updates their acceptance estimates
         outcome = VerifyOutcome(

@@ -150,7 +150,8 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
         max_tokens = encoder.token_limit(prompt_ids, body.max_tokens)
         prediction = await _prediction_ids(encoder, body, prompt_ids)
         jobs = [Job("completions", prompt_ids, max_tokens, body.stop_sequences, decoding, choice_sampling,
-                    asyncio.get_running_loop(), body.ignore_eos, prediction, body.structured_output())
+                    asyncio.get_running_loop(), body.ignore_eos, prediction, body.structured_output(),
+                    logprobs=body.logprobs)
                 for choice_sampling in _choices(engine, sampling, body.n or 1)]
         return await _answer(engine, jobs, request, body.stream, CompletionFormat(model_name))
 
@@ -164,7 +165,8 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
         max_tokens = encoder.token_limit(prompt_ids, body.token_limit, limit_field)
         prediction = await _prediction_ids(encoder, body, prompt_ids)
         jobs = [Job("chat", prompt_ids, max_tokens, body.stop_sequences, decoding, choice_sampling,
-                    asyncio.get_running_loop(), body.ignore_eos, prediction, body.structured_output())
+                    asyncio.get_running_loop(), body.ignore_eos, prediction, body.structured_output(),
+                    logprobs=body.top_alternatives)
                 for choice_sampling in _choices(engine, sampling, body.n or 1)]
         return await _answer(engine, jobs, request, body.stream, ChatFormat(model_name))
 
@@ -239,8 +241,8 @@ async def _event_stream(first: tuple[int, Event], events: _Events, wire: Format)
         index, event = first
         while True:
             if isinstance(event, Delta):
-                if event.text:
-                    yield wire.delta(event.text, index)
+                if event.text or event.logprobs:
+                    yield wire.delta(event, index)
             elif isinstance(event, Finished):
                 finished[index] = event
                 yield wire.finish(event, index)

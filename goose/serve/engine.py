@@ -21,6 +21,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,9 +33,11 @@ from goose.config import GooseConfig
 from goose.cycle.batch import BatchSession
 from goose.cycle.decoder import GooseDecoder
 from goose.cycle.grammar import GrammarError
+from goose.cycle.logprobs import TokenLogprob
 from goose.cycle.verifier import ContextOverflowError, Verifier
 from goose.plugins import PluginError, registry
 from goose.serve.errors import APIError, bad_request, from_validation_error
+from goose.serve.logprobs import LogprobPlacer, TokenTexts, WireLogprob
 from goose.serve.metrics import ServerMetrics
 from goose.serve.schemas import GooseStats
 from goose.serve.stop import StopScanner
@@ -59,9 +62,11 @@ class Decoding:
 
 @dataclass(frozen=True)
 class Delta:
-    """Text the client may be sent now (empty when a cycle's text is held back by a stop string)."""
+    """Text the client may be sent now (empty when a cycle's text is held back by a stop string) and, when the
+    request asks for log probabilities, those of the tokens whose text it completes (None when it does not)."""
 
     text: str
+    logprobs: list[WireLogprob] | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,7 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int
     stats: GooseStats
+    logprobs: list[WireLogprob] | None = None  # the output's tokens' (None unless the request asked)
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,7 @@ class Job:
     ignore_eos: bool = False
     prediction: list[int] | None = None  # Predicted Outputs: the expected output's token ids
     structured_output: dict[str, Any] = field(default_factory=dict)  # response_format: json_schema or json_object
+    logprobs: int | None = None  # None: no log probabilities; else the top alternatives reported per token
     arrived: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
@@ -115,6 +122,8 @@ class Job:
         if self.prediction is not None:
             options["prediction"] = self.prediction
         options.update(self.structured_output)
+        if self.logprobs is not None:
+            options["logprobs"] = self.logprobs
         return options
 
     def cancel(self) -> None:
@@ -165,6 +174,7 @@ class Engine:
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._decoders: OrderedDict[Decoding, GooseDecoder] = OrderedDict()
         self._threads = torch.get_num_threads()
+        self._token_texts = TokenTexts(tokenizer)  # the worker's: it decodes with the worker's tokenizer
         self._worker: threading.Thread | None = None
         self._mean_job_s = 5.0  # a first guess for Retry-After until jobs have been timed
         self._running: Job | None = None
@@ -362,7 +372,8 @@ class Engine:
             self._done()
             return
         self._batch[(job.decoding, request_id)] = _Running(job, request_id, StopScanner(job.stop), started,
-                                                           decoder.source_names(job.prediction is not None))
+                                                           decoder.source_names(job.prediction is not None),
+                                                           self._placer(job))
 
     def _step(self, decoding: Decoding, session: BatchSession) -> bool:
         """One cycle of ``session``, its events sent on; False if it failed (its requests are failed too)."""
@@ -388,15 +399,17 @@ class Engine:
             running.produced += len(event.token_ids)
             piece = running.scanner.feed(event.text)
             running.text += piece
-            if piece or running.cycles == 1:  # the first event tells a streaming request that generation began
-                running.job.deliver(Delta(piece))
+            logprobs = _placed(running.placer, event.logprobs, len(running.text), cut=running.scanner.stopped)
+            if piece or logprobs or running.cycles == 1:  # the first event tells a stream that generation began
+                running.job.deliver(Delta(piece, logprobs))
             if running.scanner.stopped:
                 self._end(running, "stop", session.cancel(event.request_id))
             elif event.result is not None:
                 tail = running.scanner.flush()
-                if tail:
-                    running.text += tail
-                    running.job.deliver(Delta(tail))
+                running.text += tail
+                logprobs = _placed(running.placer, [], len(running.text), ended=True)
+                if tail or logprobs:
+                    running.job.deliver(Delta(tail, logprobs))
                 self._end(running, FINISH_REASONS.get(event.result.stop_reason, "length"), event.result)
         return True
 
@@ -407,7 +420,8 @@ class Engine:
         if finish_reason == "cancelled":  # the client has gone, or the server is stopping: tell whoever is left
             job.deliver(Failed(SHUTTING_DOWN, started=True))
         else:
-            job.deliver(Finished(finish_reason, running.text, len(job.prompt_ids), running.produced, stats))
+            job.deliver(Finished(finish_reason, running.text, len(job.prompt_ids), running.produced, stats,
+                                 running.placer.sent if running.placer is not None else None))
         self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * (time.perf_counter() - running.started) / self.max_batch
         self._release((job.decoding, running.request_id))
 
@@ -438,7 +452,7 @@ class Engine:
             return
         decoder.last_result = None
         generation = decoder.stream(job.prompt_ids, job.max_tokens, **job.decoder_options())
-        scanner = StopScanner(job.stop)
+        scanner, placer = StopScanner(job.stop), self._placer(job)
         text, produced, cycles, finish_reason = "", 0, 0, None
         try:
             for chunk in generation:
@@ -448,8 +462,9 @@ class Engine:
                 cycles += 1
                 piece = scanner.feed(chunk.text)
                 text += piece
-                if piece or cycles == 1:  # the first event tells a streaming request that generation began
-                    job.deliver(Delta(piece))
+                logprobs = _placed(placer, chunk.logprobs, len(text), cut=scanner.stopped)
+                if piece or logprobs or cycles == 1:  # the first event tells a stream that generation began
+                    job.deliver(Delta(piece, logprobs))
                 if scanner.stopped:
                     finish_reason = "stop"
                     break
@@ -458,9 +473,10 @@ class Engine:
                     break
             else:
                 tail = scanner.flush()
-                if tail:
-                    text += tail
-                    job.deliver(Delta(tail))
+                text += tail
+                logprobs = _placed(placer, [], len(text), ended=True)
+                if tail or logprobs:
+                    job.deliver(Delta(tail, logprobs))
         except ValueError as error:
             if cycles:
                 raise
@@ -479,7 +495,11 @@ class Engine:
         if finish_reason == "cancelled":  # the client has gone, or the server is stopping: tell whoever is left
             job.deliver(Failed(SHUTTING_DOWN, started=True))
         else:
-            job.deliver(Finished(finish_reason, text, len(job.prompt_ids), produced, stats))
+            job.deliver(Finished(finish_reason, text, len(job.prompt_ids), produced, stats,
+                                 placer.sent if placer is not None else None))
+
+    def _placer(self, job: Job) -> LogprobPlacer | None:
+        return LogprobPlacer(self._token_texts) if job.logprobs is not None else None
 
     def _record(self, job: Job, finish_reason: str, produced: int, stats: GooseStats) -> None:
         m = self.metrics
@@ -506,9 +526,19 @@ class _Running:
     scanner: StopScanner
     started: float
     sources: tuple[str, ...]
+    placer: LogprobPlacer | None = None  # with log probabilities: which tokens' entries have gone out
     text: str = ""
     produced: int = 0
     cycles: int = 0
+
+
+def _placed(placer: LogprobPlacer | None, entries: Sequence[TokenLogprob] | None, sent_length: int, *,
+            cut: bool = False, ended: bool = False) -> list[WireLogprob] | None:
+    """The log probabilities that go out with the text sent so far (None when the request asked for none)."""
+    if placer is None:
+        return None
+    placer.add(entries or ())
+    return placer.release(sent_length, cut=cut, ended=ended)
 
 
 def _rejection(error: ValueError, job: Job) -> APIError:

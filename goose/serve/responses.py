@@ -4,7 +4,9 @@ Streams follow OpenAI's chunk format: chat opens with a chunk carrying the assis
 follows as deltas, a chunk with the finish reason closes the choice, and a last chunk with no
 choices carries ``usage`` (as ``stream_options.include_usage`` asks OpenAI to) and Goose's
 statistics; then ``data: [DONE]``. With ``n`` > 1 every chunk names its choice by ``index``; the
-choices' chunks interleave as they decode, and the closing usage counts every choice's tokens.
+choices' chunks interleave as they decode, and the closing usage counts every choice's tokens. With log
+probabilities, each chunk carries those of the tokens whose text it carries (see :mod:`goose.serve.logprobs`),
+in the endpoint's own shape.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import time
 import uuid
 from typing import Any
 
-from goose.serve.engine import Finished
+from goose.serve.engine import Delta, Finished
+from goose.serve.logprobs import WireLogprob
 from goose.serve.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -22,9 +25,13 @@ from goose.serve.schemas import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatDelta,
+    ChatLogprobs,
     Completion,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionTokensDetails,
+    TokenLogprobEntry,
+    TopLogprob,
     Usage,
 )
 
@@ -58,6 +65,29 @@ def _statistics(finished: list[Finished]) -> dict[str, Any]:
             if len(finished) > 1 else None}
 
 
+def chat_logprobs(entries: list[WireLogprob] | None) -> ChatLogprobs | None:
+    """OpenAI chat's ``logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}, ...]}``."""
+    if entries is None:
+        return None
+    return ChatLogprobs(content=[
+        TokenLogprobEntry(token=entry.text.token, logprob=entry.logprob, bytes=entry.text.bytes,
+                          top_logprobs=[TopLogprob(token=alternative.text.token, logprob=alternative.logprob,
+                                                   bytes=alternative.text.bytes) for alternative in entry.top])
+        for entry in entries])
+
+
+def completion_logprobs(entries: list[WireLogprob] | None) -> CompletionLogprobs | None:
+    """OpenAI completions' ``logprobs``: parallel lists; each top dict also holds the chosen token (as OpenAI's:
+    up to k + 1 items)."""
+    if entries is None:
+        return None
+    return CompletionLogprobs(
+        tokens=[entry.text.token for entry in entries], token_logprobs=[entry.logprob for entry in entries],
+        top_logprobs=[{**{alternative.text.token: alternative.logprob for alternative in entry.top},
+                       entry.text.token: entry.logprob} for entry in entries],
+        text_offset=[entry.offset for entry in entries])
+
+
 class ChatFormat:
     """/v1/chat/completions: ``chat.completion`` and ``chat.completion.chunk`` objects."""
 
@@ -71,7 +101,8 @@ class ChatFormat:
         return _dump(ChatCompletion(
             id=self.id, created=self.created, model=self.model,
             choices=[ChatChoice(index=index, message=AssistantMessage(content=choice.text),
-                                finish_reason=choice.finish_reason) for index, choice in enumerate(finished)],
+                                logprobs=chat_logprobs(choice.logprobs), finish_reason=choice.finish_reason)
+                     for index, choice in enumerate(finished)],
             usage=usage(finished), **_statistics(finished),
         ))
 
@@ -79,8 +110,9 @@ class ChatFormat:
         return [self._chunk([ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""))])
                 for index in range(choices)]
 
-    def delta(self, text: str, index: int = 0) -> str:
-        return self._chunk([ChatChunkChoice(index=index, delta=ChatDelta(content=text))])
+    def delta(self, delta: Delta, index: int = 0) -> str:
+        return self._chunk([ChatChunkChoice(index=index, delta=ChatDelta(content=delta.text),
+                                            logprobs=chat_logprobs(delta.logprobs))])
 
     def finish(self, finished: Finished, index: int = 0) -> str:
         return self._chunk([ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=finished.finish_reason)])
@@ -104,6 +136,7 @@ class CompletionFormat:
     def response(self, finished: list[Finished]) -> dict[str, Any]:
         """The whole answer: one choice per finished generation, in choice order."""
         return _dump(self._completion([CompletionChoice(index=index, text=choice.text,
+                                                        logprobs=completion_logprobs(choice.logprobs),
                                                         finish_reason=choice.finish_reason)
                                        for index, choice in enumerate(finished)],
                                       usage=usage(finished), **_statistics(finished)))
@@ -111,8 +144,10 @@ class CompletionFormat:
     def opening(self, choices: int = 1) -> list[str]:
         return []
 
-    def delta(self, text: str, index: int = 0) -> str:
-        return sse(_dump(self._completion([CompletionChoice(index=index, text=text, finish_reason=None)])))
+    def delta(self, delta: Delta, index: int = 0) -> str:
+        choice = CompletionChoice(index=index, text=delta.text, logprobs=completion_logprobs(delta.logprobs),
+                                  finish_reason=None)
+        return sse(_dump(self._completion([choice])))
 
     def finish(self, finished: Finished, index: int = 0) -> str:
         return sse(_dump(self._completion([CompletionChoice(index=index, text="",

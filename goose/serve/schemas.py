@@ -4,10 +4,12 @@ Requests are strict: a string where a number belongs, an unknown field or a bad 
 ``prediction`` (OpenAI's Predicted Outputs) is honoured on both endpoints: its text becomes the request's most
 trusted draft source, and the output is the same with it or without it. ``response_format`` (structured outputs:
 ``json_object`` or ``json_schema``) is honoured on both endpoints too: the output follows the schema's grammar, token
-for token what constrained autoregressive decoding gives. ``n`` choices decode as rows of one batch. OpenAI
-options Goose does not implement (``logprobs``, ``tools``, penalties, ...) are accepted only at their default
-values, so a client that sends ``logprobs: false`` works and one that asks for more is told no. Goose's own
-options (``sources``, ``topology``, ``budget``) and vLLM's ``top_k`` and ``ignore_eos`` are extra top-level fields.
+for token what constrained autoregressive decoding gives. Log probabilities are honoured as OpenAI defines them
+per endpoint (chat: ``logprobs: true`` and ``top_logprobs`` 0-20; completions: ``logprobs`` 0-5). ``n`` choices
+decode as rows of one batch. OpenAI options Goose does not implement (``tools``, penalties, ...) are accepted only
+at their default values, so a client that sends ``tools: []`` works and one that asks for more is told no. Goose's
+own options (``sources``, ``topology``, ``budget``) and vLLM's ``top_k`` and ``ignore_eos`` are extra top-level
+fields.
 """
 
 from __future__ import annotations
@@ -24,14 +26,14 @@ from pydantic import (
     model_serializer,
 )
 
+from goose.cycle.logprobs import MAX_TOP_LOGPROBS
+
 # OpenAI options Goose does not implement: the values that mean "not asked for", and what to tell a client
 # that asks for more. null (or leaving the field out) is always fine.
 UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "best_of": ((1,), "best_of is not supported: it must be 1"),
     "echo": ((False,), "echo is not supported"),
     "suffix": (("",), "suffix (insertion) is not supported"),
-    "logprobs": ((False,), "log probabilities are not supported"),
-    "top_logprobs": ((0,), "log probabilities are not supported"),
     "logit_bias": (({},), "logit_bias is not supported"),
     "presence_penalty": ((0, 0.0), "presence_penalty is not supported: it must be 0"),
     "frequency_penalty": ((0, 0.0), "frequency_penalty is not supported: it must be 0"),
@@ -47,6 +49,7 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
 
 StopSequence = Annotated[str, Field(min_length=1, max_length=256)]
 MAX_CHOICES = 16  # n at most: the choices of one request queue together
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit on the completions endpoint's logprobs
 
 
 def _is_default(value: Any, allowed: tuple[Any, ...]) -> bool:
@@ -149,8 +152,6 @@ class GenerationRequest(_Strict):
                           description=f"choices to generate (1..{MAX_CHOICES}); sampled, each draws with its own seed "
                           "derived from the request's (choice 0 keeps it); greedy, every choice is the one output")
     # OpenAI options Goose does not implement: accepted at their defaults only
-    logprobs: Any = None
-    top_logprobs: Any = None
     logit_bias: Any = None
     presence_penalty: Any = None
     frequency_penalty: Any = None
@@ -186,6 +187,8 @@ class CompletionRequest(GenerationRequest):
         list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = Field(
         description="the text to continue (one string, or a list holding one string), or its token ids")
     max_tokens: int | None = Field(default=16, ge=1, description="tokens to generate at most (OpenAI's default: 16)")
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS, description=(
+        "the log probability of every output token and of its k most likely alternatives (0-5); null: none"))
     best_of: Any = None
     echo: Any = None
     suffix: Any = None
@@ -206,6 +209,9 @@ class ChatCompletionRequest(GenerationRequest):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1, description="the newer name of max_tokens")
+    logprobs: bool | None = Field(default=None, description="true: the log probability of every output token")
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, description=(
+        "with logprobs: also each position's k most likely tokens (0-20)"))
     tools: Any = None
     tool_choice: Any = None
     functions: Any = None
@@ -215,9 +221,22 @@ class ChatCompletionRequest(GenerationRequest):
     audio: Any = None
     store: Any = None
 
+    @field_validator("top_logprobs", mode="after")
+    @classmethod
+    def _needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        # (a logprobs that failed its own check is not in info.data: its own error names it)
+        if value is not None and "logprobs" in info.data and info.data["logprobs"] is not True:
+            raise ValueError("logprobs must be true to use top_logprobs (as in OpenAI's API)")
+        return value
+
     @property
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def top_alternatives(self) -> int | None:
+        """The alternatives to report per token: None without ``logprobs: true``."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 # --- responses ----------------------------------------------------------------------------------
@@ -274,10 +293,20 @@ class GooseStats(BaseModel):
                 if value is not None or key not in ("grammar_cut_tokens", "grammar_s")}
 
 
+class CompletionLogprobs(BaseModel):
+    """The completions endpoint's log probabilities: parallel lists, one item per output token."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] = Field(
+        description="per token: its k most likely alternatives and the token itself -> log probability")
+    text_offset: list[int] = Field(description="where each token's text starts in the completion's text")
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: Literal["stop", "length"] | None
 
 
@@ -304,10 +333,27 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str = Field(description="the token's text; bytes:\\xNN... for part of a character")
+    logprob: float
+    bytes: list[int] | None = Field(description="the token's UTF-8 bytes")
+
+
+class TokenLogprobEntry(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(description="the position's k most likely tokens, best first")
+
+
+class ChatLogprobs(BaseModel):
+    """The chat endpoint's log probabilities: one entry per output token."""
+
+    content: list[TokenLogprobEntry] | None
+    refusal: list[TokenLogprobEntry] | None = None
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: Literal["stop", "length"]
 
 
@@ -333,7 +379,7 @@ class ChatDelta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: Literal["stop", "length"] | None = None
 
 
