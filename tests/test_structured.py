@@ -13,8 +13,9 @@ import torch
 
 from goose.config import GooseConfig
 from goose.contract.tree import TreeBuilder
-from goose.cycle.decoder import GooseDecoder
+from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.cycle.grammar import Constraint, GrammarCompiler, GrammarError, schema_text
+from tests.test_logprobs import assert_same_logprobs
 
 # objects, an array, an enum, a nested object with a required field, a string pattern
 SCHEMA: dict[str, Any] = {
@@ -51,11 +52,23 @@ def reference(smollm2, ar_reference) -> Any:
     return result
 
 
-@pytest.mark.parametrize("topology", ["spine", "chain", "multi_spine"])
-def test_json_schema_greedy_equals_constrained_autoregressive(smollm2, reference, topology: str) -> None:
-    goose = GooseDecoder(*smollm2, GooseConfig(topology=topology, budget=12))  # small trees: cheap passes
-    result = goose.generate(PROMPT, MAX_NEW, json_schema=SCHEMA)
+@pytest.fixture(scope="module")
+def reference_logprobs(smollm2, reference) -> Any:
+    """The constrained autoregressive run's log probabilities (2 alternatives), from its own masked logits."""
+    result = AutoregressiveDecoder(*smollm2).generate(PROMPT, MAX_NEW, json_schema=SCHEMA, logprobs=2)
     assert result.new_token_ids == reference.new_token_ids
+    return result.logprobs
+
+
+@pytest.mark.parametrize("topology", ["spine", "chain", "multi_spine"])
+def test_json_schema_greedy_equals_constrained_autoregressive(smollm2, reference, reference_logprobs,
+                                                              topology: str) -> None:
+    goose = GooseDecoder(*smollm2, GooseConfig(topology=topology, budget=12))  # small trees: cheap passes
+    result = goose.generate(PROMPT, MAX_NEW, json_schema=SCHEMA, logprobs=2)
+    assert result.new_token_ids == reference.new_token_ids
+    # log probabilities of a constrained request: the grammar-restricted distribution, as the AR loop reads it
+    assert_same_logprobs(result.logprobs, reference_logprobs)
+    assert any(entry.logprob == 0.0 for entry in result.logprobs)  # where the grammar allows one token only
     assert result.stop_reason == "eos"
     _valid(result.text)
     stats = result.to_dict()
