@@ -15,10 +15,6 @@ pytestmark = pytest.mark.xdist_group("models")  # one worker: the cold/warm mode
 SMOLLM2 = "smollm2-135m"
 
 
-# the tests sharing the cold/warm loads run on one xdist worker, so the session fixture loads once
-pytestmark = pytest.mark.xdist_group("models_cold_warm")
-
-
 @pytest.fixture(scope="session")
 def smollm2_cold_warm(tmp_path_factory: pytest.TempPathFactory):
     """SmolLM2 loaded twice into a fresh cache: once dequantizing the GGUF, once from the cache."""

@@ -68,7 +68,8 @@ def test_json_schema_greedy_equals_constrained_autoregressive(smollm2, reference
     assert result.new_token_ids == reference.new_token_ids
     # log probabilities of a constrained request: the grammar-restricted distribution, as the AR loop reads it
     assert_same_logprobs(result.logprobs, reference_logprobs)
-    assert any(entry.logprob == 0.0 for entry in result.logprobs)  # where the grammar allows one token only
+    # where the grammar allows one token only: log probability 0, and no (impossible) alternative listed
+    assert any(entry.logprob == 0.0 and len(entry.top) == 1 for entry in result.logprobs)
     assert result.stop_reason == "eos"
     _valid(result.text)
     stats = result.to_dict()

@@ -15,6 +15,7 @@ prefill's last row. All the kept tokens of a cycle are read together, in one dev
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +67,8 @@ def token_logprobs(logits: torch.Tensor, rows: Sequence[int], tokens: Sequence[i
         parts += [values, indices]
     host = torch.cat([part.to(torch.float64) for part in parts], dim=1).cpu().tolist()
     kept = (len(host[0]) - 1) // 2 if host else 0
-    return [TokenLogprob(int(token), line[0], tuple(zip((int(i) for i in line[1 + kept :]), line[1 : 1 + kept],
-                                                        strict=True)))
+    # a structured output's masked tokens (-inf: impossible there) are no alternatives, and JSON has no -inf
+    return [TokenLogprob(int(token), line[0], tuple((int(i), value) for i, value in
+                                                    zip(line[1 + kept :], line[1 : 1 + kept], strict=True)
+                                                    if value != -math.inf))
             for token, line in zip(tokens, host, strict=True)]
