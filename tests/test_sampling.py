@@ -31,7 +31,7 @@ TOPOLOGIES = {
     "multi_spine": ["context_match", "bigram_transition", "lookahead"],
 }
 NEW_TOKENS = 24
-GEMMA3_NEW_TOKENS = 16  # a Gemma 3 pass (262k-wide rows) costs several of SmolLM2's on a CPU
+SAMPLED_TOKENS = 16  # each sampled Goose run (one per prompt and temperature) and its seeded AR reference
 
 
 # --- the draws ------------------------------------------------------------------------------------
@@ -176,7 +176,7 @@ def test_every_topology_meets_every_prompt_temperature_and_cut_of_each_model() -
 
 
 def assert_sampled_goose_equals_ar(ar_reference, model, tokenizer, prompt: str, chat: bool, seed: int,
-                                   index: int, new_tokens: int = NEW_TOKENS) -> None:
+                                   index: int, new_tokens: int = SAMPLED_TOKENS) -> None:
     """Every temperature with the prompt's cut (top-p 0.9 or top-k 50), the topologies in turn; one seeded
     AR reference per temperature."""
     top_p, top_k = CUTS[index % 2]
@@ -203,7 +203,7 @@ def test_smollm2_sampled_goose_equals_the_seeded_sampler(smollm2, ar_reference, 
 def test_gemma3_sampled_goose_equals_the_seeded_sampler(gemma3, ar_reference, index: int) -> None:
     model, tokenizer = gemma3
     assert_sampled_goose_equals_ar(ar_reference, model, tokenizer, GEMMA3_PROMPTS[index], chat=False,
-                                   seed=2000 + index, index=index, new_tokens=GEMMA3_NEW_TOKENS)
+                                   seed=2000 + index, index=index)
 
 
 def test_seeds_replay_and_a_missing_seed_is_picked_and_reported(smollm2, ar_reference) -> None:

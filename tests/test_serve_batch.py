@@ -69,7 +69,8 @@ def batch_sizes(server: Server) -> tuple[float, float]:
 
 
 def test_8_clients_decode_together_and_every_answer_is_the_one_alone(server: Server, reference: Reference) -> None:
-    """Streamed and not, chat and completions, some malformed: every valid answer exact, every bad one a 400."""
+    """Streamed and not, chat (with log probabilities) and completions (n = 2), some malformed (a schema that does
+    not compile among them): every valid answer exact, every bad one a 400."""
     server.wait_idle()
     prompts = ["Name three rivers.", "What is 2 + 2?", "Say hello in French.", "Write a haiku about autumn leaves.",
                "List the days of the week.", "Count from one to ten in words."]
@@ -79,7 +80,9 @@ def test_8_clients_decode_together_and_every_answer_is_the_one_alone(server: Ser
     expected_completion = {p: reference.completion(p, n)[0] for p, n in zip(prompts, tokens, strict=True)}
     limits = dict(zip(prompts, tokens, strict=True))
     bad_bodies = [{"messages": []}, {"messages": [{"role": "user", "content": "x"}], "max_tokens": -1},
-                  {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}]
+                  {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"},
+                  {"messages": [{"role": "user", "content": "x"}],
+                   "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}}]
     before_total, before_shared = batch_sizes(server)
 
     def one_client(index: int) -> list[tuple[str, bool]]:
@@ -88,18 +91,25 @@ def test_8_clients_decode_together_and_every_answer_is_the_one_alone(server: Ser
         for step in range(3):
             prompt = prompts[(index + step) % len(prompts)]
             kind = (index + step) % 4
-            if kind == 0:
-                text = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
-                                                      max_tokens=limits[prompt]).choices[0].message.content
-                outcomes.append(("chat", text == expected_chat[prompt]))
+            if kind == 0:  # with log probabilities: the same text, one entry per token
+                choice = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
+                                                        max_tokens=limits[prompt], logprobs=True,
+                                                        top_logprobs=2).choices[0]
+                entries = choice.logprobs.content if choice.logprobs else []
+                outcomes.append(("chat with logprobs", choice.message.content == expected_chat[prompt]
+                                 and bool(entries) and all(entry.logprob <= 0 for entry in entries)))
             elif kind == 1:
                 text, _ = _stream_chat(client, model=MODEL, messages=[{"role": "user", "content": prompt}],
                                        max_tokens=limits[prompt])
                 outcomes.append(("chat stream", text == expected_chat[prompt]))
             elif kind == 2:
-                stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=limits[prompt], stream=True)
-                text = "".join(c.choices[0].text for c in stream if c.choices)
-                outcomes.append(("completion stream", text == expected_completion[prompt]))
+                stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=limits[prompt], stream=True,
+                                                   n=2)  # two greedy choices: each the one output
+                texts = ["", ""]
+                for chunk in stream:
+                    for choice in chunk.choices:
+                        texts[choice.index] += choice.text
+                outcomes.append(("completion stream, n=2", texts == [expected_completion[prompt]] * 2))
             else:
                 response = server.post("/v1/chat/completions", bad_bodies[index % len(bad_bodies)])
                 outcomes.append(("malformed", response.status_code == 400))
