@@ -188,7 +188,7 @@ class Constraint:
         started = time.perf_counter()
         rows = logits[: masks.shape[0]]
         with torch.inference_mode():  # the verifier's logits are inference tensors
-            if rows.device.type == "cpu" and rows.is_contiguous() and rows.element_size() in _INTEGER_OF_SIZE:
+            if rows.device.type == "cpu" and rows.is_contiguous() and rows.dtype in _MINUS_INFINITY_BITS:
                 _mask_on_host(rows, masks)
             else:
                 shifts = self._shifts.get(rows.device)
@@ -229,13 +229,15 @@ class Constraint:
 
 
 _INTEGER_OF_SIZE = {4: torch.int32, 2: torch.int16}  # float32; bfloat16 and float16
+# -inf of each float type as the integer of its size holds it
+_MINUS_INFINITY_BITS = {dtype: int(torch.tensor(float("-inf"), dtype=dtype).view(_INTEGER_OF_SIZE[size]).item())
+                        for dtype, size in ((torch.float32, 4), (torch.bfloat16, 2), (torch.float16, 2))}
 
 
 def _mask_on_host(rows: torch.Tensor, masks: np.ndarray) -> None:
     """-inf (the dtype's own bit pattern) in the forbidden places of the CPU float rows [n, V], in place."""
-    integer = _INTEGER_OF_SIZE[rows.element_size()]
-    minus_infinity = torch.tensor(float("-inf"), dtype=rows.dtype).view(integer).item()
-    values = rows.view(integer).numpy()  # the logits' own memory, as integers
+    minus_infinity = _MINUS_INFINITY_BITS[rows.dtype]
+    values = rows.view(_INTEGER_OF_SIZE[rows.element_size()]).numpy()  # the logits' own memory, as integers
     keep = np.unpackbits(masks.view(np.uint8), axis=1, count=values.shape[1], bitorder="little").astype(values.dtype)
     np.negative(keep, out=keep)  # all bits set where the token is allowed, none where it is forbidden
     np.bitwise_and(values, keep, out=values)

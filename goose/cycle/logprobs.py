@@ -52,19 +52,18 @@ def check_top_logprobs(value: Any) -> int | None:
 
 def token_logprobs(logits: torch.Tensor, rows: Sequence[int], tokens: Sequence[int], top: int) -> list[TokenLogprob]:
     """The log probability of ``tokens[i]`` under row ``rows[i]`` of ``logits`` [n, V], with each row's ``top``
-    most likely tokens: every row at once and one device-to-host copy (float64 carries ids exactly).
+    most likely tokens: every row at once, one copy to the device and one back (float64 carries ids exactly).
 
     One ``log_softmax`` kernel over the picked rows, and the readout's blockwise top-k (one values-only
     pass, then k blocks), rather than a composite log-sum-exp and a full ``topk``: on a CPU each full
     read of the rows is what costs.
     """
-    device = logits.device
-    picked = logits[torch.as_tensor(list(rows), dtype=torch.long, device=device)]
-    scores = torch.log_softmax(picked.float(), dim=-1)
-    parts = [scores.gather(1, torch.as_tensor(list(tokens), dtype=torch.long, device=device)[:, None])]
+    indices = torch.tensor([list(rows), list(tokens)], dtype=torch.long).to(logits.device)  # one host-to-device copy
+    scores = torch.log_softmax(logits[indices[0]].float(), dim=-1)
+    parts = [scores.gather(1, indices[1][:, None])]
     if top:
-        _, indices, values = greedy_and_top_k(scores, top)
-        parts += [values, indices]
+        _, top_ids, top_values = greedy_and_top_k(scores, top)
+        parts += [top_values, top_ids]
     host = torch.cat([part.to(torch.float64) for part in parts], dim=1).cpu().tolist()
     kept = (len(host[0]) - 1) // 2 if host else 0
     # a structured output's masked tokens (-inf: impossible there) are no alternatives, and JSON has no -inf

@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import goose
 from goose.cycle.sampling import SamplingParams, choice_seed, random_seed
-from goose.serve.engine import Delta, Engine, Event, Failed, Finished, Job, QueueFullError
+from goose.serve.engine import Decoding, Delta, Engine, Event, Failed, Finished, Job, QueueFullError
 from goose.serve.errors import APIError, from_validation_error
 from goose.serve.guard import HostRule, RequestGuard
 from goose.serve.prompts import PromptEncoder
@@ -149,10 +149,8 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
         prompt_ids = await run_in_threadpool(encoder.completion, body.prompt)
         max_tokens = encoder.token_limit(prompt_ids, body.max_tokens)
         prediction = await _prediction_ids(encoder, body, prompt_ids)
-        jobs = [Job("completions", prompt_ids, max_tokens, body.stop_sequences, decoding, choice_sampling,
-                    asyncio.get_running_loop(), body.ignore_eos, prediction, body.structured_output(),
-                    logprobs=body.logprobs)
-                for choice_sampling in _choices(engine, sampling, body.n or 1)]
+        jobs = _jobs(engine, "completions", body, prompt_ids, max_tokens, decoding, sampling, prediction,
+                     body.logprobs)
         return await _answer(engine, jobs, request, body.stream, CompletionFormat(model_name))
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)],
@@ -164,10 +162,8 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
         limit_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         max_tokens = encoder.token_limit(prompt_ids, body.token_limit, limit_field)
         prediction = await _prediction_ids(encoder, body, prompt_ids)
-        jobs = [Job("chat", prompt_ids, max_tokens, body.stop_sequences, decoding, choice_sampling,
-                    asyncio.get_running_loop(), body.ignore_eos, prediction, body.structured_output(),
-                    logprobs=body.top_alternatives)
-                for choice_sampling in _choices(engine, sampling, body.n or 1)]
+        jobs = _jobs(engine, "chat", body, prompt_ids, max_tokens, decoding, sampling, prediction,
+                     body.top_alternatives)
         return await _answer(engine, jobs, request, body.stream, ChatFormat(model_name))
 
     if docs:
@@ -319,6 +315,15 @@ async def _prediction_ids(encoder: PromptEncoder, body: GenerationRequest, promp
     if body.prediction is None:
         return None
     return await run_in_threadpool(encoder.prediction, body.prediction.text, prompt_ids)
+
+
+def _jobs(engine: Engine, endpoint: str, body: GenerationRequest, prompt_ids: list[int], max_tokens: int,
+          decoding: Decoding, sampling: dict[str, Any], prediction: list[int] | None,
+          logprobs: int | None) -> list[Job]:
+    """The request's jobs, one per choice (``n``), each with its own sampling settings."""
+    return [Job(endpoint, prompt_ids, max_tokens, body.stop_sequences, decoding, choice_sampling,
+                asyncio.get_running_loop(), body.ignore_eos, prediction, body.structured_output(), logprobs=logprobs)
+            for choice_sampling in _choices(engine, sampling, body.n or 1)]
 
 
 def _choices(engine: Engine, sampling: dict[str, Any], n: int) -> list[dict[str, Any]]:

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
 from goose.cycle.detokenize import REPLACEMENT, IncrementalText
 from goose.cycle.logprobs import TokenLogprob
 
@@ -133,12 +135,4 @@ class LogprobPlacer:
 @cache
 def _byte_level_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet, reversed: the printable character that stands for each byte -> the byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    characters = list(printable)
-    extra = 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            characters.append(256 + extra)
-            extra += 1
-    return {chr(character): byte for byte, character in zip(printable, characters, strict=True)}
+    return {character: byte for byte, character in bytes_to_unicode().items()}
