@@ -54,7 +54,11 @@ def test_every_row_equals_its_own_autoregressive_run(smollm2, ar_reference, topo
         assert result.new_token_ids == reference and len(result.stats.row_budgets) == result.stats.verify_steps
     assert len(references[2]) == 40 and results[2].stop_reason == "max_new_tokens"
     assert max(session.pass_rows) > 3  # rows drafted: some pass verified more than one token per row
-    assert {3, 2} <= {rows for result in results for rows in result.stats.batch_rows}  # rows joined and left
+    # Rows joined and left. Which cycle each row ends in follows the tree sizes, which follow the measured cost
+    # curve (wall clock), so two rows may end in the same cycle on one machine and not on another: the batch
+    # goes from 3 to something smaller, not necessarily through 2. The outputs above do not depend on it.
+    sizes = {rows for result in results for rows in result.stats.batch_rows}
+    assert 3 in sizes and min(sizes) < 3
     assert sum(result.stats.tau for result in results) > len(results)  # more than one token per pass, overall
 
 
