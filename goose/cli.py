@@ -428,6 +428,7 @@ def _run_plugins(args: argparse.Namespace) -> int:
          "state": ("enabled" if (r.name in defaults.sources if r.kind == "source" else r.name == defaults.topology)
                    else "available"),
          "description": r.description,
+         **({"initial_acceptance": r.initial_acceptance, "shareable": r.shareable} if r.kind == "source" else {}),
          "hooks": list(known.hooks(r))}  # empty for a factory function: its hooks are known once it made one
         for table in (known.sources, known.topologies) for r in table.values()
     ]

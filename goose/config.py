@@ -93,11 +93,12 @@ class GooseConfig(BaseModel):
     source_options: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per-source options, validated by each source's own model"
     )
-    batch_shared_sources: list[str] = Field(
-        default_factory=list,
+    batch_shared_sources: list[str] | Literal["auto"] = Field(
+        default="auto",
         description="sources whose one instance serves every row of a batch (knowledge of the model, not of "
         "the request, e.g. bigram_transition's table); each row still keeps its own acceptance estimates. "
-        "A shared source is not reset when a row joins",
+        "A shared source is not reset when a row joins. 'auto': every source the decoder drafts from that "
+        "registered itself shareable; []: every row its own instances",
     )
 
     # ablations (paper, Table "Ablations")

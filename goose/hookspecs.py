@@ -49,14 +49,19 @@ branch answers ``goose_successors``; one that learns from outcomes implements ``
 All arrays are NumPy, on the host.
 
 **Lifetime of an instance.** ``GooseDecoder`` makes one instance of each of its sources and of its
-topology when it is made, and keeps them for every request it decodes, one request at a time
-(``goose serve`` keeps one decoder per distinct choice of sources, topology and budget, and runs
-one request at a time). Inside vLLM's proposer (:mod:`goose.vllm`) each running request has its
-own instances, all in one thread; when a request finishes its instances are reused for a later
-one (after ``goose_reset`` and ``goose_prefill``), and one more set is made once, when the
-proposer starts, to see which hooks each source implements, and never called. State meant to
-outlive a request therefore outlives it in either integration, but inside vLLM it is split over
-the running requests' instances (see ``suffix_memory``'s ``share`` for one memory in common).
+topology when it is made, and keeps them for every request it decodes, one request at a time.
+The batched engine (``GooseDecoder.batch``, ``generate_batch``, and ``goose serve``, which decodes
+up to ``--max-batch`` requests together) gives each row its own instances, made when a row first
+needs them and reused, after ``goose_reset`` and ``goose_prefill``, by a later request; a source
+registered ``shareable=True`` has one instance for every row instead (``GooseConfig.
+batch_shared_sources``, default "auto": every shareable source the decoder drafts from), which sees
+every row's hooks in turn within a cycle and is not reset when a row joins. Inside vLLM's proposer
+(:mod:`goose.vllm`) each running request has its own instances, all in one thread; when a request
+finishes its instances are reused for a later one (after ``goose_reset`` and ``goose_prefill``),
+and one more set is made once, when the proposer starts, to see which hooks each source
+implements, and never called. State meant to outlive a request therefore outlives it in every
+integration, but in a batch or inside vLLM it is split over the running requests' instances
+(unless shared as above; see ``suffix_memory``'s ``share`` for one memory in common inside vLLM).
 
 **The context** (``DecodeContext.tokens``) is the prompt followed by everything generated so
 far, the anchor (the last token, already verified) last. Within a request it only grows by
@@ -143,13 +148,17 @@ Register = Callable[..., None]
 
 @hookspec
 def goose_register_sources(register: Register) -> None:
-    """Register candidate sources: ``register(name, factory, description="", initial_acceptance=0.3)``.
+    """Register candidate sources:
+    ``register(name, factory, description="", initial_acceptance=0.3, shareable=False)``.
 
     ``factory(config: GooseConfig)`` returns a new source instance implementing some of the
     source hooks below (a class is checked at once, see the module docstring). ``initial_acceptance``
-    is the estimate before any of the source's tokens has been verified, in [0, 1]. Names are
-    global: a name already registered is skipped with a logged error from an entry point and
-    raises PluginError from ``goose.plugins.register``.
+    is the estimate before any of the source's tokens has been verified, in [0, 1]. ``shareable=True``
+    says an instance holds knowledge of the model, not of any one request (a table of what the target
+    predicts after a bigram, say), so in a batch one instance may serve every row (see "Lifetime of an
+    instance"); leave it False when an instance keeps anything of its request. Names are global: a
+    name already registered is skipped with a logged error from an entry point and raises
+    PluginError from ``goose.plugins.register``.
     """
 
 

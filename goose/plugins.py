@@ -111,6 +111,7 @@ class Registration:
     origin: str  # "built-in" or the distribution that registered it
     description: str = ""
     initial_acceptance: float = DEFAULT_INITIAL_ACCEPTANCE  # sources: the estimate before any verification
+    shareable: bool = False  # sources: one instance may serve every row of a batch (knowledge of the model)
 
 
 @dataclass
@@ -146,7 +147,7 @@ class Registry:
     def _registrar(self, kind: str, table: dict[str, Registration], origin: str,
                    added: list[Registration], strict: bool) -> Callable[..., None]:
         def register(name: str, factory: Callable[[GooseConfig], Any], description: str = "",
-                     initial_acceptance: float = DEFAULT_INITIAL_ACCEPTANCE) -> None:
+                     initial_acceptance: float = DEFAULT_INITIAL_ACCEPTANCE, shareable: bool = False) -> None:
             try:
                 if name in table and table[name].factory is not factory:
                     raise PluginError(f"{kind} {name!r} from {origin} is not registered: the name is taken by "
@@ -154,6 +155,8 @@ class Registry:
                 if not 0.0 <= float(initial_acceptance) <= 1.0:
                     raise PluginError(f"{kind} {name!r}: initial_acceptance must lie in [0, 1], got "
                                       f"{initial_acceptance}")
+                if not isinstance(shareable, bool):
+                    raise PluginError(f"{kind} {name!r}: shareable must be True or False, got {shareable!r}")
                 if inspect.isclass(factory):  # a class is checked now; a factory function's product when made
                     check_hooks(factory, kind, name)
             except PluginError as error:
@@ -162,7 +165,8 @@ class Registry:
                 logger.error("%s", error)
                 self.load_errors.append(str(error))
                 return
-            table[name] = Registration(name, kind, factory, origin, description, float(initial_acceptance))
+            table[name] = Registration(name, kind, factory, origin, description, float(initial_acceptance),
+                                       shareable)
             added.append(table[name])
 
         return register
@@ -245,13 +249,14 @@ class SourcePlugin:
     """A registration plugin for one source class: ``register(SourcePlugin("name", Class))`` in a script or notebook."""
 
     def __init__(self, name: str, factory: Callable[[GooseConfig], Any], description: str = "",
-                 initial_acceptance: float = DEFAULT_INITIAL_ACCEPTANCE) -> None:
+                 initial_acceptance: float = DEFAULT_INITIAL_ACCEPTANCE, shareable: bool = False) -> None:
         self.name, self.factory, self.description = name, factory, description
-        self.initial_acceptance = initial_acceptance
+        self.initial_acceptance, self.shareable = initial_acceptance, shareable
 
     @hookspecs.hookimpl
     def goose_register_sources(self, register: hookspecs.Register) -> None:
-        register(self.name, self.factory, description=self.description, initial_acceptance=self.initial_acceptance)
+        register(self.name, self.factory, description=self.description, initial_acceptance=self.initial_acceptance,
+                 shareable=self.shareable)
 
 
 def unregister(registrations: list[Registration]) -> None:

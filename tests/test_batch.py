@@ -192,6 +192,11 @@ def test_rows_sharing_one_bigram_table_stay_exact(smollm2, ar_reference) -> None
     assert instances == {id(session._shared_sources["bigram_transition"])}  # one table behind every row
     with pytest.raises(ValueError, match="batch_shared_sources names rest"):
         GooseDecoder(model, tokenizer, GooseConfig(batch_shared_sources=["rest"])).batch(2)
+    # the default ("auto") shares what registered itself shareable (the bigram table, not context match);
+    # [] gives every row its own; a decoder without the bigram source shares nothing
+    assert set(GooseDecoder(model, tokenizer).batch(2)._shared_sources) == {"bigram_transition"}
+    assert GooseDecoder(model, tokenizer, GooseConfig(batch_shared_sources=[])).batch(2)._shared_sources == {}
+    assert GooseDecoder(model, tokenizer, GooseConfig(sources=["context_match"])).batch(2)._shared_sources == {}
 
 
 @pytest.mark.slow

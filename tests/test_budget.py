@@ -95,6 +95,25 @@ def test_a_real_change_of_overhead_re_plans_and_noise_does_not() -> None:
     assert planner.choose(0.0, 0, 0.3) > lean
 
 
+def test_a_curve_calibrated_on_a_busy_machine_is_rescaled_by_the_real_passes() -> None:
+    """A curve measured while the machine was 30x slower keeps its shape but would make the real
+    per-cycle overhead look free (smaller trees than pay); the passes observed rescale it, and the
+    plan becomes the one the true curve gives."""
+    shape = {1: 1.0, 2: 1.05, 4: 1.15, 8: 1.35, 16: 1.7, 32: 2.4, 64: 3.8, 128: 6.6}
+    true_curve = _curve(shape)  # 0.05 s a token
+    stale = CostCurve(true_curve.sizes, tuple(30 * s for s in true_curve.seconds))
+    right, wrong = BudgetPlanner(true_curve), BudgetPlanner(stale)
+    for planner in (right, wrong):
+        planner.overhead_s = 0.05  # the host's own time a cycle, as measured
+    assert right.choose(0.0, 0, 0.3) > wrong.choose(0.0, 0, 0.3)
+    for rows in (1, 4, 8, 16) * 20:  # the passes really run cost what the true curve says
+        wrong.observe_verify(rows, float(true_curve(rows)))
+    assert wrong.scale == pytest.approx(1 / 30, rel=0.01)
+    assert wrong.choose(0.0, 0, 0.3) == right.choose(0.0, 0, 0.3)
+    # its rates stay in the stale curve's seconds: the same ranking, 30 times lower
+    assert 30 * wrong.expected_rate(8, 0.5, 8, 0.3) == pytest.approx(right.expected_rate(8, 0.5, 8, 0.3), rel=0.01)
+
+
 def test_chain_rate_is_accepted_over_tested() -> None:
     assert chain_rate((0.5,), 10) == pytest.approx(0.5)
     # reach 0.5, 0.5, 0.5: accepted 1.5 of 2 tested tokens

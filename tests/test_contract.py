@@ -116,6 +116,8 @@ def test_a_name_clash_from_an_entry_point_skips_the_newcomer(caplog) -> None:
     assert known.topology("spine").origin == plugins.BUILTIN_ORIGIN  # the registry works on
     with pytest.raises(plugins.PluginError, match="the name is taken"):  # an explicit call still raises
         plugins.register(plugins.SourcePlugin("context_match", Impostor))
+    with pytest.raises(plugins.PluginError, match="shareable must be True or False"):
+        plugins.register(plugins.SourcePlugin("impostor_shared", Impostor, shareable="yes"))
 
 
 def test_goose_plugins_lists_every_plugins_hooks(capsys) -> None:
@@ -128,6 +130,8 @@ def test_goose_plugins_lists_every_plugins_hooks(capsys) -> None:
     assert main(["plugins", "--json"]) == 0
     rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)["plugins"]}
     assert rows["bigram_transition"]["hooks"] == ["goose_reset", "goose_prefill", "goose_successors", "goose_observe"]
+    # one bigram table may serve every row of a batch; context match reads each request's own context
+    assert rows["bigram_transition"]["shareable"] is True and rows["context_match"]["shareable"] is False
     assert main(["plugins"]) == 0  # the plain listing: one line per plugin, no hooks
     assert "hooks:" not in capsys.readouterr().out
 

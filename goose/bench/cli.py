@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", default=None, metavar="C1,C2,...",
                         help="many requests at once instead of the per-prompt tables: closed-loop clients at each "
                              "concurrency (e.g. 1,2,4,8), methods ar, goose (the batched engine) and hf_ar (Hugging "
-                             "Face's batched generate), and goose_shared (one bigram table for all rows) when "
+                             "Face's batched generate), and goose_own (each row its own bigram table) when "
                              "--methods names it; writes concurrency.json/.md/.png")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--list-methods", action="store_true", help="print every method and whether it can run")

@@ -4,8 +4,9 @@ At concurrency c, c clients each keep one request in flight: when one ends, that
 prompt joins at the next cycle boundary. Methods:
 
 - ``ar`` and ``goose``: the batched engine (:class:`goose.cycle.batch.BatchSession`), without and
-  with drafting; ``goose_shared``: the same with one bigram table for all rows
-  (``GooseConfig.batch_shared_sources``), which learns from every request (asked for by name only);
+  with drafting (one bigram table for all rows: ``GooseConfig.batch_shared_sources="auto"``);
+  ``goose_own``: the same with every row's own sources, tables included (``batch_shared_sources=[]``;
+  asked for by name only);
 - ``hf_ar``: Hugging Face's batched ``generate`` (greedy, left-padded static batches of c prompts:
   a batch ends when its longest answer does), the peer a user would batch with;
 - ``goose_single`` and ``ar_single`` (concurrency 1 only): today's one-request-at-a-time paths,
@@ -31,7 +32,7 @@ import numpy as np
 import torch
 
 CONCURRENCY_METHODS = ("ar", "goose", "hf_ar")
-OPTIONAL_METHODS = ("goose_shared",)  # run when --methods names them
+OPTIONAL_METHODS = ("goose_own",)  # run when --methods names them
 SERIAL_METHODS = ("ar_single", "goose_single")
 
 
@@ -131,8 +132,8 @@ def run_concurrency(model_name: str, model: Any, tokenizer: Any, prompts: Sequen
     from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 
     ar, goose = AutoregressiveDecoder(model, tokenizer), GooseDecoder(model, tokenizer)
-    shared = GooseDecoder(model, tokenizer, GooseConfig(batch_shared_sources=["bigram_transition"]))
-    warmed = (ar, goose, shared) if "goose_shared" in methods else (ar, goose)
+    own = GooseDecoder(model, tokenizer, GooseConfig(batch_shared_sources=[]))
+    warmed = (ar, goose, own) if "goose_own" in methods else (ar, goose)
     for decoder in warmed:  # warm-up: lazy kernels, the cost curves (measured once per machine)
         decoder.generate(prompts[0], 4)
         for concurrency in concurrencies:
@@ -147,8 +148,8 @@ def run_concurrency(model_name: str, model: Any, tokenizer: Any, prompts: Sequen
                 run = closed_loop(ar, prompts, max_new_tokens, concurrency)
             elif method == "goose":
                 run = closed_loop(goose, prompts, max_new_tokens, concurrency)
-            elif method == "goose_shared":
-                run = closed_loop(shared, prompts, max_new_tokens, concurrency)
+            elif method == "goose_own":
+                run = closed_loop(own, prompts, max_new_tokens, concurrency)
             elif method == "hf_ar":
                 run = hf_batched(model, tokenizer, prompts, max_new_tokens, concurrency, ar.eos_ids)
             else:

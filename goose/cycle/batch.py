@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from goose import plugins
 from goose.contract.boundary import SourceSet
 from goose.contract.tree import DraftTree
 from goose.cycle.batch_verifier import BatchVerifier
@@ -161,14 +162,20 @@ class BatchSession:
     def _make_shared_sources(self) -> dict[str, Any]:
         """One instance of each source in ``batch_shared_sources``, for every row's source set to hold."""
         decoder = self.decoder
-        if not isinstance(decoder, GooseDecoder) or not decoder.config.batch_shared_sources:
+        if not isinstance(decoder, GooseDecoder):
             return {}
-        unused = set(decoder.config.batch_shared_sources) - set(decoder.source_names(True))
+        names = decoder.config.batch_shared_sources
+        drafting = decoder.source_names(True)
+        if names == "auto":
+            sources = plugins.registry().sources
+            names = [name for name in drafting if name in sources and sources[name].shareable]
+        unused = set(names) - set(drafting)
         if unused:
             raise ValueError(f"batch_shared_sources names {', '.join(sorted(unused))}, which this decoder does not "
                              f"draft from (its sources: {', '.join(decoder.sources.names)})")
-        shared = SourceSet(decoder.config.batch_shared_sources, decoder.config, self.verifier.vocab_size,
-                           faults=decoder.sources.faults)
+        if not names:
+            return {}
+        shared = SourceSet(names, decoder.config, self.verifier.vocab_size, faults=decoder.sources.faults)
         return dict(shared.instances)
 
     def _release_finished(self) -> None:

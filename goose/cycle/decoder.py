@@ -564,6 +564,7 @@ class RowCycle:
         """The planner folds in this cycle's host time (all but the pass's ``verify_s``) and yield."""
         if planner is not None and self.tree is not None:
             planner.observe_overhead(time.perf_counter() - self.started - verify_s)
+            planner.observe_verify(self.tree.size + self.riding, verify_s)
             planner.observe_cycle(self.tree.size, self.stats.accepted_lengths[-1])
 
     def context(self) -> DecodeContext:

@@ -5,7 +5,9 @@ E[tau(n)] / (t(n + 1 + a) + overhead), where t is the device's measured verify c
 (:mod:`goose.planning.cost`), a the auxiliary rows riding in the same pass, E[tau(n)] the expected yield of
 the best spine tree of n draft nodes under the sources' current acceptance estimates
 (:func:`goose.planning.allocation.best_spine_tree`), and overhead the decoder's own per-cycle time
-(drafting, planning, walking), tracked as a running mean. On a GPU t is flat and this picks the
+(drafting, planning, walking), tracked as a running mean, and priced against what passes really cost
+now: the curve keeps its calibrated shape, scaled by the passes observed (a curve measured on a busy
+machine would otherwise make the overhead look free). On a GPU t is flat and this picks the
 paper's large trees; on a CPU, where width costs, it picks small ones and long chains only when the
 context match is trusted.
 
@@ -42,6 +44,7 @@ class BudgetPlanner:
         self.max_depth = max_depth
         self.candidates = tuple(n for n in CANDIDATE_BUDGETS if n <= max_budget) or (1,)
         self.overhead_s = 0.0005
+        self.scale = 1.0  # running mean of a real pass's time over the curve's: the curve's shape is kept
         self._overhead_key = 0.0  # overhead_s in units of one token's verify, as the choice's cache key
         self.tree_rows = 1.0  # running means of the tree's rows and of the tokens a cycle yields
         self.tokens = 1.0
@@ -51,6 +54,21 @@ class BudgetPlanner:
     def observe_overhead(self, seconds: float) -> None:
         """Fold one cycle's non-verify time into the running mean."""
         self.overhead_s += 0.1 * (seconds - self.overhead_s)
+
+    def observe_verify(self, rows: int, seconds: float) -> None:
+        """Fold one real pass of ``rows`` rows into the curve's scale.
+
+        A curve calibrated while the machine was busier (or quieter) than now, or at another context
+        length, keeps its shape but not its seconds; the overhead is a real time, so it is priced
+        against what a pass really costs now (``overhead_s / scale`` in the curve's seconds).
+        """
+        ratio = min(50.0, max(0.02, seconds / float(self.curve(rows))))
+        self.scale += 0.1 * (ratio - self.scale)
+
+    @property
+    def _overhead(self) -> float:
+        """The per-cycle overhead in the curve's seconds."""
+        return self.overhead_s / self.scale
 
     def observe_cycle(self, tree_rows: int, tokens: int) -> None:
         """Fold one cycle's tree size (anchor included) and yield into the running means rows are priced by."""
@@ -64,8 +82,8 @@ class BudgetPlanner:
         yield, plus ``other_rows`` already riding) with and without them.
         """
         base = self.tree_rows + other_rows
-        without = self.tokens / (float(self.curve(base)) + self.overhead_s)
-        with_rows = (self.tokens + contribution) / (float(self.curve(base + rows)) + self.overhead_s)
+        without = self.tokens / (float(self.curve(base)) + self._overhead)
+        with_rows = (self.tokens + contribution) / (float(self.curve(base + rows)) + self._overhead)
         return with_rows > without
 
     def budget(self, pool: CandidatePool, spine_lengths: SpineLengths, extra_rows: int = 0) -> int:
@@ -109,7 +127,10 @@ class BudgetPlanner:
         chosen = np.where(fits.any(axis=2), fits.shape[2] - 1 - np.argmax(fits[:, :, ::-1], axis=2), 0)  # [rows, R]
         need = (budgets[chosen] + 1 + extra[:, None]).max(axis=0)  # the pass's real width for each R
         totals = np.take_along_axis(taus, chosen, axis=1).sum(axis=0)
-        rates = totals / ((curve or self.curve)(rows * need) + self.overhead_s * rows)
+        # a batch's curve is corrected in real seconds (BatchCosts.observe); the single curve by ``scale``
+        cost = curve(rows * need) + self.overhead_s * rows if curve is not None else \
+            self.curve(rows * need) + self._overhead * rows
+        rates = totals / cost
         best = int(np.argmax(rates))  # the first of equal rates, the narrowest pass
         return [int(budgets[c]) for c in chosen[:, best]]
 
@@ -130,7 +151,7 @@ class BudgetPlanner:
         ``spine_caps``: per candidate budget, the spine length the topology will really lay (its
         ``goose_spine_lengths`` hook); without them each budget's best split is assumed.
         """
-        overhead = self.overhead_s / self.curve.seconds[0]
+        overhead = self._overhead / self.curve.seconds[0]
         if abs(overhead - self._overhead_key) > 0.1:  # re-key on a real move, not on noise around a grid line
             self._overhead_key = round(overhead, 1)
         return self._choose(*self._key(spine_acceptance, spine_length, branch_acceptance, spine_caps),
@@ -149,7 +170,7 @@ class BudgetPlanner:
         auxiliary rows in the same pass."""
         tau = best_spine_tree(spine_acceptance, branch_acceptance, budget, self.max_depth,
                               max_spine=spine_length).expected_tau
-        return tau / (float(self.curve(budget + 1 + extra_rows)) + self.overhead_s)
+        return tau / (float(self.curve(budget + 1 + extra_rows)) + self._overhead)
 
     def _spine_yields(self, spine_acceptance: tuple[float, ...], spine_caps: tuple[int, ...],
                       branch_acceptance: float) -> np.ndarray:
@@ -160,7 +181,7 @@ class BudgetPlanner:
               overhead_bucket: float, extra_rows: int) -> int:
         del overhead_bucket  # part of the cache key only: a new overhead level re-evaluates the choice
         taus = self._yields(spine_acceptance, spine_caps, branch_acceptance)
-        rates = taus / (self.curve(np.asarray(self.candidates) + 1 + extra_rows) + self.overhead_s)
+        rates = taus / (self.curve(np.asarray(self.candidates) + 1 + extra_rows) + self._overhead)
         return self.candidates[int(np.argmax(rates))]  # the first of equal rates, the smallest budget
 
 
