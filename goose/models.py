@@ -43,6 +43,7 @@ __all__ = [
     "encode_prompt",
     "has_chat_template",
     "load",
+    "pretrained_location",
     "resolve_dtype",
 ]
 
@@ -249,6 +250,21 @@ def load(
     model.eval()
     model.requires_grad_(False)
     return model, tokenizer
+
+
+def pretrained_location(name: str, *, cache_dir: str | Path | None = None) -> str:
+    """What another engine (vLLM) loads to get the same weights and tokenizer as :func:`load` ``(name)``.
+
+    An embedded or GGUF model is its dequantized cache folder (built on first use); a local
+    ``save_pretrained`` directory its absolute path; anything else is returned as given (a Hugging
+    Face id).
+    """
+    cache_root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    source = _gguf_source_for(name)
+    if source is not None:
+        return str(_cached_dequantized(source, cache_root))
+    path = Path(name).expanduser()
+    return str(path.resolve()) if path.is_dir() else name
 
 
 def _gguf_source_for(name: str) -> _GgufSource | None:

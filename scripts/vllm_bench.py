@@ -8,9 +8,10 @@ Run with the vLLM environment (``make vllm-setup`` builds it)::
 Every method decodes the same prompts (the first user turn of each sample, chat template applied)
 greedily, first one request at a time, then all prompts submitted together with ``max_num_seqs`` =
 ``--batch``, so that vLLM decodes ``--batch`` of them at once and admits the next whenever one ends
-(continuous batching). Each (method, concurrency) gets a fresh engine, warmed up on a prompt that is
-not in the benchmark: Goose's suffix memory remembers earlier requests' outputs, and must never
-have seen the outputs of the prompts it is timed on. ``goose`` is the proposer's default
+(continuous batching); ``--concurrency 1,2,4`` runs those concurrencies instead (1: one at a time).
+Each (method, concurrency) gets a fresh engine, warmed up on a prompt that is not in the benchmark:
+Goose's suffix memory remembers earlier requests' outputs, and must never have seen the outputs of
+the prompts it is timed on. ``goose`` is the proposer's default
 configuration (context match and the cross-request suffix memory, shared by the engine's
 drafters), ``goose_cm`` context match alone, ``goose_unshared`` the default with each drafter
 remembering only the requests it served (the same as ``goose`` one request at a time). Reported
@@ -100,6 +101,9 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")
     parser.add_argument("--batch", type=int, default=4,
                         help="concurrency of the batched run: vLLM's max_num_seqs (1: one request at a time only)")
+    parser.add_argument("--concurrency", default=None, metavar="C1,C2,...",
+                        help="the concurrencies to run instead of 1 and --batch, e.g. 1,2,4 (goose bench "
+                        "--vllm-python passes its own)")
     parser.add_argument("--num-speculative-tokens", type=int, default=16, help="K, for ngram and goose alike")
     parser.add_argument("--ngram-min", type=int, default=3, help="vLLM ngram prompt_lookup_min (Goose matches 3-5)")
     parser.add_argument("--ngram-max", type=int, default=5, help="vLLM ngram prompt_lookup_max")
@@ -139,7 +143,15 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--batch must be >= 1")
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
-    args.concurrency = sorted({1, args.batch})
+    if args.concurrency is None:
+        args.concurrency = sorted({1, args.batch})
+    else:
+        try:
+            args.concurrency = sorted({int(part) for part in args.concurrency.split(",") if part.strip()})
+        except ValueError:
+            parser.error(f"--concurrency takes integers, e.g. 1,2,4; got {args.concurrency!r}")
+        if not args.concurrency or args.concurrency[0] < 1:
+            parser.error("--concurrency takes integers >= 1")
     return args
 
 
@@ -246,7 +258,7 @@ def report(runs: list[Run], prompts: list[Prompt], args: argparse.Namespace, con
              f"ngram n={args.ngram_min}..{args.ngram_max}"
              + (f"; {args.repeat} rounds, each row the round with the median tok/s" if repeated else ""), "",
              "| method | concurrency | output tok/s | vs none | vs ngram | tau | vLLM mean acceptance length | "
-             "identical to none x1 | identical to none, same concurrency |"
+             f"identical to none x{min(args.concurrency)} | identical to none, same concurrency |"
              + (" tok/s of each round |" if repeated else ""),
              "|---|---|---|---|---|---|---|---|---|" + ("---|" if repeated else "")]
     for (method, concurrency), run in by_key.items():
@@ -273,6 +285,14 @@ def report(runs: list[Run], prompts: list[Prompt], args: argparse.Namespace, con
             cells.append(f"{tokens / sum(run.seconds[i] for i in rows):.1f}")  # type: ignore[misc]
         lines.append(f"| `{run.method}` | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def results_document(args: argparse.Namespace, conditions: dict[str, Any], prompts: list[Prompt],
+                     runs: list[Run]) -> dict[str, Any]:
+    """What results.json holds (``goose bench --vllm-python`` reads it): every prompt's ids, every run's outputs."""
+    return {"arguments": dict(vars(args)), "conditions": conditions, "prompts": [asdict(p) for p in prompts],
+            "runs": [asdict(r) | {"tokens_per_s": r.tokens_per_s, "tau": r.tau,
+                                  "mean_acceptance_length": r.mean_acceptance_length} for r in runs]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -302,11 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(text)
-    (out / "results.json").write_text(json.dumps({
-        "arguments": dict(vars(args)), "conditions": conditions,
-        "prompts": [asdict(p) for p in prompts],
-        "runs": [asdict(r) | {"tokens_per_s": r.tokens_per_s, "tau": r.tau,
-                              "mean_acceptance_length": r.mean_acceptance_length} for r in runs]}, indent=1))
+    (out / "results.json").write_text(json.dumps(results_document(args, conditions, prompts, runs), indent=1))
     print()
     print(text)
     print(f"load average before {conditions['load_average_before']}, after {conditions['load_average_after']}")

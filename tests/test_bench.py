@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import goose.bench.cli  # registers the `bench` command
 from goose import cli, models
 from goose.bench.aggregate import ALL, build_summary, lookup, summarize
+from goose.bench.concurrency import ConcurrencyRow, write_concurrency
 from goose.bench.conversation import turn_prompt_ids
 from goose.bench.generators import TurnOutput
 from goose.bench.methods import (
@@ -29,6 +33,7 @@ from goose.bench.prompts import KNOWN_DATASETS, DatasetError, Sample, load_sampl
 from goose.bench.records import build_record, compare
 from goose.bench.report import build_report
 from goose.bench.study import H200_BF16, predicted_speedup, study_configs, study_rows, tokens_lost_without
+from goose.bench.vllm_peer import VllmBenchError, run_vllm_bench, script_methods, source_root, vllm_rows
 from goose.config import GooseConfig
 from goose.planning.cost import CostCurve
 
@@ -425,3 +430,94 @@ def test_bench_concurrency_on_smollm2(tmp_path: Path) -> None:
 def test_bench_concurrency_bad_values(flag: str, message: str, capsys) -> None:
     assert cli.main(["bench", "--concurrency", flag]) == 2
     assert message in capsys.readouterr().err
+
+
+# --- vLLM beside --concurrency (--vllm-python) --------------------------------------------------------
+
+VLLM_BENCH_SCRIPT = source_root() / "scripts" / "vllm_bench.py"
+
+
+@pytest.fixture
+def vllm_bench_script(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """scripts/vllm_bench.py as a module: its dataclasses and results.json writer need no vLLM until main()."""
+    spec = importlib.util.spec_from_file_location("vllm_bench", VLLM_BENCH_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "vllm_bench", module)  # dataclasses look their module up while defined
+    spec.loader.exec_module(module)
+    return module
+
+
+def _our_row(method: str, concurrency: int, tokens_per_s: float) -> ConcurrencyRow:
+    return ConcurrencyRow("smollm2-135m", method, concurrency, 2, 4, 4 / tokens_per_s, tokens_per_s, 0.5, 0.6, 1.0, 1.0)
+
+
+def test_vllm_rows_from_vllm_bench_results(vllm_bench_script: Any, tmp_path: Path) -> None:
+    """results.json as vllm_bench.py writes it becomes vllm_* rows, compared with our AR outputs, in one report."""
+    script = vllm_bench_script
+    args = script.parse_arguments(["--datasets", "humaneval", "--limit", "2", "--max-tokens", "2",
+                                   "--methods", "none,ngram", "--concurrency", "1,2"])
+    assert args.concurrency == [1, 2]
+    prompts = [script.Prompt("humaneval", 0, [1, 2, 3]), script.Prompt("humaneval", 1, [4, 5, 6])]
+    drafted = {"drafts": 2, "draft_tokens": 8, "accepted_tokens": 1}
+    runs = [script.Run("none", 1, 2.0, [[7, 8], [9, 10]], [0.5, 1.5]),
+            script.Run("none", 2, 1.0, [[7, 8], [9, 10]], [None, None]),
+            script.Run("ngram", 1, 1.0, [[7, 8], [9, 11]], [0.2, 0.8], drafted),
+            script.Run("ngram", 2, 0.5, [[7, 8], [9, 11]], [None, None], drafted)]
+    results_file = tmp_path / "results.json"
+    results_file.write_text(json.dumps(script.results_document(args, {"vllm": "test"}, prompts, runs), indent=1))
+    results = json.loads(results_file.read_text())
+    reference = [[7, 8], [9, 10]]  # our single-request AR outputs
+
+    rows, notes = vllm_rows(results, "smollm2-135m", [[1, 2, 3], [4, 5, 6]], reference)
+    assert notes == []
+    found = {(row.method, row.concurrency): row for row in rows}
+    assert set(found) == {(m, c) for m in ("vllm_none", "vllm_ngram") for c in (1, 2)}
+    assert [found["vllm_none", c].identical_to_ar for c in (1, 2)] == [1.0, 1.0]
+    ngram = found["vllm_ngram", 1]
+    assert (ngram.identical_to_ar, ngram.tokens_per_s, ngram.tau) == (0.5, 4.0, round(4 / 3, 3))
+    assert (ngram.latency_p50_s, ngram.latency_p95_s) == (0.5, 0.77)  # one at a time: vLLM's own per-prompt times
+    assert (found["vllm_ngram", 2].latency_p50_s, found["vllm_ngram", 2].latency_p95_s) == (None, None)
+
+    # the second prompt encoded otherwise on vLLM's side: said, and left out of the comparison
+    rows_other, notes_other = vllm_rows(results, "smollm2-135m", [[1, 2, 3], [4, 5]], reference)
+    assert len(notes_other) == 1 and "1 of 2 prompts" in notes_other[0] and "humaneval/1" in notes_other[0]
+    assert {row.identical_to_ar for row in rows_other} == {1.0}
+
+    ours = [_our_row("ar", 1, 3.0), _our_row("goose", 1, 6.0), _our_row("ar", 2, 5.0), _our_row("goose", 2, 10.0),
+            _our_row("goose_own", 2, 12.0)]
+    written = write_concurrency(ours + rows, tmp_path / "out", {"smollm2-135m": notes_other})
+    report = (tmp_path / "out" / "concurrency.md").read_text()
+    assert "| vllm_ngram | 2 | 8.0 | 1.60x | - | - | 1.33 | 50% |" in report
+    assert "- concurrency 1: batched goose 6.0 tok/s over vllm_ngram 4.0 tok/s = 1.50x" in report
+    assert "- concurrency 2: batched goose_own 12.0 tok/s over vllm_ngram 8.0 tok/s = 1.50x" in report
+    assert notes_other[0] in report
+    saved = json.loads((tmp_path / "out" / "concurrency.json").read_text())
+    assert saved[-1] == {"model": "smollm2-135m", "method": "vllm_ngram", "concurrency": 2, "requests": 2,
+                         "tokens": 4, "wall_s": 0.5, "tokens_per_s": 8.0, "latency_p50_s": None,
+                         "latency_p95_s": None, "tau": 1.333, "identical_to_ar": 0.5}
+    assert tmp_path / "out" / "concurrency.png" in written
+
+
+def test_vllm_methods_are_read_from_the_script(vllm_bench_script: Any) -> None:
+    assert script_methods(VLLM_BENCH_SCRIPT) == vllm_bench_script.METHODS
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--vllm-python", sys.executable], "add --concurrency"),
+    (["--vllm-methods", "none"], "add --concurrency"),
+    (["--concurrency", "1", "--vllm-python", "/no/such/python"], "--vllm-python /no/such/python: no such interpreter"),
+    (["--concurrency", "1", "--vllm-python", sys.executable, "--vllm-methods", "none,bogus"], "unknown bogus"),
+    (["--concurrency", "1", "--vllm-python", sys.executable, "--vllm-methods", "ngram"], "must keep none"),
+])
+def test_bench_vllm_argument_errors(flags: list[str], message: str, capsys) -> None:
+    assert cli.main(["bench", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_failing_vllm_bench_names_the_command_and_its_stderr(tmp_path: Path) -> None:
+    """The real script, stopped by its own argument check (before it imports vLLM)."""
+    command = [sys.executable, str(VLLM_BENCH_SCRIPT), "--methods", "none,bogus"]
+    with pytest.raises(VllmBenchError) as failure:
+        run_vllm_bench(command, tmp_path, progress=False)
+    assert "exit status 2" in str(failure.value) and "--methods none,bogus" in str(failure.value)
+    assert "unknown methods ['bogus']" in str(failure.value)

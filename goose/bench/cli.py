@@ -65,6 +65,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "concurrency (e.g. 1,2,4,8), methods ar, goose (the batched engine) and hf_ar (Hugging "
                              "Face's batched generate), and goose_own (each row its own bigram table) when "
                              "--methods names it; writes concurrency.json/.md/.png")
+    parser.add_argument("--vllm-python", default=None, metavar="PATH",
+                        help="with --concurrency: then measure vLLM at the same concurrencies on the same prompts "
+                             "(scripts/vllm_bench.py run by this interpreter of the vLLM environment, e.g. "
+                             ".venv-vllm/bin/python; its files go to --out's vllm/ folder, one per model when there "
+                             "are several); its rows vllm_none, vllm_ngram, vllm_goose join concurrency.json/.md/.png")
+    parser.add_argument("--vllm-methods", default=None, metavar="M1,M2,...",
+                        help="with --vllm-python: vllm_bench.py's methods (default none,ngram,goose; none is kept "
+                             "as its reference)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--list-methods", action="store_true", help="print every method and whether it can run")
     parser.set_defaults(run=run_command)
@@ -131,6 +139,11 @@ def run_command(args: argparse.Namespace) -> int:
     datasets = _names(args.datasets) or list(PAPER_DATASETS)
     data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir()
     datastore = _datastore(args.datastore)
+    if args.concurrency is None and (args.vllm_python or args.vllm_methods):
+        raise ValueError("--vllm-python and --vllm-methods measure vLLM beside --concurrency; add --concurrency "
+                         "C1,C2,...")
+    if args.vllm_methods and not args.vllm_python:
+        raise ValueError("--vllm-methods needs --vllm-python (the vLLM environment's interpreter)")
 
     if args.concurrency is not None:
         return _run_concurrency(args, model_names, datasets, data_dir, limit, max_new_tokens)
@@ -174,6 +187,7 @@ def _run_concurrency(args: argparse.Namespace, model_names: list[str], datasets:
                      limit: int | None, max_new_tokens: int) -> int:
     from goose.bench.concurrency import CONCURRENCY_METHODS, OPTIONAL_METHODS, run_concurrency, write_concurrency
     from goose.bench.prompts import load_samples
+    from goose.bench.vllm_peer import run_vllm_bench, vllm_command, vllm_peer, vllm_rows
 
     try:
         concurrencies = sorted({int(part) for part in _names(args.concurrency)})
@@ -188,24 +202,56 @@ def _run_concurrency(args: argparse.Namespace, model_names: list[str], datasets:
                          f"not {', '.join(unknown)}")
     if args.temperature:
         raise ValueError("--concurrency measures greedy decoding; leave --temperature out")
-    samples = [sample for name in datasets for sample in load_samples(name, data_dir, limit)]
+    peer = None
+    if args.vllm_python:
+        peer = vllm_peer(args.vllm_python, args.vllm_methods)
+        if args.no_chat:
+            raise ValueError("--vllm-python: vllm_bench.py always applies the chat template; leave --no-chat out")
+        from goose.models import resolve_dtype
+
+        vllm_dtype = str(resolve_dtype(args.dtype)).removeprefix("torch.")  # its --dtype takes full names only
+    samples_per_dataset = [load_samples(name, data_dir, limit) for name in datasets]
+    samples = [sample for found in samples_per_dataset for sample in found]
     from goose.cli import load_model
-    from goose.models import encode_prompt
+    from goose.models import encode_prompt, pretrained_location
 
     rows = []
+    measured: dict[str, tuple[list[list[int]], list[list[int]]]] = {}  # model -> (prompt ids, AR reference outputs)
     for model_name in model_names:
         args.model = model_name
         model, tokenizer = load_model(args)
         prompts = [encode_prompt(tokenizer, sample.turns[0], chat=not args.no_chat) for sample in samples]
         print(f"{model_name}: {len(prompts)} prompts from {', '.join(datasets)}, {max_new_tokens} tokens, "
               f"concurrency {', '.join(map(str, concurrencies))}", flush=True)
-        rows += run_concurrency(model_name, model, tokenizer, prompts, concurrencies, methods, max_new_tokens,
-                                progress=not args.no_progress)
+        model_rows, reference = run_concurrency(model_name, model, tokenizer, prompts, concurrencies, methods,
+                                                max_new_tokens, progress=not args.no_progress)
+        rows += model_rows
+        measured[model_name] = (prompts, reference)
+        del model, tokenizer  # vLLM's engines come next; the memory is theirs
     out = Path(args.out).expanduser()
-    written = write_concurrency(rows, out)
+    written = write_concurrency(rows, out)  # ours first: a failed vLLM run loses nothing we measured
+    if peer is not None:
+        # None means every sample of each dataset; vllm_bench.py needs a number, and the largest count is that
+        vllm_limit = limit or max(len(found) for found in samples_per_dataset)
+        notes: dict[str, list[str]] = {}
+        for model_name, (prompts, reference) in measured.items():
+            folder = out / "vllm" if len(model_names) == 1 else out / "vllm" / _safe_name(model_name)
+            command = vllm_command(peer, pretrained_location(model_name), datasets, data_dir, vllm_limit,
+                                   max_new_tokens, vllm_dtype, concurrencies, folder)
+            print(f"{model_name}: vLLM {', '.join(peer.methods)} at concurrency {', '.join(map(str, concurrencies))}"
+                  f" (scripts/vllm_bench.py, into {folder})", flush=True)
+            results = run_vllm_bench(command, folder, progress=not args.no_progress)
+            model_rows, notes[model_name] = vllm_rows(results, model_name, prompts, reference)
+            rows += model_rows
+            written = write_concurrency(rows, out, notes)
     print((out / "concurrency.md").read_text())
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
+
+
+def _safe_name(model_name: str) -> str:
+    """A model name (maybe a Hugging Face id or a path) as one folder name."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in model_name.strip("/"))
 
 
 register_command("bench", "reproduce the paper's tables: speedup, tau, acceptance per method and dataset",

@@ -15,7 +15,9 @@ prompt joins at the next cycle boundary. Methods:
 Reported per method and concurrency: total output tokens per second, per-request latency p50/p95,
 tau, and the share of requests whose output is token-identical to that prompt's own single-request
 autoregressive run. Written to ``concurrency.json`` (rows with a ``concurrency`` field),
-``concurrency.md`` and ``concurrency.png`` (throughput against concurrency).
+``concurrency.md`` and ``concurrency.png`` (throughput against concurrency). With ``--vllm-python``
+vLLM's rows (``vllm_none``, ``vllm_ngram``, ``vllm_goose``: :mod:`goose.bench.vllm_peer`) join the
+same table and plot.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,8 @@ import torch
 CONCURRENCY_METHODS = ("ar", "goose", "hf_ar")
 OPTIONAL_METHODS = ("goose_own",)  # run when --methods names them
 SERIAL_METHODS = ("ar_single", "goose_single")
+BATCHED_GOOSE_METHODS = ("goose", "goose_own")  # compared with vLLM's ngram
+VLLM_PREFIX = "vllm_"  # rows measured by scripts/vllm_bench.py: vllm_none, vllm_ngram, vllm_goose
 
 
 @dataclass
@@ -45,10 +49,10 @@ class ConcurrencyRow:
     tokens: int
     wall_s: float
     tokens_per_s: float
-    latency_p50_s: float
-    latency_p95_s: float
+    latency_p50_s: float | None  # None: not measured (vLLM given every prompt at once)
+    latency_p95_s: float | None
     tau: float
-    identical_to_ar: float  # share of requests token-identical to their own single-request AR run
+    identical_to_ar: float | None  # share of requests token-identical to their own single-request AR run
 
 
 @dataclass
@@ -126,8 +130,11 @@ def hf_batched(model: Any, tokenizer: Any, prompts: Sequence[list[int]], max_new
 
 def run_concurrency(model_name: str, model: Any, tokenizer: Any, prompts: Sequence[list[int]],
                     concurrencies: Sequence[int], methods: Sequence[str], max_new_tokens: int,
-                    progress: bool = True) -> list[ConcurrencyRow]:
-    """Every method at every concurrency on ``prompts`` (token ids); the single-request AR run is the reference."""
+                    progress: bool = True) -> tuple[list[ConcurrencyRow], list[list[int]]]:
+    """Every method at every concurrency on ``prompts`` (token ids); the single-request AR run is the reference.
+
+    Returns the rows and that reference (each prompt's AR output), which other engines' rows are compared with.
+    """
     from goose.config import GooseConfig
     from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 
@@ -160,7 +167,7 @@ def run_concurrency(model_name: str, model: Any, tokenizer: Any, prompts: Sequen
                 last = rows[-1]
                 print(f"  {model_name} {method} at concurrency {concurrency}: {last.tokens_per_s:.1f} tok/s, "
                       f"p95 {last.latency_p95_s:.2f} s, identical {last.identical_to_ar:.0%}", flush=True)
-    return rows
+    return rows, reference.outputs
 
 
 def _row(model: str, method: str, concurrency: int, run: _Run, reference: _Run) -> ConcurrencyRow:
@@ -172,8 +179,10 @@ def _row(model: str, method: str, concurrency: int, run: _Run, reference: _Run) 
                           round(same / len(run.outputs), 3))
 
 
-def write_concurrency(rows: Sequence[ConcurrencyRow], out: Path) -> list[Path]:
-    """concurrency.json, concurrency.md (a table per model, ratios against batched ar) and concurrency.png."""
+def write_concurrency(rows: Sequence[ConcurrencyRow], out: Path,
+                      notes: Mapping[str, Sequence[str]] | None = None) -> list[Path]:
+    """concurrency.json, concurrency.md (a table per model, ratios against batched ar, our best batched goose over
+    vLLM's ngram, then ``notes[model]``) and concurrency.png."""
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "concurrency.json", out / "concurrency.md"]
     written[0].write_text(json.dumps([asdict(row) for row in rows], indent=1))
@@ -186,13 +195,35 @@ def write_concurrency(rows: Sequence[ConcurrencyRow], out: Path) -> list[Path]:
         for row in mine:
             ratio = f"{row.tokens_per_s / ar[row.concurrency]:.2f}x" if ar.get(row.concurrency) else "-"
             lines.append(f"| {row.method} | {row.concurrency} | {row.tokens_per_s:.1f} | {ratio} | "
-                         f"{row.latency_p50_s:.2f} | {row.latency_p95_s:.2f} | {row.tau:.2f} | "
-                         f"{row.identical_to_ar:.0%} |")
+                         f"{_cell(row.latency_p50_s, '.2f')} | {_cell(row.latency_p95_s, '.2f')} | {row.tau:.2f} | "
+                         f"{_cell(row.identical_to_ar, '.0%')} |")
+        versus_ngram = _goose_over_vllm_ngram(mine)
+        lines += ["", *versus_ngram] if versus_ngram else []
+        lines += ["", *notes[model]] if notes and notes.get(model) else []
         lines.append("")
     written[1].write_text("\n".join(lines))
     if _plot(rows, out / "concurrency.png"):
         written.append(out / "concurrency.png")
     return written
+
+
+def _cell(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _goose_over_vllm_ngram(rows: Sequence[ConcurrencyRow]) -> list[str]:
+    """One line per concurrency: our fastest batched goose method's tok/s over vLLM's ngram at that concurrency."""
+    lines = []
+    for concurrency in sorted({row.concurrency for row in rows}):
+        here = [row for row in rows if row.concurrency == concurrency]
+        ngram = next((row for row in here if row.method == "vllm_ngram"), None)
+        ours = [row for row in here if row.method in BATCHED_GOOSE_METHODS]
+        if ngram is None or not ours or not ngram.tokens_per_s:
+            continue
+        best = max(ours, key=lambda row: row.tokens_per_s)
+        lines.append(f"- concurrency {concurrency}: batched {best.method} {best.tokens_per_s:.1f} tok/s over "
+                     f"vllm_ngram {ngram.tokens_per_s:.1f} tok/s = {best.tokens_per_s / ngram.tokens_per_s:.2f}x")
+    return lines
 
 
 def _plot(rows: Sequence[ConcurrencyRow], path: Path) -> bool:
@@ -205,11 +236,13 @@ def _plot(rows: Sequence[ConcurrencyRow], path: Path) -> bool:
     models = list(dict.fromkeys(row.model for row in rows))
     figure, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4), squeeze=False)
     for axis, model in zip(axes[0], models, strict=True):
-        for method in (*CONCURRENCY_METHODS, *OPTIONAL_METHODS):
+        vllm_methods = [row.method for row in rows if row.model == model and row.method.startswith(VLLM_PREFIX)]
+        for method in (*CONCURRENCY_METHODS, *OPTIONAL_METHODS, *dict.fromkeys(vllm_methods)):
             points = sorted((row.concurrency, row.tokens_per_s) for row in rows
                             if row.model == model and row.method == method)
-            if points:
-                axis.plot(*zip(*points, strict=True), marker="o", label=method)
+            if points:  # dashed: another engine's throughput, not ours
+                axis.plot(*zip(*points, strict=True), marker="o", label=method,
+                          linestyle="--" if method.startswith(VLLM_PREFIX) else "-")
         single = [row.tokens_per_s for row in rows if row.model == model and row.method == "goose_single"]
         if single:
             axis.axhline(single[0], linestyle=":", color="gray", label="goose, one at a time")

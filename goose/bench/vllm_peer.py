@@ -1,0 +1,149 @@
+"""``goose bench --concurrency ... --vllm-python PATH``: vLLM measured in the same run, on the same prompts.
+
+vLLM pins its own torch and transformers, so it runs in its own environment: after our methods,
+``scripts/vllm_bench.py`` runs under that environment's interpreter with the same datasets, limit,
+max new tokens, dtype and concurrencies, and writes ``results.json`` into ``--out``'s ``vllm/``
+folder. Each of its runs becomes a :class:`~goose.bench.concurrency.ConcurrencyRow` named
+``vllm_<method>`` whose outputs are compared with OUR single-request AR outputs, prompt by prompt,
+where both sides encoded the prompt to the same token ids.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shlex
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import goose
+from goose.bench.concurrency import VLLM_PREFIX, ConcurrencyRow
+
+DEFAULT_VLLM_METHODS = ("none", "ngram", "goose")
+STDERR_LINES_SHOWN = 15
+STDERR_LOG = "vllm_bench.stderr.log"  # vLLM logs a lot to stderr; kept for the error message and for reading
+
+
+class VllmBenchError(ValueError):
+    """scripts/vllm_bench.py failed; the message names the command and its last stderr lines."""
+
+
+@dataclass(frozen=True)
+class VllmPeer:
+    """How to run vLLM's side: the interpreter, the script and its methods, all checked to exist."""
+
+    python: str
+    script: Path
+    methods: tuple[str, ...]
+
+
+def source_root() -> Path:
+    """The checkout holding the ``goose`` package (and ``scripts/``)."""
+    return Path(goose.__file__).resolve().parents[1]
+
+
+def script_methods(script: Path) -> tuple[str, ...]:
+    """The script's ``METHODS``, read from its source: importing it here would need vLLM."""
+    for node in ast.parse(script.read_text()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "METHODS" for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    raise ValueError(f"{script} defines no METHODS")
+
+
+def vllm_peer(python: str, methods_text: str | None) -> VllmPeer:
+    """``--vllm-python`` and ``--vllm-methods`` checked before any model loads."""
+    script = source_root() / "scripts" / "vllm_bench.py"
+    if not script.is_file():
+        raise ValueError(f"--vllm-python needs scripts/vllm_bench.py from Goose's source checkout; not found at "
+                         f"{script}")
+    interpreter = shutil.which(python)
+    if interpreter is None:
+        raise ValueError(f"--vllm-python {python}: no such interpreter; give the vLLM environment's python, e.g. "
+                         f".venv-vllm/bin/python (`make vllm-setup` builds it)")
+    known = script_methods(script)
+    methods = tuple(part.strip() for part in (methods_text or "").split(",") if part.strip()) or DEFAULT_VLLM_METHODS
+    unknown = [method for method in methods if method not in known]
+    if unknown:
+        raise ValueError(f"--vllm-methods: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    if "none" not in methods:
+        raise ValueError("--vllm-methods must keep none: vllm_bench.py compares every output with it")
+    return VllmPeer(str(Path(interpreter).absolute()), script, methods)
+
+
+def vllm_command(peer: VllmPeer, model_path: str, datasets: Sequence[str], data_dir: Path, limit: int,
+                 max_new_tokens: int, dtype: str, concurrencies: Sequence[int], out: Path) -> list[str]:
+    return [peer.python, str(peer.script), "--model", model_path, "--datasets", ",".join(datasets),
+            "--data-dir", str(data_dir), "--limit", str(limit), "--max-tokens", str(max_new_tokens),
+            "--dtype", dtype, "--methods", ",".join(peer.methods),
+            "--concurrency", ",".join(map(str, concurrencies)), "--out", str(out)]
+
+
+def run_vllm_bench(command: Sequence[str], out: Path, progress: bool = True) -> dict[str, Any]:
+    """Run ``command`` (a vllm_bench.py command writing into ``out``), echo its stdout, return its results.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / STDERR_LOG
+    # the script imports goose (prompts, the proposer): this checkout's, the code whose rows it joins
+    path = os.pathsep.join(part for part in (str(source_root()), os.environ.get("PYTHONPATH")) if part)
+    # vLLM logs to stdout by default; to stderr (the log file) instead, so that stdout is the script's progress
+    env = {"VLLM_LOGGING_STREAM": "ext://sys.stderr", **os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+    with log.open("w") as stderr, subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                                  env=env) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            if progress:
+                print(f"  vllm | {line.rstrip()}", flush=True)
+    if process.returncode != 0:
+        last = log.read_text(errors="replace").splitlines()[-STDERR_LINES_SHOWN:]
+        raise VllmBenchError(f"the vLLM benchmark failed (exit status {process.returncode}): {shlex.join(command)}\n"
+                             f"its last stderr lines (all of them in {log}):\n" + "\n".join(last))
+    return json.loads((out / "results.json").read_text())
+
+
+def vllm_rows(results: dict[str, Any], model: str, prompt_ids: Sequence[list[int]],
+              reference_outputs: Sequence[list[int]]) -> tuple[list[ConcurrencyRow], list[str]]:
+    """vllm_bench.py's ``results`` as rows ``vllm_<method>`` per concurrency, and notes for the report.
+
+    A prompt counts towards ``identical_to_ar`` only where vLLM's side encoded it to our token ids;
+    the notes say which did not. Latency is known one request at a time only (at higher concurrency
+    vllm_bench.py submits every prompt at once). With several rounds (``--repeat``), the one with the
+    median tok/s, as vllm_bench.py's own report takes.
+    """
+    theirs = results["prompts"]
+    notes = []
+    if len(theirs) != len(prompt_ids):
+        comparable: list[int] = []
+        notes.append(f"- vLLM decoded {len(theirs)} prompts, we decoded {len(prompt_ids)}: its outputs are not "
+                     f"compared with ours")
+    else:
+        comparable = [i for i, prompt in enumerate(theirs) if prompt["ids"] == list(prompt_ids[i])]
+        differ = [f"{prompt['dataset']}/{prompt['question_id']}"
+                  for prompt, ours in zip(theirs, prompt_ids, strict=True) if prompt["ids"] != list(ours)]
+        if differ:
+            notes.append(f"- vLLM's side encoded {len(differ)} of {len(theirs)} prompts to other token ids "
+                         f"({', '.join(differ)}): identical to AR counts the other {len(comparable)}")
+    rounds: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for run in results["runs"]:
+        rounds.setdefault((run["method"], run["concurrency"]), []).append(run)
+    rows = []
+    for (method, concurrency), found in rounds.items():
+        run = sorted(found, key=lambda r: r["tokens_per_s"])[(len(found) - 1) // 2]
+        outputs = run["outputs"]
+        same = sum(outputs[i] == list(reference_outputs[i]) for i in comparable)
+        seconds = [s for s in run["seconds"] if s is not None]
+        rows.append(ConcurrencyRow(
+            model, VLLM_PREFIX + method, concurrency, len(outputs), sum(len(o) for o in outputs),
+            round(run["wall_s"], 3), round(run["tokens_per_s"], 2),
+            _percentile(seconds, 50), _percentile(seconds, 95), round(run["tau"], 3),
+            round(same / len(comparable), 3) if comparable else None))
+    return rows, notes
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 3) if values else None
