@@ -27,18 +27,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from cost_model_ab import HF_LIKE  # the sibling scripts (this folder is on sys.path when a script runs)
+from cycle_kinds import RecordingDecoder
 
 from goose.bench.prompts import load_samples
 from goose.config import GooseConfig
 from goose.contract.candidates import CandidatePool
-from goose.cycle.decoder import GooseDecoder
 from goose.models import encode_prompt, load
 from goose.planning.budget import BudgetPlanner, SpineLengths
 from goose.planning.cost import CostCurve
-
-# Hugging Face prompt lookup's algorithm in Goose's terms: 2- then 1-gram, earliest occurrence, 10 tokens
-HF_LIKE = {"sources": ["context_match"], "topology": "chain", "budget": 10,
-           "source_options": {"context_match": {"ngram_sizes": [2, 1], "occurrence": "first", "max_continuation": 10}}}
 
 
 class FixedOverheadPlanner(BudgetPlanner):
@@ -59,18 +56,6 @@ class FixedOverheadPlanner(BudgetPlanner):
         spine = pool.drafting[0] if pool.drafting else None
         self.draft_lengths.append(len(spine.draft) if spine is not None and spine.draft is not None else 0)
         return super().budget(pool, spine_lengths, extra_rows)
-
-
-class RecordingDecoder(GooseDecoder):
-    """A Goose decoder whose budgets (automatic or fixed) come with a record of each cycle's spine draft."""
-
-    def __init__(self, *args, planner: FixedOverheadPlanner, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.recording = planner
-
-    @property
-    def budget_planner(self) -> FixedOverheadPlanner:
-        return self.recording
 
 
 @dataclass
