@@ -174,9 +174,14 @@ def _row(model: str, method: str, concurrency: int, run: _Run, reference: _Run) 
     tokens = sum(len(output) for output in run.outputs)
     same = sum(output == expected for output, expected in zip(run.outputs, reference.outputs, strict=True))
     return ConcurrencyRow(model, method, concurrency, len(run.outputs), tokens, round(run.wall_s, 3),
-                          round(tokens / run.wall_s, 2), round(float(np.percentile(run.latencies, 50)), 3),
-                          round(float(np.percentile(run.latencies, 95)), 3), round(float(np.mean(run.taus)), 3),
+                          round(tokens / run.wall_s, 2), latency_percentile(run.latencies, 50),
+                          latency_percentile(run.latencies, 95), round(float(np.mean(run.taus)), 3),
                           round(same / len(run.outputs), 3))
+
+
+def latency_percentile(seconds: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile of per-request latencies, rounded as the rows keep it; None when none was measured."""
+    return round(float(np.percentile(seconds, q)), 3) if len(seconds) else None
 
 
 def write_concurrency(rows: Sequence[ConcurrencyRow], out: Path,

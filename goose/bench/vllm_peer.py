@@ -21,10 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 import goose
-from goose.bench.concurrency import VLLM_PREFIX, ConcurrencyRow
+from goose.bench.concurrency import VLLM_PREFIX, ConcurrencyRow, latency_percentile
 
 DEFAULT_VLLM_METHODS = ("none", "ngram", "goose")
 STDERR_LINES_SHOWN = 15
@@ -140,10 +138,7 @@ def vllm_rows(results: dict[str, Any], model: str, prompt_ids: Sequence[list[int
         rows.append(ConcurrencyRow(
             model, VLLM_PREFIX + method, concurrency, len(outputs), sum(len(o) for o in outputs),
             round(run["wall_s"], 3), round(run["tokens_per_s"], 2),
-            _percentile(seconds, 50), _percentile(seconds, 95), round(run["tau"], 3),
+            latency_percentile(seconds, 50), latency_percentile(seconds, 95), round(run["tau"], 3),
             round(same / len(comparable), 3) if comparable else None))
     return rows, notes
 
-
-def _percentile(values: Sequence[float], q: float) -> float | None:
-    return round(float(np.percentile(values, q)), 3) if values else None

@@ -129,8 +129,10 @@ class Constraint:
         self.matcher = compiler.matcher(schema)
         self.words = compiler.words
         self.eos_ids = frozenset(eos)
-        self._eos = np.asarray(eos, dtype=np.int64)
-        self._grammar_eos = np.asarray(sorted(_tokenizer_eos(compiler.grammar_tokenizer)), dtype=np.int64)
+        # the bits every mask changes, worked out once: llguidance's own EOS cleared, the request's set where
+        # the grammar accepts
+        self._grammar_eos = _TokenBits(_tokenizer_eos(compiler.grammar_tokenizer))
+        self._eos = _TokenBits(eos)
         self.seconds = 0.0
         self.cut_tokens = 0
         self._shifts: dict[torch.device, torch.Tensor] = {}
@@ -223,9 +225,9 @@ class Constraint:
     def _fill(self, mask: np.ndarray) -> None:
         """``mask`` (int32 [words]) := the tokens allowed at the matcher's state, EOS where the grammar accepts."""
         self.matcher.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
-        _set_bits(mask, self._grammar_eos, False)
+        self._grammar_eos.clear(mask)
         if self.matcher.is_accepting():
-            _set_bits(mask, self._eos, True)
+            self._eos.set(mask)
 
 
 _INTEGER_OF_SIZE = {4: torch.int32, 2: torch.int16}  # float32; bfloat16 and float16
@@ -246,12 +248,20 @@ def _mask_on_host(rows: torch.Tensor, masks: np.ndarray) -> None:
     np.bitwise_or(values, keep, out=values)
 
 
-def _set_bits(mask: np.ndarray, tokens: np.ndarray, value: bool) -> None:
-    """Set (or clear) the bits of ``tokens`` in ``mask`` (int32 [words])."""
-    words = mask.view(np.uint32)
-    for token in tokens.tolist():
-        bit = np.uint32(1 << (token & 31))
-        words[token >> 5] = (words[token >> 5] | bit) if value else (words[token >> 5] & ~bit)
+class _TokenBits:
+    """A few tokens' places in an int32 bitmask [words] (their words and bits), to set or clear in one call each."""
+
+    def __init__(self, tokens: Iterable[int]) -> None:
+        ids = np.asarray(sorted(tokens), dtype=np.int64)
+        self.words = ids >> 5
+        self.bits = (np.uint32(1) << (ids & 31).astype(np.uint32)).astype(np.uint32)
+        self.cleared = ~self.bits
+
+    def set(self, mask: np.ndarray) -> None:
+        np.bitwise_or.at(mask.view(np.uint32), self.words, self.bits)  # .at: two tokens may share a word
+
+    def clear(self, mask: np.ndarray) -> None:
+        np.bitwise_and.at(mask.view(np.uint32), self.words, self.cleared)
 
 
 def _tokenizer_eos(grammar_tokenizer: llguidance.LLTokenizer) -> set[int]:
