@@ -107,6 +107,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--overhead-ms", type=float, default=2.5, help="the fixed per-cycle host time planned with")
     parser.add_argument("--variants", default="{}", help='JSON {"name": {GooseConfig fields}} besides goose')
+    parser.add_argument("--with-prediction", action="store_true",
+                        help="also decode as goose_pred: goose with each sample's prediction (the edit set's code)")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure to this file")
     args = parser.parse_args()
 
@@ -116,6 +118,8 @@ def main() -> None:
     overhead_s = args.overhead_ms / 1e3
     configs = {"goose": GooseConfig(), "hf_like": GooseConfig.model_validate(HF_LIKE),
                **{name: GooseConfig.model_validate(fields) for name, fields in json.loads(args.variants).items()}}
+    if args.with_prediction:
+        configs["goose_pred"] = GooseConfig()
     samples = [s for dataset in args.datasets.split(",") for s in load_samples(dataset, limit=args.limit)]
     prompts = [encode_prompt(tokenizer, sample.turns[0]) for sample in samples]
     figures: dict[str, dict[str, dict[str, float]]] = {}
@@ -128,7 +132,8 @@ def main() -> None:
         for sample, prompt in zip(samples, prompts, strict=True):
             planner.draft_lengths.clear()
             with torch.inference_mode():
-                result = decoder.generate(prompt, args.max_new_tokens)
+                prediction = sample.prediction if name == "goose_pred" else None
+                result = decoder.generate(prompt, args.max_new_tokens, prediction=prediction)
             decoder.verifier.reset()
             stats = result.stats
             drafted = planner.draft_lengths if config.budget == "auto" else [0] * stats.verify_steps

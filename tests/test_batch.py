@@ -199,6 +199,20 @@ def test_rows_sharing_one_bigram_table_stay_exact(smollm2, ar_reference) -> None
     assert GooseDecoder(model, tokenizer, GooseConfig(sources=["context_match"])).batch(2)._shared_sources == {}
 
 
+def test_lookahead_rows_ride_in_batched_passes(smollm2, ar_reference) -> None:
+    """A source's auxiliary rows (Lookahead's window) ride in the batched pass beside every row's tree."""
+    model, tokenizer = smollm2
+    references = [ar_reference(model, tokenizer, p, SMOLLM2_TOKENS).new_token_ids for p in PROMPTS[:2]]
+    config = GooseConfig(sources=["context_match", "bigram_transition", "lookahead"], price_rows=False,
+                         source_options={"lookahead": {"window": 4, "ngram": 3}})
+    results = GooseDecoder(model, tokenizer, config).generate_batch(PROMPTS[:2], SMOLLM2_TOKENS, max_batch=2)
+    assert [result.new_token_ids for result in results] == references
+    for result in results:  # every row's window rode its passes
+        assert result.stats.auxiliary_rows >= result.stats.verify_steps
+    # and Lookahead drafted from its pool (the prompt's n-grams and its window's), some of it accepted
+    assert sum(result.stats.source_accepted["lookahead"] for result in results) > 0
+
+
 @pytest.mark.slow
 def test_gemma3_rows_cross_the_sliding_window(gemma3, ar_reference) -> None:
     """One row runs past Gemma 3's 512-token window while a short one decodes beside it."""

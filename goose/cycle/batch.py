@@ -214,12 +214,14 @@ class BatchSession:
             return [self._event(rows[i], []) for i in full]
         cycle_started = time.perf_counter()
         trees = self._plan(verifier.room())
+        auxiliary = [row.cycle.auxiliary_rows if row.cycle is not None else [] for row in rows]
         verify_started = time.perf_counter()
-        logits = verifier.verify(trees)
+        logits = verifier.verify(trees, auxiliary)
         verify_s = time.perf_counter() - verify_started
-        self.pass_rows.append(sum(tree.size for tree in trees))
+        widths = [row_logits.shape[0] for row_logits in logits]  # each row's tree and auxiliary rows
+        self.pass_rows.append(sum(widths))
         if self._costs is not None:  # what the pass really cost corrects the curve the next split reads
-            self._costs.observe(len(trees), len(trees) * max(tree.size for tree in trees), verify_s)
+            self._costs.observe(len(trees), len(trees) * max(widths), verify_s)
         events = []
         for slot, (row, row_logits) in enumerate(zip(rows, logits, strict=True)):
             row.stats.batch_rows.append(len(rows))
@@ -244,7 +246,9 @@ class BatchSession:
         cycles = [row.cycle for row in self.rows if row.cycle is not None]
         planner = decoder.budget_planner
         for cycle, row_room in zip(cycles, room, strict=True):
-            cycle.draft(row_room, planner, auxiliary=False)  # auxiliary rows do not ride in batched passes yet
+            cycle.draft(row_room, planner)
+            if cycle.riding > row_room:  # a slot holds the pass's rows, auxiliary ones too: none ride this time
+                cycle.auxiliary = []
         if decoder.config.budget == "auto" and planner is not None:
             if self._costs is None:
                 self._costs = BatchCosts(decoder.model, planner.curve)
@@ -254,8 +258,9 @@ class BatchSession:
             budgets = [int(decoder.config.budget)] * len(cycles)
         for row, budget in zip(self.rows, budgets, strict=True):
             row.stats.row_budgets.append(budget)
-        return [cycle.plan(min(budget, row_room)) if min(budget, row_room) > 0 else cycle.plan_nothing()
-                for cycle, budget, row_room in zip(cycles, budgets, room, strict=True)]
+        caps = [row_room - cycle.riding for cycle, row_room in zip(cycles, room, strict=True)]
+        return [cycle.plan(min(budget, cap)) if min(budget, cap) > 0 else cycle.plan_nothing()
+                for cycle, budget, cap in zip(cycles, budgets, caps, strict=True)]
 
     def _learn(self, host_s: float) -> None:
         """The planner folds in the cycle's host time per row and every row's tree and yield."""

@@ -5,9 +5,11 @@ Each request owns a *slot* of a batched KV cache; the requests decoding now hold
 contiguous view). Slot i keeps its context at cache positions ``0 .. length_i - 1``: a position in
 the cache is the token's position in its sequence, and each row is at its own length.
 
-A pass pads every row's tree to the largest one (``R`` rows) and writes row i's keys at
-``length_i .. length_i + R - 1``; the attention mask [live, 1, R, max(length) + R] lets each row see
-its own context and its own tree rows only. Padding rows see only themselves and are never read.
+A pass pads every row's tree, followed by its auxiliary rows (Lookahead's window, laid out as the
+single-request :func:`goose.cycle.verifier.pass_rows` lays them), to the largest one (``R`` rows) and
+writes row i's keys at ``length_i .. length_i + R - 1``; the attention mask [live, 1, R, max(length) + R]
+lets each row see its own context and its own pass rows only. Padding rows see only themselves and are
+never read.
 A commit keeps one row's accepted path and never touches another row's cache; kept rows that must
 move travel in the pass's one host-to-device copy, as in :class:`goose.cycle.verifier.Verifier`.
 
@@ -18,6 +20,7 @@ column must still hold finite numbers (a NaN times a zero weight is NaN).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -26,8 +29,9 @@ import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer
 
+from goose.contract.outcome import AuxiliaryRows
 from goose.contract.tree import DraftTree
-from goose.cycle.verifier import ContextOverflowError, TargetModel
+from goose.cycle.verifier import ContextOverflowError, TargetModel, pass_rows
 
 
 @dataclass
@@ -219,14 +223,18 @@ class BatchVerifier(TargetModel):
         return slot, output.logits[0]
 
     @torch.inference_mode()
-    def verify(self, trees: list[DraftTree]) -> list[torch.Tensor]:
-        """Logits [n_i, V] for every node of every live slot's tree (``trees[i]`` for slot i), in one pass.
+    def verify(self, trees: list[DraftTree], auxiliary: Sequence[Sequence[AuxiliaryRows]] | None = None
+               ) -> list[torch.Tensor]:
+        """Logits [n_i + a_i, V] for every node of every live slot's tree (``trees[i]`` for slot i), then its
+        auxiliary rows (``auxiliary[i]``, as :meth:`goose.cycle.verifier.Verifier.verify` takes them), in one pass.
 
         Each tree's anchor enters the cache here with its draft; call :meth:`commit` for every slot after.
         """
         if len(trees) != self.live:
             raise ValueError(f"{len(trees)} trees for {self.live} live slots")
-        rows = max(tree.size for tree in trees)
+        own = [pass_rows(tree, 0, auxiliary[i] if auxiliary else ()) for i, tree in enumerate(trees)]
+        sizes = [row_tokens.shape[0] for row_tokens, _, _ in own]
+        rows = max(sizes)
         live = self.live
         lengths = np.asarray(self.lengths, dtype=np.int64)
         if int(lengths.max()) + rows > self.slot_positions:
@@ -236,9 +244,9 @@ class BatchVerifier(TargetModel):
         depths = np.zeros((live, rows), dtype=np.int64)
         block = np.zeros((live, rows, rows), dtype=np.int64)
         block[:, np.arange(rows), np.arange(rows)] = 1  # a padding row sees itself only
-        for i, tree in enumerate(trees):
-            n = tree.size
-            tokens[i, :n], depths[i, :n], block[i, :n, :n] = tree.tokens, tree.depths, tree.ancestors
+        for i, (row_tokens, offsets, row_block) in enumerate(own):
+            n = sizes[i]
+            tokens[i, :n], depths[i, :n], block[i, :n, :n] = row_tokens, offsets, row_block
         positions = lengths[:, None] + depths
         moves = sorted(self._pending.items())
         moved = [rows_ for _, (_, rows_) in moves]
@@ -264,7 +272,7 @@ class BatchVerifier(TargetModel):
             use_cache=True,
             **{self._cache_kwarg: self.cache},
         )
-        return [output.logits[i, : tree.size] for i, tree in enumerate(trees)]
+        return [output.logits[i, :n] for i, n in enumerate(sizes)]
 
     def _masks(self, lengths: torch.Tensor, positions: torch.Tensor, block: torch.Tensor,
                width: int) -> torch.Tensor | dict[str, torch.Tensor]:
