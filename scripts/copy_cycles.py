@@ -106,9 +106,12 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=4, help="prompts per dataset")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--overhead-ms", type=float, default=2.5, help="the fixed per-cycle host time planned with")
-    parser.add_argument("--variants", default="{}", help='JSON {"name": {GooseConfig fields}} besides goose')
+    parser.add_argument("--variants", default="{}",
+                        help='JSON {"name": {GooseConfig fields}} besides goose; a name that starts with goose_pred '
+                        "decodes with each sample's prediction")
     parser.add_argument("--with-prediction", action="store_true",
                         help="also decode as goose_pred: goose with each sample's prediction (the edit set's code)")
+    parser.add_argument("--only", default=None, help="comma-separated configurations to run (default: all)")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure to this file")
     args = parser.parse_args()
 
@@ -120,6 +123,11 @@ def main() -> None:
                **{name: GooseConfig.model_validate(fields) for name, fields in json.loads(args.variants).items()}}
     if args.with_prediction:
         configs["goose_pred"] = GooseConfig()
+    if args.only:
+        unknown = set(args.only.split(",")) - set(configs)
+        if unknown:
+            parser.error(f"--only names unknown configurations: {', '.join(sorted(unknown))}")
+        configs = {name: config for name, config in configs.items() if name in args.only.split(",")}
     samples = [s for dataset in args.datasets.split(",") for s in load_samples(dataset, limit=args.limit)]
     prompts = [encode_prompt(tokenizer, sample.turns[0]) for sample in samples]
     figures: dict[str, dict[str, dict[str, float]]] = {}
@@ -132,7 +140,7 @@ def main() -> None:
         for sample, prompt in zip(samples, prompts, strict=True):
             planner.draft_lengths.clear()
             with torch.inference_mode():
-                prediction = sample.prediction if name == "goose_pred" else None
+                prediction = sample.prediction if name.startswith("goose_pred") else None
                 result = decoder.generate(prompt, args.max_new_tokens, prediction=prediction)
             decoder.verifier.reset()
             stats = result.stats
@@ -143,7 +151,7 @@ def main() -> None:
         figures[name] = {dataset: analyse(cycles, curve, overhead_s) for dataset, cycles in by_dataset.items()}
         figures[name]["all"] = analyse([p for cycles in by_dataset.values() for p in cycles], curve, overhead_s)
         print(f"{name} done", flush=True)
-    same = all(texts[name] == texts["goose"] for name in texts)
+    same = all(text == next(iter(texts.values())) for text in texts.values())
     print(f"\nfloat32 texts identical across configurations: {same}")
     columns = ("tok_s", "tau", "tree", "copy_cycles", "departures", "resync_cycles", "resync_tokens", "resync_tree",
                "long_draft", "long_kept", "long_cut_by_tree")

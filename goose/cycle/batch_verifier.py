@@ -217,7 +217,7 @@ class BatchVerifier(TargetModel):
         input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         self.store.plan = _PassPlan(first=slot, offset=0, width=len(prompt_ids))
         output = self.model(input_ids=input_ids, use_cache=True,
-                            logits_to_keep=max(1, min(logits_to_keep, len(prompt_ids))),
+                            logits_to_keep=self.last_rows(len(prompt_ids), logits_to_keep),
                             **{self._cache_kwarg: self.cache})
         self.lengths.append(len(prompt_ids))
         return slot, output.logits[0]

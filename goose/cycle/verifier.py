@@ -185,6 +185,18 @@ class TargetModel:
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._layers = int(getattr(config, "num_hidden_layers", 0) or 0)
 
+    def last_rows(self, prompt_length: int, logits_to_keep: int) -> torch.Tensor:
+        """The prefill's ``logits_to_keep`` argument for the last k of ``prompt_length`` positions, as indices.
+
+        Given indices, the model gathers those rows into a contiguous block before its output layer;
+        given the int k, it multiplies a strided slice of the hidden states, and in bfloat16 on a CPU
+        that matmul first copies the whole output matrix into the layout it wants: with a large
+        vocabulary (Gemma 3's 262k rows) that copy costs more than the rest of a short prompt's prefill.
+        The logits are the same either way.
+        """
+        keep = max(1, min(logits_to_keep, prompt_length))
+        return torch.arange(prompt_length - keep, prompt_length, device=self.device)
+
 
 class Verifier(TargetModel):
     """Owns the KV cache of one request and runs prefill, tree verification and cache compaction."""
@@ -212,11 +224,10 @@ class Verifier(TargetModel):
             )
         self.reset()
         input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
-        logits_to_keep = max(1, min(logits_to_keep, len(prompt_ids)))
         # the model builds its own causal (and sliding-window) masks for a plain prefix
-        output = self.model(
-            input_ids=input_ids, use_cache=True, logits_to_keep=logits_to_keep, **{self._cache_kwarg: self.cache}
-        )
+        output = self.model(input_ids=input_ids, use_cache=True,
+                            logits_to_keep=self.last_rows(len(prompt_ids), logits_to_keep),
+                            **{self._cache_kwarg: self.cache})
         self.past_length = len(prompt_ids)
         return output.logits[0]
 
