@@ -47,7 +47,10 @@ class PredictionOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_continuation: int = Field(default=64, ge=1, description="most prediction tokens one draft carries")
+    max_continuation: int = Field(
+        default=128, ge=1,
+        description="most prediction tokens one draft carries (the budget decides how many are verified)",
+    )
     resync_ngram: int = Field(
         default=3, ge=1,
         description="after a departure, the longest run of the output's last tokens looked up in the prediction; "
