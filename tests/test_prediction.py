@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from goose import cli
+from goose.config import GooseConfig
 from goose.cycle.decoder import GooseDecoder
 from tests.conftest import dataset_prompts
 
@@ -115,60 +117,48 @@ def test_goose_generate_prediction_file(case, tmp_path, capsys):
     assert report["sources"][0] == "prediction" and report["accepted_prediction_tokens"] >= TOKENS // 2
 
 
+def _draft(source, output: list[int], prediction_length: int = 100):
+    """``source``'s draft after ``output`` (prompt [1, 2, 3]), for the prediction 100, 101, ... ."""
+    from goose.contract.candidates import DecodeContext
+
+    prompt = [1, 2, 3]
+    prediction = np.arange(100, 100 + prediction_length, dtype=np.int64)
+    tokens = np.asarray(prompt + output, dtype=np.int64)
+    return source.goose_propose(DecodeContext(tokens, len(prompt), 1000, frozenset(), prediction=prediction))
+
+
 def test_the_run_followed_since_the_last_departure_is_the_drafts_consensus():
     """The consensus grows with every token followed, drops to 0 at a departure, and is off by option."""
-    import numpy as np
-
-    from goose.config import GooseConfig
-    from goose.contract.candidates import DecodeContext
     from sources.prediction import PredictionSource
 
-    prediction = np.arange(100, 140, dtype=np.int64)
-    prompt = [1, 2, 3]
-
-    def draft(source: PredictionSource, output: list[int]):
-        tokens = np.asarray(prompt + output, dtype=np.int64)
-        return source.goose_propose(DecodeContext(tokens, len(prompt), 1000, frozenset(), prediction=prediction))
-
     source = PredictionSource(GooseConfig())
-    assert draft(source, []).consensus == 0
-    assert draft(source, [100, 101, 102]).consensus == 3
-    followed = draft(source, [100, 101, 102, 103, 104, 105, 106, 107, 108, 109])
+    assert _draft(source, []).consensus == 0
+    assert _draft(source, [100, 101, 102]).consensus == 3
+    followed = _draft(source, [100, 101, 102, 103, 104, 105, 106, 107, 108, 109])
     assert followed.consensus == 10 and followed.tokens[0] == 110
-    departed = draft(source, [100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 7, 110])  # one token inserted
+    departed = _draft(source, [100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 7, 110])  # one token inserted
     assert departed.consensus == 0 and departed.tokens[0] == 111  # re-synced on the last token, no run yet
     quiet = PredictionSource(GooseConfig(source_options={"prediction": {"consensus": False}}))
-    assert draft(quiet, [100, 101, 102, 103]).consensus == 0
+    assert _draft(quiet, [100, 101, 102, 103]).consensus == 0
 
 
 def test_a_long_run_is_trusted_by_its_depth_and_a_departure_starts_shallow():
     """The prediction's drafts carry per-depth estimates by run depth: a held run teaches the deep bins at once."""
-    import numpy as np
-
-    from goose.config import GooseConfig
-    from goose.contract.candidates import DecodeContext
     from sources.prediction import PredictionSource
     from tests.test_sources import make_outcome, own
 
-    prediction = np.arange(100, 200, dtype=np.int64)
-    prompt = [1, 2, 3]
-
-    def draft(source: PredictionSource, output: list[int]):
-        tokens = np.asarray(prompt + output, dtype=np.int64)
-        return source.goose_propose(DecodeContext(tokens, len(prompt), 1000, frozenset(), prediction=prediction))
-
     source = PredictionSource(GooseConfig())
-    first = draft(source, [100, 101, 102, 103, 104, 105, 106, 107, 108, 109])  # 10 followed: depth 10 onwards
+    first = _draft(source, [100, 101, 102, 103, 104, 105, 106, 107, 108, 109])  # 10 followed: depth 10 onwards
     assert first.depth_acceptance == (0.9,)  # every bin at the prior
     chain = first.tokens[:40].tolist()
     outcome = make_outcome(("prediction",), {"prediction": chain}, {"prediction": 40})  # all 40 held
     source.goose_observe(outcome, own(outcome, "prediction"))
     output = list(range(100, 150))
-    held = draft(source, output)
+    held = _draft(source, output)
     assert held.depth_acceptance[0] > 0.97  # a run of 50 tokens (bin 32-64, learnt from the held draft): trusted now
     assert held.scores[0] == held.depth_acceptance[0] and held.consensus == 50
-    departed = draft(source, [*output, 7, 150])  # one token inserted, re-synced on the last one
+    departed = _draft(source, [*output, 7, 150])  # one token inserted, re-synced on the last one
     assert departed.tokens[0] == 151 and departed.depth_acceptance[0] == 0.9  # a fresh run: the prior bin
     assert max(departed.depth_acceptance) > 0.97  # it deepens into the learnt bins
     plain = PredictionSource(GooseConfig(source_options={"prediction": {"depth_edges": []}}))
-    assert draft(plain, output[:10]).depth_acceptance == ()  # the decoder's one estimate (the old behaviour)
+    assert _draft(plain, output[:10]).depth_acceptance == ()  # the decoder's one estimate (the old behaviour)
