@@ -22,8 +22,8 @@ copy depth (:class:`CopyDepthEstimate`): a token due when the output has followe
 for D tokens (the re-sync's own tokens included) holds with the rate of D's bin, learnt from every
 tested token of this source's drafts. An edit departs where the edit is and holds everywhere else,
 so the deep bins learn within a draft or two that a long run goes on, and the planner lays the long
-spine from the next cycle, instead of waiting for one EMA over whole drafts to climb (a 256-token
-edit otherwise spends its first dozen cycles on trees of 3 to 25 rows that all hold).
+spine from the next cycle, instead of waiting for one EMA over whole drafts to climb (with which a
+held prediction spent cycle after cycle on small trees that it filled whole).
 """
 
 from __future__ import annotations
