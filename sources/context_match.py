@@ -262,11 +262,8 @@ class ContextMatchSource:
 
     @goose.hookimpl
     def goose_observe(self, outcome: VerifyOutcome, own_nodes: np.ndarray) -> None:
-        if self.by_depth is None or not self._first_depth:
-            return
-        tested = own_nodes & outcome.reached
-        depths = outcome.tree.depths[tested]  # draft token j sits at tree depth j
-        self.by_depth.observe(self._first_depth + depths - 1, outcome.accepted[tested])
+        if self.by_depth is not None and self._first_depth:
+            self.by_depth.observe_draft(self._first_depth, outcome, own_nodes)
 
     # --- helpers ------------------------------------------------------------------------------
 

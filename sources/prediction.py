@@ -126,11 +126,8 @@ class PredictionSource:
 
     @goose.hookimpl
     def goose_observe(self, outcome: VerifyOutcome, own_nodes: np.ndarray) -> None:
-        if self.by_depth is None or self._first_depth is None:
-            return
-        tested = own_nodes & outcome.reached
-        depths = outcome.tree.depths[tested]  # draft token j sits at tree depth j
-        self.by_depth.observe(self._first_depth + depths - 1, outcome.accepted[tested])
+        if self.by_depth is not None and self._first_depth is not None:
+            self.by_depth.observe_draft(self._first_depth, outcome, own_nodes)
 
     def _follow(self, tokens: np.ndarray) -> None:
         """Advance the alignment over the tokens appended since the last call; a mismatch loses it."""

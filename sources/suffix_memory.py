@@ -246,11 +246,8 @@ class SuffixMemorySource:
     @goose.hookimpl
     def goose_observe(self, outcome: VerifyOutcome, own_nodes: np.ndarray) -> None:
         self.memory.extend(outcome.new_tokens)  # the request's last tokens arrive here, not in a context
-        if not self._match_size:
-            return
-        tested = own_nodes & outcome.reached
-        depths = outcome.tree.depths[tested]  # a draft token at depth d sits at tree depth d
-        self.by_depth.observe(self._match_size + depths - 1, outcome.accepted[tested])
+        if self._match_size:
+            self.by_depth.observe_draft(self._match_size, outcome, own_nodes)
 
     # --- the memory across requests -----------------------------------------------------------
 

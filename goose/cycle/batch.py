@@ -247,8 +247,6 @@ class BatchSession:
         planner = decoder.budget_planner
         for cycle, row_room in zip(cycles, room, strict=True):
             cycle.draft(row_room, planner)
-            if cycle.riding > row_room:  # a slot holds the pass's rows, auxiliary ones too: none ride this time
-                cycle.auxiliary = []
         if decoder.config.budget == "auto" and planner is not None:
             if self._costs is None:
                 self._costs = BatchCosts(decoder.model, planner.curve)

@@ -496,15 +496,12 @@ class RowCycle:
         """Auxiliary rows riding in this cycle's pass."""
         return sum(int(rows.tokens.shape[0]) for _, rows in self.auxiliary)
 
-    def draft(self, room: int, planner: BudgetPlanner | None, auxiliary: bool = True) -> None:
-        """1. Every source drafts; the pool ranks them by acceptance; auxiliary rows that pay may ride
-        (none with ``auxiliary=False``: a pass that cannot carry them)."""
+    def draft(self, room: int, planner: BudgetPlanner | None) -> None:
+        """1. Every source drafts; the pool ranks them by acceptance; auxiliary rows that fit the pass's
+        ``room`` and pay may ride."""
         self.started = time.perf_counter()
         self.pool, offered = self.sources.propose(self.context())
-        # auxiliary rows that would sit past the model's last position cannot ride this pass
-        offered = [(name, rows) for name, rows in offered
-                   if auxiliary and (rows.tokens.shape[0] == 0 or int(rows.position_offsets.max()) <= room)]
-        self.auxiliary = self._rows_that_pay(offered, planner)
+        self.auxiliary = self._rows_that_pay(_fitting(offered, room), planner)
         self.clock.lap("draft")
 
     def budget(self, planner: BudgetPlanner | None) -> int:
@@ -601,6 +598,19 @@ def _prompt_harvest(prompt_ids: list[int], logits: torch.Tensor, k: int) -> Harv
     _, top_tokens, top_logits = greedy_and_top_k(logits, k)
     top_scores = torch.softmax(top_logits.float(), dim=-1)
     return Harvest.of_prompt(prompt_ids, top_tokens.cpu().numpy(), top_scores.cpu().numpy())
+
+
+def _fitting(auxiliary: list[tuple[str, AuxiliaryRows]], room: int) -> list[tuple[str, AuxiliaryRows]]:
+    """The auxiliary rows that fit a pass of ``room`` positions after the anchor, in order: rows that would sit
+    past the model's last position cannot ride, nor more rows than the pass has room for (a batch's slot holds
+    every row of its pass)."""
+    fitting, rows = [], 0
+    for name, offered in auxiliary:
+        count = int(offered.tokens.shape[0])
+        if rows + count <= room and (count == 0 or int(offered.position_offsets.max()) <= room):
+            fitting.append((name, offered))
+            rows += count
+    return fitting
 
 
 def _split_auxiliary(auxiliary: list[tuple[str, Any]], predictions: np.ndarray) -> dict[str, np.ndarray]:

@@ -7,7 +7,12 @@ bins share are here too.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from goose.contract.outcome import VerifyOutcome
 
 
 def longest_first(sizes: tuple[int, ...]) -> tuple[int, ...]:
@@ -71,3 +76,11 @@ class CopyDepthEstimate:
         self.tested = self.tested * fade + weight
         self.accepted = self.accepted * fade + weight * np.divide(hits, count, out=np.zeros(size), where=count > 0)
         self.rates = (self.accepted + self.PRIOR_WEIGHT * self.prior) / (self.tested + self.PRIOR_WEIGHT)
+
+    def observe_draft(self, first_depth: int, outcome: VerifyOutcome, own_nodes: np.ndarray) -> None:
+        """Fold in a source's draft from ``outcome`` (its nodes ``own_nodes``, as ``goose_observe`` gets them),
+        hung off the anchor, whose first tokens were due at copy depth ``first_depth``: every tested token,
+        at its own depth (a token at tree depth d is due at ``first_depth + d - 1``)."""
+        tested = own_nodes & outcome.reached
+        depths = outcome.tree.depths[tested]
+        self.observe(first_depth + depths - 1, outcome.accepted[tested])
