@@ -161,3 +161,44 @@ def test_one_gather_commit_equals_the_per_layer_commit_gemma3_past_the_window(ge
     model, tokenizer = gemma3
     text = " ".join(f"item {i} costs {i * 7 % 13} dollars." for i in range(120))
     _assert_same_caches(model, tokenizer.encode(text)[:600])
+
+
+def _tree_logits_both_ways(model, context: list[int], tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor, set]:
+    """A tree's logits through the verifier (grouped-query attention) and through stock sdpa, and the
+    attention implementations the model ran under during the verifier's passes."""
+    seen: set = set()
+    hook = model.register_forward_pre_hook(lambda module, args: seen.add(module.config._attn_implementation))
+    try:
+        verifier = Verifier(model)
+        verifier.prefill(context)
+        grouped = verifier.verify(tree).clone()
+    finally:
+        hook.remove()
+    with torch.inference_mode():  # one plain forward of context + tree, every row with its own mask row
+        rows, past = tree.size, len(context)
+        mask = torch.zeros(1, 1, past + rows, past + rows, dtype=torch.bool)
+        mask[0, 0, :past, :past] = torch.ones(past, past, dtype=torch.bool).tril()
+        mask[0, 0, past:, :past] = True
+        mask[0, 0, past:, past:] = torch.from_numpy(tree.ancestors)
+        positions = torch.cat([torch.arange(past), past + torch.from_numpy(tree.depths)])[None]
+        sliding = getattr(model.config, "sliding_window", None)
+        stock = model(input_ids=torch.tensor([context + tree.tokens.tolist()]), position_ids=positions,
+                      attention_mask={"full_attention": mask, "sliding_attention": mask} if sliding else mask
+                      ).logits[0, -rows:]
+    return grouped, stock, seen
+
+
+def test_grouped_query_attention_reads_the_cache_in_place_and_leaves_the_model_as_found(smollm2, gemma3) -> None:
+    """Multi-row passes run with the query heads of a key/value group folded into rows (no copy of the cache
+    per head); the logits are sdpa's, and the model is back on sdpa afterwards."""
+    from goose.cycle.attention import GROUPED_SDPA
+
+    for model, tokenizer in (smollm2, gemma3):
+        assert model.config._attn_implementation == "sdpa"
+        context = tokenizer.encode("def add(a, b):\n    return a + b\n\nprint(add(1, 2))")
+        tree = build_tree(context[-1], [0, 1, 0, 2, 4, 1], tokenizer.encode(" the a b return def (")[:6])
+        grouped, stock, seen = _tree_logits_both_ways(model, context[:-1], tree)
+        assert GROUPED_SDPA in seen  # the tree pass took the grouped path (the prefill: stock sdpa)
+        assert model.config._attn_implementation == "sdpa"
+        assert (grouped - stock).abs().max().item() < TOLERANCE
+        assert torch.equal(grouped.argmax(-1), stock.argmax(-1))

@@ -28,6 +28,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from goose.contract.outcome import AuxiliaryRows
 from goose.contract.tree import DraftTree
+from goose.cycle.attention import grouped_attention
 
 
 class ContextOverflowError(ValueError):
@@ -253,13 +254,14 @@ class Verifier(TargetModel):
         if self._pending is not None:
             self.stack.move(self._pending[0], packed[2 * rows + rows * rows :])
             self._pending = None
-        output = self.model(
-            input_ids=tokens_on_device[None],
-            attention_mask=self._masks(past, positions_on_device, block_on_device),
-            position_ids=positions_on_device[None],
-            use_cache=True,
-            **{self._cache_kwarg: self.cache},
-        )
+        with grouped_attention(self.model):  # several rows: grouped-query attention reads the cache in place
+            output = self.model(
+                input_ids=tokens_on_device[None],
+                attention_mask=self._masks(past, positions_on_device, block_on_device),
+                position_ids=positions_on_device[None],
+                use_cache=True,
+                **{self._cache_kwarg: self.cache},
+            )
         return output.logits[0]
 
     def _masks(self, past: int, positions: torch.Tensor, block: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:

@@ -31,7 +31,7 @@ logger = logging.getLogger("goose.planning.cost")
 DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 CALIBRATION_CONTEXT = 256  # tokens of context while measuring: a typical prompt length
 HARVEST_TOP_K = GooseConfig.model_fields["harvest_top_k"].default  # what a default decoder reads per row
-CURVE_FORMAT = 5  # part of the cache key: bump when measure() changes, so stale curves are re-measured
+CURVE_FORMAT = 6  # part of the cache key: bump when measure() changes, so stale curves are re-measured
 
 
 @dataclass(frozen=True)
