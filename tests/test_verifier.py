@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from goose.contract.tree import DraftTree, TreeBuilder
+from goose.cycle.attention import GROUPED_SDPA
 from goose.cycle.verifier import Verifier
 from goose.cycle.walker import walk
 
@@ -191,8 +192,6 @@ def _tree_logits_both_ways(model, context: list[int], tree: DraftTree) -> tuple[
 def test_grouped_query_attention_reads_the_cache_in_place_and_leaves_the_model_as_found(smollm2, gemma3) -> None:
     """Multi-row passes run with the query heads of a key/value group folded into rows (no copy of the cache
     per head); the logits are sdpa's, and the model is back on sdpa afterwards."""
-    from goose.cycle.attention import GROUPED_SDPA
-
     for model, tokenizer in (smollm2, gemma3):
         assert model.config._attn_implementation == "sdpa"
         context = tokenizer.encode("def add(a, b):\n    return a + b\n\nprint(add(1, 2))")

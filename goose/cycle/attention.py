@@ -42,13 +42,12 @@ def grouped_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
     """
     groups = int(getattr(module, "num_key_value_groups", 1))
     batch, heads, rows, _ = query.shape
-    foldable = (groups > 1 and rows > 1 and attention_mask is not None and attention_mask.dim() == 4
-                and attention_mask.shape[1] == 1 and dropout == 0.0 and kwargs.get("position_bias") is None
-                and kwargs.get("softcap") is None and key.shape[1] * groups == heads)
-    if not foldable:
+    if attention_mask is None or not (
+            groups > 1 and rows > 1 and attention_mask.dim() == 4 and attention_mask.shape[1] == 1 and dropout == 0.0
+            and kwargs.get("position_bias") is None and kwargs.get("softcap") is None
+            and key.shape[1] * groups == heads):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    assert attention_mask is not None
     kv_heads = key.shape[1]
     # query head h serves key/value head h // groups: its rows go to row block h % groups of that head
     folded = query.reshape(batch, kv_heads, groups * rows, query.shape[-1])

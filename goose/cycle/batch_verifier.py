@@ -31,7 +31,6 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from goose.contract.outcome import AuxiliaryRows
 from goose.contract.tree import DraftTree
-from goose.cycle.attention import grouped_attention
 from goose.cycle.verifier import ContextOverflowError, TargetModel, pass_rows
 
 
@@ -266,15 +265,9 @@ class BatchVerifier(TargetModel):
         self._pending.clear()
         width = int(lengths.max()) + rows
         self.store.plan = _PassPlan(first=0, offsets=lengths_t, width=width)
-        with grouped_attention(self.model):  # trees of several rows: the cache is read in place
-            output = self.model(
-                input_ids=tokens_t,
-                attention_mask=self._masks(lengths_t, positions_t, block_t, width),
-                position_ids=positions_t,
-                use_cache=True,
-                **{self._cache_kwarg: self.cache},
-            )
-        return [output.logits[i, :n] for i, n in enumerate(sizes)]
+        logits = self.tree_pass(self.cache, input_ids=tokens_t, position_ids=positions_t,
+                                attention_mask=self._masks(lengths_t, positions_t, block_t, width))
+        return [logits[i, :n] for i, n in enumerate(sizes)]
 
     def _masks(self, lengths: torch.Tensor, positions: torch.Tensor, block: torch.Tensor,
                width: int) -> torch.Tensor | dict[str, torch.Tensor]:

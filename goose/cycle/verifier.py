@@ -198,6 +198,14 @@ class TargetModel:
         keep = max(1, min(logits_to_keep, prompt_length))
         return torch.arange(prompt_length - keep, prompt_length, device=self.device)
 
+    def tree_pass(self, cache: Cache, **inputs: torch.Tensor) -> torch.Tensor:
+        """Logits of one verify pass (rows under an explicit 4D mask) over ``cache``, which it extends.
+
+        Grouped-query attention reads the cache in place for such a pass (:mod:`goose.cycle.attention`).
+        """
+        with grouped_attention(self.model):
+            return self.model(use_cache=True, **{self._cache_kwarg: cache}, **inputs).logits
+
 
 class Verifier(TargetModel):
     """Owns the KV cache of one request and runs prefill, tree verification and cache compaction."""
@@ -254,15 +262,9 @@ class Verifier(TargetModel):
         if self._pending is not None:
             self.stack.move(self._pending[0], packed[2 * rows + rows * rows :])
             self._pending = None
-        with grouped_attention(self.model):  # several rows: grouped-query attention reads the cache in place
-            output = self.model(
-                input_ids=tokens_on_device[None],
-                attention_mask=self._masks(past, positions_on_device, block_on_device),
-                position_ids=positions_on_device[None],
-                use_cache=True,
-                **{self._cache_kwarg: self.cache},
-            )
-        return output.logits[0]
+        return self.tree_pass(self.cache, input_ids=tokens_on_device[None],
+                              attention_mask=self._masks(past, positions_on_device, block_on_device),
+                              position_ids=positions_on_device[None])[0]
 
     def _masks(self, past: int, positions: torch.Tensor, block: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
         """The pass's attention mask(s) [1, 1, rows, past + rows], built on the device."""
