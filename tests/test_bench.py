@@ -346,6 +346,41 @@ def test_bench_end_to_end_on_smollm2(tmp_path: Path) -> None:
     assert "| `goose` |" in report and "### Time to first token" in report
 
 
+def test_repeats_keep_the_median_run_and_compare_with_prompt_lookup(tmp_path: Path) -> None:
+    """--repeats 3: every method three times on the prompt, the record is the median-time run, every run's time kept;
+    speedups over hf_pld per prompt in the records, the summary and the report."""
+    status = cli.main(["bench", "--model", "smollm2-135m", "--datasets", "humaneval", "--limit", "1",
+                       "--max-new-tokens", "8", "--methods", "ar,goose,hf_pld", "--dtype", "float32",
+                       "--repeats", "3", "--out", str(tmp_path), "--no-progress"])
+    assert status == 0
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [r["method"] for r in records] == ["ar", "goose", "hf_pld"]
+    for record in records:
+        runs = record["wall_s_runs"]
+        assert len(runs) == 3 and record["wall_s"] == sorted(runs)[1], record["method"]
+        assert record["repeats_identical"] is True  # the same work three times: the same tokens
+    hf_pld = records[-1]
+    for record in records:
+        assert record["speedup_vs_hf_pld"] == pytest.approx(record["tokens_per_s"] / hf_pld["tokens_per_s"])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["settings"]["repeats"] == 3
+    goose_row = lookup(summary["results"], "goose", "humaneval")
+    assert goose_row["speedup_vs_hf_pld"] == pytest.approx(records[1]["speedup_vs_hf_pld"])
+    assert goose_row["speedup_vs_hf_pld_range"] == [goose_row["speedup_vs_hf_pld"]] * 2  # one prompt
+    report = (tmp_path / "report.md").read_text()
+    assert "ran 3 times on every prompt" in report and "### Speedup over Hugging Face prompt lookup" in report
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--repeats", "0"], "--repeats must be at least 1"),
+    (["--repeats", "2", "--warm-sources"], "leave out --warm-sources or --repeats"),
+    (["--repeats", "2", "--concurrency", "1,2"], "--repeats times single-request runs"),
+])
+def test_bench_repeats_bad_values(flags: list[str], message: str, tmp_path: Path, capsys) -> None:
+    assert cli.main(["bench", "--datasets", "humaneval", "--out", str(tmp_path), *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_sampled_study_run_on_smollm2(tmp_path: Path) -> None:
     """A sampled run of study configurations: same seed per sample for every method, lossless in float32,

@@ -10,11 +10,13 @@ Per (method, dataset):
 - ``identical_to_ar``: the fraction of samples whose token ids equal ``ar``'s (1.0 = lossless);
 - ``source_acceptance``: per source, accepted / tested draft nodes pooled over the dataset;
 - ``path_kinds``: the share of verification steps of each accepted-path kind;
+- ``speedup_vs_hf_pld``: the mean of per-sample speedups over Hugging Face's prompt lookup (where
+  ``hf_pld`` ran), with ``speedup_vs_hf_pld_range`` their [min, max];
 - ``first_token_s``: the median time to first token (the call to the first new token of a
   sample's first turn; the ``all`` row's median is over every sample).
 
 The ``all`` row of a method is the mean over its datasets of ``speedup``, ``tau``,
-``tokens_per_s`` and ``speedup_vs_hf_ar`` (each dataset weighs the same, as in the paper's "mean"
+``tokens_per_s``, ``speedup_vs_hf_ar`` and ``speedup_vs_hf_pld`` (each dataset weighs the same, as in the paper's "mean"
 column); ``samples``, ``identical_to_ar``, ``source_acceptance`` and ``path_kinds`` are pooled
 over every sample.
 """
@@ -40,6 +42,11 @@ def _mean(values: Iterable[float | None]) -> float | None:
 def _median(values: Iterable[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return median(present) if present else None
+
+
+def _range(values: Iterable[float | None]) -> list[float] | None:
+    present = [v for v in values if v is not None]
+    return [min(present), max(present)] if present else None
 
 
 def _pooled(records: Sequence[Record]) -> Row:
@@ -71,6 +78,8 @@ def _dataset_row(method: str, dataset: str, records: Sequence[Record]) -> Row:
         **_pooled(records),
         "speedup": _mean(r.get("speedup") for r in records),
         "speedup_vs_hf_ar": _mean(r.get("speedup_vs_hf_ar") for r in records),
+        "speedup_vs_hf_pld": _mean(r.get("speedup_vs_hf_pld") for r in records),
+        "speedup_vs_hf_pld_range": _range(r.get("speedup_vs_hf_pld") for r in records),
         "tau": accepted / steps if steps else None,
         "tokens_per_s": _mean(r["tokens_per_s"] for r in records),
         "new_tokens": _mean(r["new_tokens"] for r in records),
@@ -84,7 +93,8 @@ def _all_row(method: str, rows: Sequence[Row], records: Sequence[Record]) -> Row
         "dataset": ALL,
         **_pooled(records),
         **{key: _mean(row[key] for row in rows)
-           for key in ("speedup", "speedup_vs_hf_ar", "tau", "tokens_per_s", "new_tokens")},
+           for key in ("speedup", "speedup_vs_hf_ar", "speedup_vs_hf_pld", "tau", "tokens_per_s", "new_tokens")},
+        "speedup_vs_hf_pld_range": _range(r.get("speedup_vs_hf_pld") for r in records),
         "first_token_s": _median(r.get("first_token_s") for r in records),
     }
 

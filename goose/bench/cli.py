@@ -73,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vllm-methods", default=None, metavar="M1,M2,...",
                         help="with --vllm-python: vllm_bench.py's methods (default none,ngram,goose; none is kept "
                              "as its reference)")
+    parser.add_argument("--repeats", type=int, default=1, metavar="N",
+                        help="time every method N times on every prompt (fresh decoders, rotated order) and keep "
+                             "the run with the median wall time; every run's time is in results.jsonl (wall_s_runs)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--list-methods", action="store_true", help="print every method and whether it can run")
     parser.set_defaults(run=run_command)
@@ -145,6 +148,8 @@ def run_command(args: argparse.Namespace) -> int:
     if args.vllm_methods and not args.vllm_python:
         raise ValueError("--vllm-methods needs --vllm-python (the vLLM environment's interpreter)")
 
+    if args.repeats != 1 and args.concurrency is not None:
+        raise ValueError("--repeats times single-request runs; --concurrency measures a closed loop of clients")
     if args.concurrency is not None:
         return _run_concurrency(args, model_names, datasets, data_dir, limit, max_new_tokens)
 
@@ -161,7 +166,7 @@ def run_command(args: argparse.Namespace) -> int:
         models=model_names, datasets=datasets, methods=methods, out=out, data_dir=data_dir, limit=limit,
         max_new_tokens=max_new_tokens, dtype=args.dtype, device=args.device, seed=args.seed, threads=args.threads,
         chat=not args.no_chat, progress=not args.no_progress, warm_sources=args.warm_sources, sampling=sampling,
-        datastore=datastore,
+        datastore=datastore, repeats=args.repeats,
         extra={"quick": args.quick, "suite": args.suite},
     )
     bench = Bench(settings)  # reads the datasets: a missing file fails before any model is loaded

@@ -31,6 +31,7 @@ STANDALONE_SOURCES: tuple[str, ...] = ("pld", "tr", "rest", "lookahead")
 TOPOLOGY_BASELINES: tuple[str, ...] = ("iso3", "iso5")
 BASELINE = "ar"  # speedups are against this method on the same prompt
 PEER_BASELINE = "hf_ar"  # ... and, where it ran, also against Hugging Face's own greedy loop
+LOOKUP_PEER = "hf_pld"  # ... and against Hugging Face's prompt lookup, the peer on copy-heavy prompts
 
 
 @dataclass(frozen=True)

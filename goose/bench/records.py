@@ -10,8 +10,8 @@ Ours, all over the whole sample (every turn): ``model``, ``method``, ``dataset``
 ``source_accepted`` / ``source_acceptance``, ``path_kinds``, ``tree_sizes`` (rows of every verify
 pass, for time predicted from a cost curve), ``auxiliary_rows``, ``seed`` (of a sampled run),
 ``new_token_ids`` (per turn, for auditing losslessness), and, filled in once every method has run on
-the sample, ``speedup`` (over ``ar`` on the same prompt), ``speedup_vs_hf_ar`` and
-``identical_to_ar`` (token ids, every turn).
+the sample, ``speedup`` (over ``ar`` on the same prompt), ``speedup_vs_hf_ar``, ``speedup_vs_hf_pld`` (over
+Hugging Face's prompt lookup on the same prompt) and ``identical_to_ar`` (token ids, every turn).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from goose.bench.generators import TurnOutput
-from goose.bench.methods import BASELINE, PEER_BASELINE
+from goose.bench.methods import BASELINE, LOOKUP_PEER, PEER_BASELINE
 from goose.bench.prompts import Sample
 
 Record = dict[str, Any]
@@ -83,6 +83,7 @@ def build_record(model: str, method: str, sample: Sample, outputs: Sequence[Turn
         "new_token_ids": [o.new_token_ids for o in outputs],
         "speedup": None,
         "speedup_vs_hf_ar": None,
+        "speedup_vs_hf_pld": None,
         "identical_to_ar": None,
     }
 
@@ -91,12 +92,15 @@ def compare(records: dict[str, Record]) -> None:
     """Fill in speedups and losslessness of one sample's records (method name -> record), in place."""
     base = records.get(BASELINE)
     peer = records.get(PEER_BASELINE)
+    lookup = records.get(LOOKUP_PEER)
     for record in records.values():
         if base is not None:
             record["identical_to_ar"] = record["new_token_ids"] == base["new_token_ids"]
             record["speedup"] = _ratio(record["tokens_per_s"], base["tokens_per_s"])
         if peer is not None:
             record["speedup_vs_hf_ar"] = _ratio(record["tokens_per_s"], peer["tokens_per_s"])
+        if lookup is not None:
+            record["speedup_vs_hf_pld"] = _ratio(record["tokens_per_s"], lookup["tokens_per_s"])
 
 
 def _ratio(value: float, base: float) -> float | None:

@@ -98,6 +98,9 @@ def _header(view: _View) -> str:
     if samples:
         text += f"\n\nSamples: {samples}. Speedup = tokens/s over `ar` (Goose's own greedy loop) on the same prompt, "
         text += "mean of per-sample speedups; tau = accepted tokens per verification call (bonus included)."
+        if (settings.get("repeats") or 1) > 1:
+            text += (f" Every method ran {settings['repeats']} times on every prompt; each figure is from the run "
+                     "with the median wall time.")
     return text
 
 
@@ -124,6 +127,22 @@ def _peer_table(view: _View) -> str | None:
     header = ["method", *(_title(d) for d in view.datasets), "mean"]
     return ("### Speedup over Hugging Face `generate` (the peer users call)\n\n"
             + _table(header, [ar_speed, *rows]))
+
+
+def _lookup_table(view: _View) -> str | None:
+    if "hf_pld" not in view.methods:
+        return None
+
+    def cell(method: str, dataset: str) -> str:
+        span = view.value(method, dataset, "speedup_vs_hf_pld_range")
+        spread = f" ({span[0]:.2f}-{span[1]:.2f})" if span else ""
+        return _x(view.value(method, dataset, "speedup_vs_hf_pld")) + spread
+
+    rows = [[f"`{m}`", *view.per_dataset(lambda d, m=m: cell(m, d)), _x(view.value(m, ALL, "speedup_vs_hf_pld"))]
+            for m in view.methods if m != "hf_pld"]
+    header = ["method", *(_title(d) for d in view.datasets), "mean"]
+    return ("### Speedup over Hugging Face prompt lookup (`hf_pld`)\n\nPer prompt, tokens/s over `hf_pld`'s on the "
+            "same prompt; mean over the dataset's prompts (min-max).\n\n" + _table(header, rows))
 
 
 def _first_token_table(view: _View) -> str | None:
@@ -301,8 +320,9 @@ def _study_tables(view: _View) -> str | None:
 
 
 SECTIONS: tuple[Callable[[_View], str | None], ...] = (
-    _header, _main_table, _peer_table, _first_token_table, _topology_table, _synergy_table, _acceptance_table,
-    _path_table, _category_tables, _ablation_table, _sweep_table, _study_tables, _unavailable, _definitions,
+    _header, _main_table, _peer_table, _lookup_table, _first_token_table, _topology_table, _synergy_table,
+    _acceptance_table, _path_table, _category_tables, _ablation_table, _sweep_table, _study_tables, _unavailable,
+    _definitions,
 )
 
 

@@ -7,7 +7,11 @@ Fair timing on a noisy machine:
 - methods are interleaved per prompt: for each prompt every method runs, in an order rotated from
   prompt to prompt, so slow drift (thermal state, other processes) hits all methods alike and no
   method always runs right after the same neighbour;
-- speedups are per prompt, against ``ar`` on that same prompt in the same pass.
+- speedups are per prompt, against ``ar`` on that same prompt in the same pass;
+- with ``repeats`` (``--repeats N``) every method runs N times on every prompt, each time with fresh
+  decoders and the rotation shifted by one, and the record is the run with the median wall time
+  (``wall_s_runs`` keeps every run's): one slow moment of a shared machine then moves no sample.
+  The runs do the same work, so their texts agree (``repeats_identical`` says whether they did).
 
 Sources are cold by default: every Goose method gets a fresh decoder for each sample, so what a
 source learns on one prompt (acceptance estimates, tables, a memory of earlier outputs) never
@@ -87,6 +91,7 @@ class BenchSettings:
     chat: bool = True
     warmup_tokens: int = 8
     warm_sources: bool = False  # one decoder per method for all samples (else a fresh one per sample)
+    repeats: int = 1  # timed runs of every method on every sample; the record is the median run
     datastore: Path | None = None  # REST's datastore for every method that drafts from REST (None: its default)
     sampling: SamplingParams = field(default_factory=SamplingParams)  # greedy unless temperature > 0
     progress: bool = True
@@ -138,6 +143,18 @@ def run_sample(generator: Generator, tokenizer: Any, sample: Sample, max_new_tok
     return outputs
 
 
+def median_run(records: Sequence[Record]) -> Record:
+    """Of one method's runs on one sample, the one with the median wall time (the lower of two middles), carrying
+    every run's wall time (``wall_s_runs``, in run order) and whether every run decoded the same tokens."""
+    chosen = dict(sorted(records, key=lambda record: record["wall_s"])[(len(records) - 1) // 2])
+    chosen["wall_s_runs"] = [record["wall_s"] for record in records]
+    chosen["repeats_identical"] = all(record["new_token_ids"] == records[0]["new_token_ids"] for record in records)
+    if not chosen["repeats_identical"]:
+        logger.warning("%s on %s:%s decoded different tokens in its repeats", chosen["method"], chosen["dataset"],
+                       chosen["question_id"])
+    return chosen
+
+
 def _described(method: Method) -> dict[str, Any]:
     """A method's entry in the summary: its definition and, for Goose methods, the full effective config
     (so a changed default, such as the budget, shows in the results it produced)."""
@@ -157,6 +174,11 @@ class Bench:
     """Runs the settings' methods on the settings' samples, model after model."""
 
     def __init__(self, settings: BenchSettings) -> None:
+        if settings.repeats < 1:
+            raise ValueError(f"--repeats must be at least 1, got {settings.repeats}")
+        if settings.repeats > 1 and settings.warm_sources:
+            raise ValueError("--repeats times the same work again, which warm sources do not do (each run would "
+                             "start from what the last one learned); leave out --warm-sources or --repeats")
         self.settings = settings
         self.methods = resolve_methods(settings.methods)
         if settings.datastore is not None:
@@ -173,7 +195,7 @@ class Bench:
         settings.out.mkdir(parents=True, exist_ok=True)
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # generate()'s per-call notices would drown the progress bar
-        total = len(settings.models) * len(self.samples) * len(self.methods)
+        total = len(settings.models) * len(self.samples) * len(self.methods) * settings.repeats
         try:
             with (settings.out / RESULTS_FILE).open("w", encoding="utf-8") as results, \
                     tqdm(total=total, unit="gen", dynamic_ncols=True, disable=not settings.progress) as bar:
@@ -195,36 +217,43 @@ class Bench:
         self._warm_up(run, generators, tokenizer, bar)
         order = [m.name for m in self.methods if m.name in generators]
         for index, sample in enumerate(self.samples):
-            if not settings.warm_sources:
-                self._fresh_decoders(run, generators, model, tokenizer, index, bar)
-            active = [m for m in order if m in generators]
-            measured: dict[str, Record] = {}
+            runs: dict[str, list[Record]] = {}
             skipped = False
             # sampled runs: one seed per sample, the same for every method (settings.seed + sample index)
             sampling = None if settings.sampling.greedy else settings.sampling.model_copy(
                 update={"seed": settings.seed + index})
-            for method in _rotated(active, index):
-                bar.set_postfix_str(f"{name} {sample.dataset}:{sample.question_id} {method}", refresh=False)
-                try:
-                    outputs = run_sample(generators[method], tokenizer, sample, settings.max_new_tokens,
-                                         settings.chat, sampling)
-                except Exception as error:
-                    if method != BASELINE:
-                        problem = f"failed on {sample.dataset}:{sample.question_id} (after {index} samples): "
-                        self._drop(run, generators, method, problem + f"{type(error).__name__}: {error}",
-                                   index, bar)
-                        continue
-                    if not isinstance(error, ContextOverflowError):
-                        raise
-                    # the prompt does not fit the model: no method can be compared on it
-                    logger.warning("skipping %s:%s: %s", sample.dataset, sample.question_id, error)
-                    skipped = True
+            for repeat in range(settings.repeats):
+                if not settings.warm_sources:
+                    self._fresh_decoders(run, generators, model, tokenizer, index, bar)
+                for method in _rotated([m for m in order if m in generators], index + repeat):
+                    bar.set_postfix_str(f"{name} {sample.dataset}:{sample.question_id} {method}", refresh=False)
+                    try:
+                        outputs = run_sample(generators[method], tokenizer, sample, settings.max_new_tokens,
+                                             settings.chat, sampling)
+                    except Exception as error:
+                        if method != BASELINE:
+                            problem = f"failed on {sample.dataset}:{sample.question_id} (after {index} samples): "
+                            done = len(runs.pop(method, []))
+                            self._drop(run, generators, method, problem + f"{type(error).__name__}: {error}",
+                                       index, bar, done)
+                            continue
+                        if not isinstance(error, ContextOverflowError):
+                            raise
+                        # the prompt does not fit the model: no method can be compared on it
+                        logger.warning("skipping %s:%s: %s", sample.dataset, sample.question_id, error)
+                        skipped = True
+                        break
+                    runs.setdefault(method, []).append(
+                        build_record(name, method, sample, outputs, sampling.seed if sampling else None))
+                    bar.update(1)
+                if skipped:
                     break
-                measured[method] = build_record(name, method, sample, outputs, sampling.seed if sampling else None)
-                bar.update(1)
-            if skipped:
-                bar.update(sum(1 for m in active if m in generators) - len(measured))  # its slots are spent
+            if skipped:  # its slots are spent
+                bar.update(sum(1 for m in order if m in generators) * settings.repeats
+                           - sum(len(r) for r in runs.values()))
                 continue
+            # a method dropped after some of its repeats leaves no record of this sample
+            measured = {method: median_run(records) for method, records in runs.items() if method in generators}
             compare(measured)
             for method in order:  # file order: the requested method order, whatever the timing order
                 if method in measured:
@@ -274,15 +303,15 @@ class Bench:
                 self._drop(run, generators, name, f"failed in warm-up: {type(error).__name__}: {error}", 0, bar)
 
     def _drop(self, run: ModelRun, generators: dict[str, Generator], name: str, reason: str, index: int,
-              bar: tqdm) -> None:
-        """Take a failing method out for the rest of this model's run (the samples it finished stay)."""
+              bar: tqdm, done: int = 0) -> None:
+        """Take a failing method out for the rest of this model's run (the samples it finished stay); ``done``:
+        its runs of sample ``index`` already counted, now dropped with it."""
         del generators[name]
-        self._unavailable(run, name, reason, len(self.samples) - index, bar)
+        self._unavailable(run, name, reason, len(self.samples) - index, bar, done)
 
-    @staticmethod
-    def _unavailable(run: ModelRun, name: str, reason: str, remaining: int, bar: tqdm) -> None:
+    def _unavailable(self, run: ModelRun, name: str, reason: str, remaining: int, bar: tqdm, done: int = 0) -> None:
         run.unavailable[name] = reason
-        bar.total -= remaining
+        bar.total -= remaining * self.settings.repeats - done
         bar.refresh()
         tqdm.write(f"goose bench: {run.model}: method {name!r} unavailable: {reason}", file=sys.stderr)
 
@@ -299,6 +328,7 @@ class Bench:
             "chat_template": settings.chat,
             "warmup_tokens": settings.warmup_tokens,
             "warm_sources": settings.warm_sources,
+            "repeats": settings.repeats,
             "rest_datastore": str(settings.datastore) if settings.datastore else "default (standard library)",
             "sampling": settings.sampling.model_dump(exclude={"seed"}) | {"seeds": "seed + sample index"}
             if not settings.sampling.greedy else "greedy",
