@@ -53,7 +53,7 @@ def grouped_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
     folded = query.reshape(batch, kv_heads, groups * rows, query.shape[-1])
     mask = attention_mask.expand(batch, 1, rows, attention_mask.shape[-1]).repeat(1, 1, groups, 1)
     output = torch.nn.functional.scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scaling)
-    return output.view(batch, heads, rows, value.shape[-1]).transpose(1, 2).contiguous(), None
+    return output.reshape(batch, heads, rows, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
 AttentionInterface.register(GROUPED_SDPA, grouped_sdpa_forward)
