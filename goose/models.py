@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
@@ -346,12 +347,26 @@ def _cached_dequantized(source: _GgufSource, cache_root: Path) -> Path:
     final = cache_root / "models" / source.cache_key
     if (final / _CACHE_MARKER).is_file():
         return final
+    locks = cache_root / ".locks"
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        locks.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ModelLoadError(f"could not create the model cache under {cache_root}: {_one_line(exc)}") from exc
+    # One process dequantizes, the others wait and then read its folder: two at once (the test suites beside
+    # each other on a fresh machine) would each hold the float32 model, 12 GB at the peak for the 1.5B one.
+    with FileLock(str(locks / f"{source.cache_key}.lock")):
+        if (final / _CACHE_MARKER).is_file():
+            return final
+        return _dequantize(source, final)
+
+
+def _dequantize(source: _GgufSource, final: Path) -> Path:
     logger.info("dequantizing %s once; cached at %s", source.name, final)
     started = time.perf_counter()
     # Build in a sibling temp folder and rename it into place, so an interrupted run never
     # leaves a half-written cache that a later run would trust.
     try:
-        final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".tmp-{source.cache_key}-", dir=final.parent))
     except OSError as exc:
         raise ModelLoadError(f"could not create the model cache under {final.parent}: {_one_line(exc)}") from exc
