@@ -24,7 +24,7 @@ from goose.cycle.verifier import Verifier
 from goose.hookspecs import Register
 from goose.plugins import BUILTIN_ORIGIN, register, registry, unregister
 from goose.sources.lookahead import LookaheadOptions, LookaheadSource, NgramPool, window_layout
-from tests.conftest import dataset_prompts
+from tests.helpers import dataset_prompts
 
 EOS = 999
 VOCAB = 1000

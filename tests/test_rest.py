@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sysconfig
 from collections import Counter
 from pathlib import Path
 
@@ -23,26 +22,13 @@ from goose.sources.rest.corpus import build, default_datastore, default_datastor
 from goose.sources.rest.datastore import Datastore
 from goose.sources.rest.suffix_index import SEPARATOR, DatastoreError, SuffixIndex, suffix_array
 from goose.sources.toolkit import frequency_trie
-from tests.conftest import DATA_DIR, dataset_prompts
+from tests.helpers import DATA_DIR, SMALL_CORPUS, dataset_prompts, stdlib_sample
 
 assert goose.bench.cli  # imported for its side effect
 
 BIG = 200_000  # token ids above 2**16: the datastore must not truncate them (Gemma 3 has 262k tokens)
 
 # a few standard-library modules: a few hundred KB, tokenized in about a second
-SMALL_CORPUS = ["functools.py", "dataclasses.py", "textwrap.py", "heapq.py", "bisect.py", "string.py", "copy.py",
-                "keyword.py", "operator.py", "statistics.py"]
-
-
-def stdlib_sample(folder: Path) -> Path:
-    """Copies of SMALL_CORPUS in ``folder`` (a datastore's sources, never benchmark data)."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in SMALL_CORPUS:
-        (folder / name).write_text((root / name).read_text(encoding="utf-8"), encoding="utf-8")
-    return folder
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return stdlib_sample(tmp_path_factory.mktemp("corpus"))
