@@ -22,7 +22,7 @@ from goose.sources.rest.corpus import build, default_datastore, default_datastor
 from goose.sources.rest.datastore import Datastore
 from goose.sources.rest.suffix_index import SEPARATOR, DatastoreError, SuffixIndex, suffix_array
 from goose.sources.toolkit import frequency_trie
-from tests.helpers import DATA_DIR, SMALL_CORPUS, dataset_prompts, stdlib_sample
+from tests.helpers import DATA_DIR, SMALL_CORPUS, SMOLLM2_TOKENS, dataset_prompts, stdlib_sample
 
 assert goose.bench.cli  # imported for its side effect
 
@@ -305,9 +305,9 @@ def test_rest_is_lossless_smollm2(small_store: Datastore, smollm2, ar_reference,
                          source_options={"rest": {"datastore": str(small_store.path)}})
     goose = GooseDecoder(model, tokenizer, config)
     tested = 0
-    for prompt in dataset_prompts("humaneval", 2):
-        result = goose.generate(prompt, 64)
-        assert result.new_token_ids == ar_reference(model, tokenizer, prompt, 64).new_token_ids
+    for prompt in dataset_prompts("humaneval", 2):  # the lossless suite's prompts and length: shared AR runs
+        result = goose.generate(prompt, SMOLLM2_TOKENS)
+        assert result.new_token_ids == ar_reference(model, tokenizer, prompt, SMOLLM2_TOKENS).new_token_ids
         tested += result.stats.source_tested["rest"]
     assert tested > 0  # rest drafted and the target checked its nodes
     assert goose.sources.instances["rest"].matched > 0
