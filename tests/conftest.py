@@ -83,6 +83,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return
+    _name_xdist_groups(config, items)
 
     def tier(item: pytest.Item) -> int:
         slow = item.get_closest_marker("slow") is not None
@@ -93,6 +94,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return 2 if {"smollm2", "gemma3"} & set(getattr(item, "fixturenames", ())) else 3
 
     items.sort(key=tier)  # stable: each tier keeps the files' order
+
+
+def _name_xdist_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put each ``xdist_group`` mark's name into its item's node id, as ``--dist loadgroup`` needs.
+
+    pytest-xdist 3.8 writes ``item._nodeid``, which pytest 9.2 no longer reads (a node id now comes from
+    the structured ``item._id``), so every group mark was ignored: the tests of one group were spread over
+    both workers and each started its own copy of the group's module fixtures (the servers, the pip-installed
+    test plugin, the cold model cache). Ids already suffixed (an xdist that sets them itself) stay as they are.
+    """
+    if not getattr(config.option, "loadgroup", False):
+        return
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        names = {str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                 for mark in item.iter_markers("xdist_group")}
+        if names and "@" not in item.nodeid.rpartition("]")[2]:
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(sorted(names))}")
 
 
 # --- autoregressive references, computed once per test run -----------------------------------------
