@@ -1,8 +1,8 @@
 """A realistic source in a few lines: draft the rest of the latest earlier line that began like this one.
 
-Code, lists and tables repeat how their lines open. Once the current line has its indentation and
-first token, the latest earlier line that starts with the current line so far is a cheap guess for
-how it goes on. Registered at run time, no packaging: ``python examples/line_source.py [tokens]``.
+Code, lists and tables repeat how their lines open: once the current line has its indent and first
+token, the latest earlier line that starts the same way is a cheap guess for how it goes on. Registered
+at run time beside built-in sources (the most trusted lays the spine): ``python examples/line_source.py [N]``.
 """
 import sys
 
@@ -37,7 +37,7 @@ class LineSource:
             line = tail[start : end + 1]  # up to the break that ends it
             if line.size > current.size and (line[: current.size] == current).all():
                 rest = before_eos(line[current.size :].tolist(), context.eos_token_ids)
-                return goose.Draft.chain(rest) if rest else None
+                return goose.Draft.chain(rest) if rest else None  # no scores: Goose keeps its acceptance
         return None
 
 
@@ -45,6 +45,6 @@ if __name__ == "__main__":
     goose.register(goose.plugins.SourcePlugin("line", LineSource, initial_acceptance=0.5))
     model, tokenizer = models.load("smollm2-135m")
     prompt, limit = "Write a Python class Point with x, y, z properties.", int((sys.argv[1:] or [64])[0])
-    result = goose.generate(model, tokenizer, prompt, limit, sources=["line", "bigram_transition"])
+    result = goose.generate(model, tokenizer, prompt, limit, sources=["line", "context_match", "bigram_transition"])
     same = result.new_token_ids == goose.autoregressive(model, tokenizer, prompt, limit).new_token_ids
     print(f"{result.text}\ntau {result.stats.tau:.2f}, acceptance {result.stats.source_acceptance}, lossless: {same}")

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from goose import models
+from tests.helpers import DEVICE
 
 # Under pytest-xdist (`make test` runs two workers) each worker gets one thread: two one-thread
 # workers do nearly twice the work of one two-thread process on a 2-core machine, because a
@@ -26,11 +27,6 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.setdefault("GOOSE_TEST_THREADS", "1")
     os.environ.setdefault("OMP_NUM_THREADS", os.environ["GOOSE_TEST_THREADS"])
 torch.set_num_threads(int(os.environ.get("GOOSE_TEST_THREADS", "2")))
-
-# GOOSE_TEST_DEVICE=cuda runs the model tests on a GPU (the device check); CI stays on the CPU
-DEVICE = os.environ.get("GOOSE_TEST_DEVICE", "cpu")
-DATA_DIR = Path(os.environ.get("GOOSE_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
-
 
 def _with_cost_curve(loaded):
     """The model, its verify cost curve measured (first use on this machine) or loaded, one process at a time.
@@ -87,6 +83,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return
+    _name_xdist_groups(config, items)
 
     def tier(item: pytest.Item) -> int:
         slow = item.get_closest_marker("slow") is not None
@@ -99,28 +96,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=tier)  # stable: each tier keeps the files' order
 
 
-def dataset_prompts(name: str, limit: int) -> list[str]:
-    """The first ``limit`` prompts of a benchmark file in ../shared/data, as plain text."""
-    path = DATA_DIR / f"{name}.jsonl"
-    if not path.exists():
-        pytest.fail(f"benchmark data missing: {path} (set GOOSE_DATA to the shared/data folder)")
-    prompts = []
-    with path.open() as lines:
-        for line in lines:
-            record = json.loads(line)
-            if name == "humaneval":
-                prompts.append("Complete this Python function:\n" + record["prompt"])
-            elif name == "gsm8k":
-                prompts.append(record["question"] + "\nLet's think step by step.")
-            elif name in ("mt_bench", "spec_bench"):
-                prompts.append(record["turns"][0])
-            elif name == "mbpp":
-                prompts.append(record["text"] + "\n" + record["test_list"][0])
-            else:
-                raise ValueError(name)
-            if len(prompts) == limit:
-                break
-    return prompts
+def _name_xdist_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put each ``xdist_group`` mark's name into its item's node id, as ``--dist loadgroup`` needs.
+
+    pytest-xdist 3.8 writes ``item._nodeid``, which pytest 9.2 no longer reads (a node id now comes from
+    the structured ``item._id``), so every group mark was ignored: the tests of one group were spread over
+    both workers and each started its own copy of the group's module fixtures (the servers, the pip-installed
+    test plugin, the cold model cache). Ids already suffixed (an xdist that sets them itself) stay as they are.
+    """
+    if not getattr(config.option, "loadgroup", False):
+        return
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        names = {str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                 for mark in item.iter_markers("xdist_group")}
+        if names and "@" not in item.nodeid.rpartition("]")[2]:
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(sorted(names))}")
 
 
 # --- autoregressive references, computed once per test run -----------------------------------------

@@ -19,9 +19,9 @@ from goose.cycle.batch_verifier import CacheBudgetError
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.planning.budget import BudgetPlanner
 from goose.planning.cost import CostCurve
-from tests.conftest import dataset_prompts
-from tests.test_lossless import PROMPT_BEFORE_WINDOW, SMOLLM2_PROMPTS, SMOLLM2_TOKENS, WINDOW_TOKENS
+from tests.helpers import PROMPT_BEFORE_WINDOW, SMOLLM2_TOKENS, WINDOW_TOKENS, dataset_prompts, lossless_prompts
 
+SMOLLM2_PROMPTS = lossless_prompts("smollm2")
 PROMPTS = SMOLLM2_PROMPTS[:2] + SMOLLM2_PROMPTS[3:4] + SMOLLM2_PROMPTS[6:7]  # code, a word problem, a chat
 LIMITS = [SMOLLM2_TOKENS, SMOLLM2_TOKENS, 40, SMOLLM2_TOKENS]  # one row stops at its own limit, early
 

@@ -33,11 +33,18 @@ from goose.bench.prompts import KNOWN_DATASETS, DatasetError, Sample, load_sampl
 from goose.bench.records import build_record, compare
 from goose.bench.report import build_report
 from goose.bench.study import H200_BF16, predicted_speedup, study_configs, study_rows, tokens_lost_without
-from goose.bench.vllm_peer import VllmBenchError, run_vllm_bench, script_methods, source_root, vllm_rows
+from goose.bench.vllm_peer import (
+    DEFAULT_VLLM_METHODS,
+    VllmBenchError,
+    run_vllm_bench,
+    script_methods,
+    source_root,
+    vllm_peer,
+    vllm_rows,
+)
 from goose.config import GooseConfig
 from goose.planning.cost import CostCurve
-
-from .conftest import DATA_DIR
+from tests.helpers import DATA_DIR
 
 assert goose.bench.cli  # imported for its side effect
 
@@ -533,8 +540,16 @@ def test_vllm_rows_from_vllm_bench_results(vllm_bench_script: Any, tmp_path: Pat
     assert tmp_path / "out" / "concurrency.png" in written
 
 
-def test_vllm_methods_are_read_from_the_script(vllm_bench_script: Any) -> None:
-    assert script_methods(VLLM_BENCH_SCRIPT) == vllm_bench_script.METHODS
+def test_the_vllm_methods_goose_bench_accepts_are_the_ones_the_script_runs(vllm_bench_script: Any) -> None:
+    """`--vllm-methods` is checked before vLLM starts, against the script's METHODS read without importing it:
+    the defaults are among them, every accepted choice passes the script's own argument check, and a name the
+    script does not know is refused on our side."""
+    assert vllm_peer(sys.executable, None).methods == DEFAULT_VLLM_METHODS
+    for method in script_methods(VLLM_BENCH_SCRIPT):
+        chosen = vllm_peer(sys.executable, f"none,{method}").methods
+        assert vllm_bench_script.parse_arguments(["--methods", ",".join(chosen)]).methods == list(chosen)
+    with pytest.raises(ValueError, match="unknown goose_bogus"):
+        vllm_peer(sys.executable, "none,goose_bogus")
 
 
 @pytest.mark.parametrize(("flags", "message"), [

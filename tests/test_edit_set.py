@@ -12,7 +12,7 @@ import pytest
 from goose.bench import edit_set
 from goose.bench.edit_set import EXCLUDED, KINDS, MAX_LINES, MIN_LINES, PACKAGES, build, main
 from goose.bench.prompts import load_samples
-from tests.conftest import DATA_DIR
+from tests.helpers import DATA_DIR
 
 
 @pytest.fixture(scope="module")

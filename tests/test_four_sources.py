@@ -9,9 +9,7 @@ import pytest
 from goose.config import GooseConfig
 from goose.cycle.decoder import GooseDecoder
 from goose.sources.rest.corpus import build
-from tests.conftest import dataset_prompts
-from tests.test_lossless import GEMMA3_TOKENS, SMOLLM2_TOKENS
-from tests.test_rest import stdlib_sample
+from tests.helpers import GEMMA3_TOKENS, SMOLLM2_TOKENS, dataset_prompts, stdlib_sample
 
 ALL_SOURCES = ["context_match", "bigram_transition", "rest", "lookahead"]
 

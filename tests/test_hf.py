@@ -29,7 +29,7 @@ from transformers.generation import GenerateDecoderOnlyOutput
 import goose.hf
 from goose.config import GooseConfig
 from goose.cycle.decoder import AutoregressiveDecoder
-from tests.conftest import dataset_prompts
+from tests.helpers import dataset_prompts
 
 pytestmark = pytest.mark.xdist_group("hf")  # one worker: the module's generate() references are computed once
 

@@ -9,8 +9,6 @@ within 1e-4, greedy and seeded sampling alike.
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Hashable, Sequence
 from typing import Any
 
 import pytest
@@ -18,51 +16,11 @@ import pytest
 from goose import cli
 from goose.cycle.decoder import AutoregressiveDecoder, GenerationResult, GooseDecoder
 from goose.cycle.logprobs import TokenLogprob
+from tests.helpers import assert_same_logprobs
 
-TOLERANCE = 1e-4
 PROMPT = "Repeat exactly: the quick brown fox jumps over the lazy dog near the river bank, then runs home."
 OTHER = "Name three rivers."
 TOKENS = 20
-
-
-Row = tuple[Hashable, float, tuple[tuple[Hashable, float], ...]]  # (token, log probability, top alternatives)
-
-
-def rows(entries: Sequence[TokenLogprob], tokenizer: Any = None) -> list[Row]:
-    """Entries as rows; with ``tokenizer`` each token named by its text, as the server names it."""
-    def name(token: int) -> Hashable:
-        return token if tokenizer is None else tokenizer.decode([token], skip_special_tokens=False)
-
-    return [(name(entry.token_id), entry.logprob, tuple((name(token), logprob) for token, logprob in entry.top))
-            for entry in entries]
-
-
-def assert_same_logprobs(got: Sequence[TokenLogprob | Row], expected: Sequence[TokenLogprob | Row]) -> None:
-    """Same tokens; each log probability and each top alternative's within TOLERANCE (two alternatives whose
-    values are within it may come in either order)."""
-    mine_rows = [row if isinstance(row, tuple) else rows([row])[0] for row in got]
-    their_rows = [row if isinstance(row, tuple) else rows([row])[0] for row in expected]
-    assert [row[0] for row in mine_rows] == [row[0] for row in their_rows]
-    for position, (mine, theirs) in enumerate(zip(mine_rows, their_rows, strict=True)):
-        assert abs(mine[1] - theirs[1]) <= TOLERANCE, (position, mine, theirs)
-        assert len(mine[2]) == len(theirs[2]), (position, mine, theirs)
-        for (token, logprob), (expected_token, expected_logprob) in zip(mine[2], theirs[2], strict=True):
-            assert abs(logprob - expected_logprob) <= TOLERANCE, (position, mine, theirs)
-            if token != expected_token:  # a near tie, listed the other way round
-                assert abs(dict(theirs[2]).get(token, -math.inf) - logprob) <= TOLERANCE, (position, mine, theirs)
-
-
-_REFERENCES: dict[str, GenerationResult] = {}
-
-
-def ar_logprobs(model: Any, tokenizer: Any, prompt_ids: list[int], max_new_tokens: int, top: int,
-                **sampling: Any) -> GenerationResult:
-    """The autoregressive loop's run with log probabilities (``top`` alternatives), once per test process."""
-    key = json.dumps([prompt_ids, max_new_tokens, top, sorted(sampling.items())])
-    if key not in _REFERENCES:
-        _REFERENCES[key] = AutoregressiveDecoder(model, tokenizer, chat=False).generate(
-            prompt_ids, max_new_tokens, logprobs=top, **sampling)
-    return _REFERENCES[key]
 
 
 @pytest.fixture(scope="module")

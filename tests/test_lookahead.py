@@ -24,7 +24,7 @@ from goose.cycle.verifier import Verifier
 from goose.hookspecs import Register
 from goose.plugins import BUILTIN_ORIGIN, register, registry, unregister
 from goose.sources.lookahead import LookaheadOptions, LookaheadSource, NgramPool, window_layout
-from tests.conftest import dataset_prompts
+from tests.helpers import GEMMA3_TOKENS, SMOLLM2_TOKENS, dataset_prompts
 
 EOS = 999
 VOCAB = 1000
@@ -335,6 +335,8 @@ def decode(model, tokenizer, prompt: str, tokens: int, **config: object) -> list
 
 
 SMOLLM2_PROMPTS = dataset_prompts("humaneval", 1) + dataset_prompts("gsm8k", 1) + dataset_prompts("mt_bench", 1)
+# the lossless suite's lengths on its own prompts: the autoregressive references are the ones it computes
+SMOLLM2_LENGTH, GEMMA3_LENGTH = SMOLLM2_TOKENS, GEMMA3_TOKENS
 
 
 @pytest.mark.slow
@@ -343,9 +345,9 @@ def test_lossless_on_smollm2(smollm2, ar_reference, topology: str) -> None:
     model, tokenizer = smollm2
     accepted_drafts = 0
     for prompt in SMOLLM2_PROMPTS:
-        expected = ar_reference(model, tokenizer, prompt, 64).new_token_ids
+        expected = ar_reference(model, tokenizer, prompt, SMOLLM2_LENGTH).new_token_ids
         result = GooseDecoder(model, tokenizer, GooseConfig(sources=["lookahead"], topology=topology)).generate(
-            prompt, 64)
+            prompt, SMOLLM2_LENGTH)
         assert result.new_token_ids == expected
         accepted_drafts += result.stats.source_accepted["lookahead"]
     assert accepted_drafts > 0  # the pool drafted, and the target agreed
@@ -355,12 +357,15 @@ def test_lossless_on_smollm2(smollm2, ar_reference, topology: str) -> None:
 def test_lossless_with_other_sources_and_without_the_window(smollm2, ar_reference, windowless: str) -> None:
     model, tokenizer = smollm2
     prompt = SMOLLM2_PROMPTS[0]
-    expected = ar_reference(model, tokenizer, prompt, 64).new_token_ids
-    assert decode(model, tokenizer, prompt, 64, sources=["context_match", "lookahead", "bigram_transition"]) == expected
+    expected = ar_reference(model, tokenizer, prompt, SMOLLM2_LENGTH).new_token_ids
+    assert decode(model, tokenizer, prompt, SMOLLM2_LENGTH,
+                  sources=["context_match", "lookahead", "bigram_transition"]) == expected
     # the window's rows change no output: the same source with and without them in the verify pass
     small = {"lookahead": {"window": 4, "ngram": 3}}  # the subclass reads lookahead's options too
-    with_rows = decode(model, tokenizer, prompt, 64, sources=["lookahead"], topology="chain", source_options=small)
-    without = decode(model, tokenizer, prompt, 64, sources=[windowless], topology="chain", source_options=small)
+    with_rows = decode(model, tokenizer, prompt, SMOLLM2_LENGTH, sources=["lookahead"], topology="chain",
+                       source_options=small)
+    without = decode(model, tokenizer, prompt, SMOLLM2_LENGTH, sources=[windowless], topology="chain",
+                     source_options=small)
     assert with_rows == without == expected
 
 
@@ -368,9 +373,9 @@ def test_lossless_with_other_sources_and_without_the_window(smollm2, ar_referenc
 def test_lossless_on_gemma3(gemma3, ar_reference) -> None:
     model, tokenizer = gemma3
     prompt = dataset_prompts("humaneval", 1)[0]
-    expected = ar_reference(model, tokenizer, prompt, 64, chat=False).new_token_ids
+    expected = ar_reference(model, tokenizer, prompt, GEMMA3_LENGTH, chat=False).new_token_ids
     result = GooseDecoder(model, tokenizer, GooseConfig(sources=["lookahead"], topology="chain"),
-                          chat=False).generate(prompt, 64)
+                          chat=False).generate(prompt, GEMMA3_LENGTH)
     assert result.new_token_ids == expected
 
 

@@ -19,28 +19,16 @@ from goose.topologies.chain import ChainTopology
 from goose.topologies.multi_spine import MultiSpineTopology
 from goose.topologies.spine import SpineTopology
 from goose.topologies.transition_tree import TransitionTreeTopology
+from tests.helpers import TransitionTable, check_tree, random_drafts
 
 ANCHOR, PREVIOUS = 3, 2
 NAMES = ("context_match", "rest", "bigram_transition")
 MAIN, SIDE, BRANCH = 0, 1, 2
 
 
-class SuccessorTable:
-    """Bigram successors: (previous, token) picks a row of a seeded table; scores fall with rank."""
-
-    def __init__(self, vocab: int = 300, width: int = 10, seed: int = 0, first: float = 0.6) -> None:
-        generator = np.random.default_rng(seed)
-        self.rows = 997
-        self.tokens = np.stack([generator.permutation(vocab)[:width] for _ in range(self.rows)]).astype(np.int64)
-        self.scores = np.tile(first * 0.5 ** np.arange(width, dtype=np.float64), (self.rows, 1))
-
-    def __call__(self, previous: np.ndarray, tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """k successors per pair, padded with -1 / 0 as the plugin boundary hands them to planners."""
-        rows = (tokens * 31 + np.maximum(previous, 0) * 7 + 1) % self.rows
-        found, scores = np.full((rows.shape[0], k), -1, dtype=np.int64), np.zeros((rows.shape[0], k))
-        width = min(k, self.tokens.shape[1])
-        found[:, :width], scores[:, :width] = self.tokens[rows, :width], self.scores[rows, :width]
-        return found, scores
+def successors(seed: int = 0) -> TransitionTable:
+    """These tests' bigram successors: a seeded table over a 300-token vocabulary, scores falling with rank."""
+    return TransitionTable(vocab=300, seed=seed)
 
 
 def chain(tokens: list[int] | range, score: float = 0.5, consensus: int = 0) -> Draft:
@@ -54,7 +42,7 @@ def make_pool(
     p_main: float = 0.5,
     p_side: float = 0.3,
     p_t: float = 0.04,
-    table: SuccessorTable | None = None,
+    table: TransitionTable | None = None,
 ) -> CandidatePool:
     candidates = [
         SourceCandidates("context_match", MAIN, p_main, main, None),
@@ -69,19 +57,6 @@ def plan(pool: CandidatePool, budget: int, config: GooseConfig | None = None) ->
     config = config or GooseConfig(topology="multi_spine")
     planner = MultiSpineTopology(config)
     return planner.goose_plan_tree(pool=pool, budget=budget, config=config), planner
-
-
-def check_tree(tree: DraftTree, budget: int, pool: CandidatePool) -> None:
-    n = tree.size
-    assert tree.draft_size <= budget
-    assert int(tree.parents[0]) == -1 and int(tree.tokens[0]) == pool.anchor
-    assert bool((tree.parents[1:] < np.arange(1, n)).all()) and bool((tree.parents[1:] >= 0).all())
-    assert bool((tree.depths[1:] == tree.depths[tree.parents[1:]] + 1).all())
-    assert len(set(zip(tree.parents.tolist(), tree.tokens.tolist(), strict=True))) == n
-    spine = np.flatnonzero(tree.on_spine)
-    if spine.shape[0]:  # on_spine is the main spine only: one chain from the anchor, by the top drafter
-        assert tree.parents[spine].tolist() == [0, *spine[:-1].tolist()]
-        assert set(tree.source_ids[spine].tolist()) == {pool.drafting[0].source_id}
 
 
 def same_tree(first: DraftTree, second: DraftTree) -> bool:
@@ -100,7 +75,7 @@ def test_registered_through_the_entry_point_as_built_in() -> None:
     registration = registry(refresh=True).topology("multi_spine")
     assert registration.origin == BUILTIN_ORIGIN and "side spines" in registration.description
     config = GooseConfig(topology="multi_spine")
-    pool = make_pool(chain(range(500, 520)), chain(range(900, 910)), table=SuccessorTable())
+    pool = make_pool(chain(range(500, 520)), chain(range(900, 910)), table=successors())
     tree = TopologyPlanner("multi_spine", config, vocab_size=1000).plan(pool, 16)
     check_tree(tree, 16, pool)
 
@@ -111,7 +86,7 @@ def test_registered_through_the_entry_point_as_built_in() -> None:
 @pytest.mark.parametrize("budget", [8, 16, 30, 60])
 def test_main_spine_side_spine_and_branches_come_from_their_sources(budget: int) -> None:
     main, side = chain(range(500, 520), 0.5), chain(range(900, 910), 0.4)
-    pool = make_pool(main, side, p_main=0.5, p_side=0.4, table=SuccessorTable())
+    pool = make_pool(main, side, p_main=0.5, p_side=0.4, table=successors())
     tree, planner = plan(pool, budget)
     check_tree(tree, budget, pool)
     allocation = planner.last_allocation
@@ -137,7 +112,7 @@ def test_main_spine_side_spine_and_branches_come_from_their_sources(budget: int)
 def test_side_spine_hangs_where_the_drafts_diverge() -> None:
     main = chain(range(500, 520), 0.5)
     side = chain([500, 501, 502, 900, 901, 902, 903], 0.4)
-    pool = make_pool(main, side, p_main=0.5, p_side=0.4, table=SuccessorTable())
+    pool = make_pool(main, side, p_main=0.5, p_side=0.4, table=successors())
     tree, planner = plan(pool, 30)
     check_tree(tree, 30, pool)
     assert planner.last_allocation is not None and planner.last_allocation.lengths[1] > 0
@@ -150,7 +125,7 @@ def test_side_spine_hangs_where_the_drafts_diverge() -> None:
 
 
 def test_a_side_draft_inside_the_main_draft_adds_nothing() -> None:
-    pool = make_pool(chain(range(500, 520)), chain(range(500, 505)), table=SuccessorTable())
+    pool = make_pool(chain(range(500, 520)), chain(range(500, 505)), table=successors())
     tree, planner = plan(pool, 30)
     assert nodes_of(tree, SIDE) == []
     assert planner.last_allocation is not None and planner.last_allocation.lengths == (
@@ -159,18 +134,18 @@ def test_a_side_draft_inside_the_main_draft_adds_nothing() -> None:
 
 def test_ranking_decides_the_roles() -> None:
     first, second = chain(range(500, 520), 0.5), chain(range(900, 920), 0.5)
-    tree, _ = plan(make_pool(first, second, p_main=0.6, p_side=0.3, table=SuccessorTable()), 30)
+    tree, _ = plan(make_pool(first, second, p_main=0.6, p_side=0.3, table=successors()), 30)
     assert tree.tokens[tree.on_spine].tolist()[0] == 500
-    swapped, _ = plan(make_pool(first, second, p_main=0.3, p_side=0.6, table=SuccessorTable()), 30)
+    swapped, _ = plan(make_pool(first, second, p_main=0.3, p_side=0.6, table=successors()), 30)
     assert swapped.tokens[swapped.on_spine].tolist()[0] == 900
     assert set(swapped.source_ids[swapped.on_spine].tolist()) == {SIDE}
 
 
 def test_budget_split_follows_the_current_estimates() -> None:
     main, side = chain(range(500, 520)), chain(range(900, 910))
-    weak_side, planner = plan(make_pool(main, side, p_main=0.5, p_side=0.01, table=SuccessorTable()), 30)
+    weak_side, planner = plan(make_pool(main, side, p_main=0.5, p_side=0.01, table=successors()), 30)
     assert nodes_of(weak_side, SIDE) == []  # not worth its nodes
-    strong_side, planner = plan(make_pool(main, side, p_main=0.5, p_side=0.45, table=SuccessorTable()), 30)
+    strong_side, planner = plan(make_pool(main, side, p_main=0.5, p_side=0.45, table=successors()), 30)
     expected = multi_spine_allocation([SpineSpec((0.5,), 20), SpineSpec((0.45,), 6)], 0.04, 30)
     assert planner.last_allocation == expected
     assert len(nodes_of(strong_side, SIDE)) == expected.lengths[1] > 0
@@ -187,14 +162,14 @@ def test_two_drafters_without_a_brancher_lay_spines_only() -> None:
 
 
 def test_consensus_bypass_lays_the_main_draft_alone() -> None:
-    pool = make_pool(chain(range(500, 520), 0.9, consensus=10), chain(range(900, 910)), table=SuccessorTable())
+    pool = make_pool(chain(range(500, 520), 0.9, consensus=10), chain(range(900, 910)), table=successors())
     tree, _ = plan(pool, 16)
     assert tree.tokens[1:].tolist() == list(range(500, 516)) and bool(tree.on_spine[1:].all())
 
 
 def test_without_spine_branches_every_branch_hangs_off_the_anchor() -> None:
     config = GooseConfig(topology="multi_spine", spine_branches=False)
-    pool = make_pool(chain(range(500, 520)), chain(range(900, 910)), p_side=0.4, table=SuccessorTable())
+    pool = make_pool(chain(range(500, 520)), chain(range(900, 910)), p_side=0.4, table=successors())
     tree, _ = plan(pool, 30, config)
     check_tree(tree, 30, pool)
     branch_nodes = nodes_of(tree, BRANCH)
@@ -214,7 +189,7 @@ def test_without_spine_branches_every_branch_hangs_off_the_anchor() -> None:
 @pytest.mark.parametrize("acceptance", [0.1, 0.3, 0.6])
 def test_one_drafter_and_one_brancher_give_the_spine_tree(budget: int, consensus: int, acceptance: float) -> None:
     config = GooseConfig(topology="multi_spine")
-    pool = make_pool(chain(range(500, 520), acceptance, consensus), None, p_main=acceptance, table=SuccessorTable())
+    pool = make_pool(chain(range(500, 520), acceptance, consensus), None, p_main=acceptance, table=successors())
     expected = SpineTopology(config).goose_plan_tree(pool=pool, budget=budget, config=config)
     tree, planner = plan(pool, budget, config)
     assert same_tree(tree, expected)
@@ -224,7 +199,7 @@ def test_one_drafter_and_one_brancher_give_the_spine_tree(budget: int, consensus
 def test_a_configured_third_source_without_a_draft_changes_nothing() -> None:
     config = GooseConfig(topology="multi_spine", max_depth=4, spine_branch_ratio=0.3)
     pool = make_pool(chain(range(500, 520)), Draft.chain(np.zeros(0, dtype=np.int64), 0.5),
-                     table=SuccessorTable(seed=3))
+                     table=successors(seed=3))
     assert len(pool.drafting) == 1
     expected = SpineTopology(config).goose_plan_tree(pool=pool, budget=40, config=config)
     assert same_tree(plan(pool, 40, config)[0], expected)
@@ -238,7 +213,7 @@ def test_one_source_gets_its_own_best_shape(budget: int) -> None:
     assert same_tree(plan(drafter_only, budget, config)[0], expected)
     assert plan(drafter_only, budget, config)[0].draft_size == min(budget, 40)
 
-    brancher_only = make_pool(None, None, table=SuccessorTable())
+    brancher_only = make_pool(None, None, table=successors())
     expected = TransitionTreeTopology(config).goose_plan_tree(pool=brancher_only, budget=budget, config=config)
     assert same_tree(plan(brancher_only, budget, config)[0], expected)
 
@@ -250,28 +225,11 @@ def test_one_source_gets_its_own_best_shape(budget: int) -> None:
 
 
 @st.composite
-def random_drafts(draw: st.DrawFn, vocab: int, share: list[int] | None = None) -> Draft | None:
-    length = draw(st.integers(0, 25))
-    if length == 0:
-        return None
-    tokens = draw(st.lists(st.integers(0, vocab - 1), min_size=length, max_size=length))
-    if share and draw(st.booleans()):  # start like the other draft, to exercise divergence points
-        cut = draw(st.integers(0, min(len(share), length)))
-        tokens[:cut] = share[:cut]
-    scores = np.array(draw(st.lists(st.floats(0.0, 1.0), min_size=length, max_size=length)))
-    consensus = draw(st.integers(0, 12))
-    if draw(st.booleans()):
-        return Draft.chain(np.array(tokens), scores, consensus=consensus)
-    parents = np.array([draw(st.integers(-1, i - 1)) for i in range(length)])
-    return Draft(tokens=np.array(tokens), parents=parents, scores=scores, consensus=consensus)
-
-
-@st.composite
 def random_cases(draw: st.DrawFn) -> tuple[CandidatePool, int, GooseConfig]:
     vocab = draw(st.sampled_from([5, 30, 500]))  # small vocabularies force dedup collisions
     main = draw(random_drafts(vocab))
     side = draw(random_drafts(vocab, main.tokens.tolist() if main is not None else None))
-    table = SuccessorTable(vocab=vocab, width=min(vocab, 10), seed=draw(st.integers(0, 50))) if draw(
+    table = TransitionTable(vocab=vocab, width=min(vocab, 10), seed=draw(st.integers(0, 50))) if draw(
         st.booleans()) else None
     candidates = [
         SourceCandidates("context_match", MAIN, draw(st.floats(0.0, 1.0)), main, None),
@@ -281,7 +239,7 @@ def random_cases(draw: st.DrawFn) -> tuple[CandidatePool, int, GooseConfig]:
     if draw(st.booleans()):  # a fourth source that both drafts and branches
         fourth = draw(random_drafts(vocab, main.tokens.tolist() if main is not None else None))
         candidates.append(SourceCandidates("lookahead", 3, draw(st.floats(0.0, 1.0)), fourth,
-                                           SuccessorTable(vocab=vocab, width=min(vocab, 10), seed=99)))
+                                           TransitionTable(vocab=vocab, width=min(vocab, 10), seed=99)))
     candidates.sort(key=lambda c: -c.acceptance)
     names = (*NAMES, "lookahead")
     pool = CandidatePool(ANCHOR, PREVIOUS, names, tuple(candidates))

@@ -10,7 +10,7 @@ import pytest
 from goose import cli
 from goose.config import GooseConfig
 from goose.cycle.decoder import GooseDecoder
-from tests.conftest import dataset_prompts
+from tests.helpers import dataset_prompts
 
 TOKENS = 40
 
@@ -145,7 +145,7 @@ def test_the_run_followed_since_the_last_departure_is_the_drafts_consensus():
 def test_a_long_run_is_trusted_by_its_depth_and_a_departure_starts_shallow():
     """The prediction's drafts carry per-depth estimates by run depth: a held run teaches the deep bins at once."""
     from sources.prediction import PredictionSource
-    from tests.test_sources import make_outcome, own
+    from tests.helpers import make_outcome, own
 
     source = PredictionSource(GooseConfig())
     first = _draft(source, [100, 101, 102, 103, 104, 105, 106, 107, 108, 109])  # 10 followed: depth 10 onwards

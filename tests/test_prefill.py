@@ -7,7 +7,7 @@ import pytest
 from goose.config import GooseConfig
 from goose.cycle.decoder import GooseDecoder
 from goose.planning.cost import HARVEST_CAP, HARVEST_SHARE, harvest_rows, output_layer_weight
-from tests.conftest import dataset_prompts
+from tests.helpers import dataset_prompts
 
 
 def test_harvest_rows_follow_the_setting():

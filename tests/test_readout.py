@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from goose.cycle.readout import BLOCK, greedy, greedy_and_top_k, read
-from tests.conftest import dataset_prompts
+from tests.helpers import dataset_prompts
 
 
 def check_against_reference(logits: torch.Tensor, k: int) -> None:

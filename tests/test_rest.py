@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sysconfig
 from collections import Counter
 from pathlib import Path
 
@@ -23,26 +22,13 @@ from goose.sources.rest.corpus import build, default_datastore, default_datastor
 from goose.sources.rest.datastore import Datastore
 from goose.sources.rest.suffix_index import SEPARATOR, DatastoreError, SuffixIndex, suffix_array
 from goose.sources.toolkit import frequency_trie
-from tests.conftest import DATA_DIR, dataset_prompts
+from tests.helpers import DATA_DIR, SMALL_CORPUS, SMOLLM2_TOKENS, dataset_prompts, stdlib_sample
 
 assert goose.bench.cli  # imported for its side effect
 
 BIG = 200_000  # token ids above 2**16: the datastore must not truncate them (Gemma 3 has 262k tokens)
 
 # a few standard-library modules: a few hundred KB, tokenized in about a second
-SMALL_CORPUS = ["functools.py", "dataclasses.py", "textwrap.py", "heapq.py", "bisect.py", "string.py", "copy.py",
-                "keyword.py", "operator.py", "statistics.py"]
-
-
-def stdlib_sample(folder: Path) -> Path:
-    """Copies of SMALL_CORPUS in ``folder`` (a datastore's sources, never benchmark data)."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in SMALL_CORPUS:
-        (folder / name).write_text((root / name).read_text(encoding="utf-8"), encoding="utf-8")
-    return folder
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return stdlib_sample(tmp_path_factory.mktemp("corpus"))
@@ -319,9 +305,9 @@ def test_rest_is_lossless_smollm2(small_store: Datastore, smollm2, ar_reference,
                          source_options={"rest": {"datastore": str(small_store.path)}})
     goose = GooseDecoder(model, tokenizer, config)
     tested = 0
-    for prompt in dataset_prompts("humaneval", 2):
-        result = goose.generate(prompt, 64)
-        assert result.new_token_ids == ar_reference(model, tokenizer, prompt, 64).new_token_ids
+    for prompt in dataset_prompts("humaneval", 2):  # the lossless suite's prompts and length: shared AR runs
+        result = goose.generate(prompt, SMOLLM2_TOKENS)
+        assert result.new_token_ids == ar_reference(model, tokenizer, prompt, SMOLLM2_TOKENS).new_token_ids
         tested += result.stats.source_tested["rest"]
     assert tested > 0  # rest drafted and the target checked its nodes
     assert goose.sources.instances["rest"].matched > 0

@@ -21,7 +21,7 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogit
 from goose.config import GooseConfig
 from goose.cycle.decoder import GooseDecoder
 from goose.cycle.sampling import Sampler, SamplingParams, inverse_cdf, uniform
-from tests.conftest import dataset_prompts
+from tests.helpers import dataset_prompts
 
 TEMPERATURES = (0.3, 0.7, 1.0)
 CUTS = ((0.9, 0), (1.0, 50))  # (top_p, top_k): nucleus sampling, or top-k; prompts alternate between them

@@ -21,30 +21,33 @@ import pytest
 
 from goose.cycle.sampling import choice_seed
 from goose.models import encode_chat
-from tests.test_logprobs import ar_logprobs, assert_same_logprobs, rows
-from tests.test_server import (
+from tests.helpers import (
     API_KEY,
     AUTH,
+    DEVICE,
     MODEL,
-    Reference,
+    PROMPT,
+    SCHEMA,
     Server,
-    _free_port,
-    _stream_chat,
+    ar_logprobs,
+    assert_same_logprobs,
     completion_rows,
+    free_port,
+    rows,
     start_server,
+    stream_chat,
 )
-from tests.test_structured import PROMPT, SCHEMA
+from tests.helpers import ServerReference as Reference
 
 pytestmark = pytest.mark.xdist_group("batch_server")  # one worker starts the module's server once
 
-DEVICE = os.environ.get("GOOSE_TEST_DEVICE", "cpu")
 MAX_BATCH = 4
 CACHE_TOKENS = MAX_BATCH * 1024  # --max-cache-tokens: each slot holds 1024 positions
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("serve-batch") / "server.log"
     command = [sys.executable, "-m", "goose", "serve", "--model", MODEL, "--dtype", "float32", "--device", DEVICE,
                "--threads", os.environ.get("GOOSE_TEST_THREADS", "2"), "--port", str(port), "--api-key", API_KEY,
@@ -99,7 +102,7 @@ def test_8_clients_decode_together_and_every_answer_is_the_one_alone(server: Ser
                 outcomes.append(("chat with logprobs", choice.message.content == expected_chat[prompt]
                                  and bool(entries) and all(entry.logprob <= 0 for entry in entries)))
             elif kind == 1:
-                text, _ = _stream_chat(client, model=MODEL, messages=[{"role": "user", "content": prompt}],
+                text, _ = stream_chat(client, model=MODEL, messages=[{"role": "user", "content": prompt}],
                                        max_tokens=limits[prompt])
                 outcomes.append(("chat stream", text == expected_chat[prompt]))
             elif kind == 2:

@@ -28,7 +28,7 @@ from goose import cli
 from goose.serve.app import create_app
 from goose.serve.guard import HostRule
 from goose.serve.metrics import ServerMetrics
-from tests.test_server import DEVICE, MODEL, Server, _free_port, start_server
+from tests.helpers import DEVICE, MODEL, Server, free_port, start_server
 
 pytestmark = pytest.mark.xdist_group("server")
 
@@ -42,7 +42,7 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("serve-hardening") / "server.log"
     command = [sys.executable, "-m", "goose", "serve", "--model", MODEL, "--dtype", "float32", "--device", DEVICE,
                "--threads", os.environ.get("GOOSE_TEST_THREADS", "2"), "--port", str(port),

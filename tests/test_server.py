@@ -10,15 +10,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,80 +26,34 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from goose import cli
-from goose.models import encode_chat, encode_prompt
+from goose.models import encode_chat
 from goose.serve.stop import StopScanner
-from tests.test_logprobs import Row, ar_logprobs, assert_same_logprobs, rows
+from tests.helpers import (
+    API_KEY,
+    AUTH,
+    DEVICE,
+    MODEL,
+    REPO,
+    Row,
+    Server,
+    ar_logprobs,
+    assert_same_logprobs,
+    completion_rows,
+    free_port,
+    rows,
+    start_server,
+    stream_chat,
+)
+from tests.helpers import ServerReference as Reference
 
 pytestmark = pytest.mark.xdist_group("server")  # one worker: the module's server (a model load) starts once
 
-REPO = Path(__file__).resolve().parents[1]
-DEVICE = os.environ.get("GOOSE_TEST_DEVICE", "cpu")
-MODEL = "smollm2-135m"
-API_KEY = "goose-test-key"
 MAX_QUEUE = 8  # the load test's 8 clients never fill it (1 runs, 7 wait); the 503 test fills it on purpose
-AUTH = {"Authorization": f"Bearer {API_KEY}"}
-
-
-@dataclass
-class Server:
-    url: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    def get(self, path: str, **kwargs: Any) -> httpx.Response:
-        return httpx.get(self.url + path, timeout=60, **kwargs)
-
-    def post(self, path: str, body: Any, *, raw: bytes | None = None, headers: dict[str, str] | None = None,
-             timeout: float = 120) -> httpx.Response:
-        content = raw if raw is not None else json.dumps(body).encode()
-        return httpx.post(self.url + path, content=content, timeout=timeout,
-                          headers={"Content-Type": "application/json", **AUTH, **(headers or {})})
-
-    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        """Every sample of /metrics, parsed by prometheus_client: (name, sorted labels) -> value."""
-        text = self.get("/metrics").text
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for family in text_string_to_metric_families(text) for s in family.samples}
-
-    def wait_idle(self, timeout_s: float = 120) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            health = self.get("/health").json()
-            if not health["busy"] and health["waiting"] == 0:
-                return
-            time.sleep(0.1)
-        pytest.fail(f"the server stayed busy for {timeout_s} s: {health}")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def start_server(command: list[str], port: int, log: Path) -> Server:
-    """Start ``goose serve`` (``command``) and wait until its /health answers; the test fails if it never does."""
-    with log.open("wb") as output:
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=REPO)
-    running = Server(f"http://127.0.0.1:{port}", process, log)
-    deadline = time.monotonic() + 300  # model load from the cache, decoder, warm-up
-    while True:
-        if process.poll() is not None:
-            pytest.fail(f"goose serve exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if running.get("/health").status_code == 200:
-                return running
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"goose serve did not come up:\n{log.read_text()[-3000:]}")
-        time.sleep(0.3)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("serve") / "server.log"
     command = [sys.executable, "-m", "goose", "serve", "--model", MODEL, "--dtype", "float32", "--device", DEVICE,
                "--threads", os.environ.get("GOOSE_TEST_THREADS", "2"), "--port", str(port), "--api-key", API_KEY,
@@ -145,31 +96,6 @@ def client(server: Server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
 
 
-class Reference:
-    """Greedy autoregressive output of the same model in this process: (text, token count, finish reason).
-
-    The runs come from the session's ``ar_reference`` (each computed once per test run)."""
-
-    def __init__(self, model: Any, tokenizer: Any, ar_reference: Any) -> None:
-        self.model, self.tokenizer, self.ar_reference = model, tokenizer, ar_reference
-
-    def chat(self, messages: list[dict[str, str]], max_tokens: int) -> tuple[str, int, str]:
-        return self._run(encode_chat(self.tokenizer, messages), max_tokens)
-
-    def completion(self, prompt: str, max_tokens: int) -> tuple[str, int, str]:
-        return self._run(self.ids(prompt), max_tokens)
-
-    def ids(self, prompt: str) -> list[int]:
-        return encode_prompt(self.tokenizer, prompt, chat=False)
-
-    def generate(self, prompt_ids: list[int], max_tokens: int, **options: Any) -> Any:
-        return self.ar_reference(self.model, self.tokenizer, prompt_ids, max_tokens, chat=False, **options)
-
-    def _run(self, prompt_ids: list[int], max_tokens: int) -> tuple[str, int, str]:
-        result = self.generate(prompt_ids, max_tokens)
-        return result.text, len(result.new_token_ids), "stop" if result.stop_reason == "eos" else "length"
-
-
 @pytest.fixture(scope="module")
 def reference(smollm2, ar_reference) -> Reference:
     return Reference(*smollm2, ar_reference)
@@ -179,12 +105,6 @@ def _goose(response: Any) -> dict[str, Any]:
     stats = (response.model_extra or {}).get("goose")
     assert isinstance(stats, dict), f"no goose statistics in {response}"
     return stats
-
-
-def _stream_chat(client: openai.OpenAI, **request: Any) -> tuple[str, list[Any]]:
-    chunks = list(client.chat.completions.create(stream=True, **request))
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    return text, chunks
 
 
 def _assert_stats(stats: dict[str, Any], completion_tokens: int) -> None:
@@ -241,7 +161,7 @@ def test_chat_float32_greedy_equals_autoregressive_streamed_and_not(client: open
     assert whole.usage.completion_tokens == tokens and whole.choices[0].finish_reason == finish
     assert whole.object == "chat.completion" and whole.id.startswith("chatcmpl-")
 
-    streamed, chunks = _stream_chat(client, model=MODEL, messages=messages, temperature=0, max_tokens=24)
+    streamed, chunks = stream_chat(client, model=MODEL, messages=messages, temperature=0, max_tokens=24)
     assert streamed == text
     assert chunks[0].choices[0].delta.role == "assistant"
     assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
@@ -309,7 +229,7 @@ def test_predicted_outputs_through_the_openai_client(client: openai.OpenAI, refe
         assert accepted + rejected == stats["source_tested"].get("prediction", 0)
         if predicted == text:
             assert accepted >= tokens // 2 and stats["tau"] > _goose(plain)["tau"]
-    streamed, chunks = _stream_chat(client, model=MODEL, messages=messages, temperature=0, max_tokens=32,
+    streamed, chunks = stream_chat(client, model=MODEL, messages=messages, temperature=0, max_tokens=32,
                                     prediction={"type": "content", "content": [{"type": "text", "text": text}]},
                                     stream_options={"include_usage": True})
     assert streamed == text and _prediction_counts(chunks[-1].usage)[0] >= tokens // 2
@@ -333,7 +253,7 @@ def test_stop_sequences_cut_the_output_streamed_and_not(client: openai.OpenAI) -
     cut = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, stop=[stop, "never-there"])
     assert cut.choices[0].message.content == expected and cut.choices[0].finish_reason == "stop"
     assert cut.usage.completion_tokens < full.usage.completion_tokens  # the generation ended there
-    streamed, chunks = _stream_chat(client, model=MODEL, messages=messages, max_tokens=40, stop=stop)
+    streamed, chunks = stream_chat(client, model=MODEL, messages=messages, max_tokens=40, stop=stop)
     assert streamed == expected
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
     completion = client.completions.create(model=MODEL, prompt="1, 2, 3, 4, 5,", max_tokens=16, stop=", 9")
@@ -378,18 +298,6 @@ def chat_rows(content: list[Any]) -> list[Row]:
     return [(e.token, e.logprob, tuple((t.token, t.logprob) for t in e.top_logprobs)) for e in content]
 
 
-def completion_rows(logprobs: Any, top: int) -> list[Row]:
-    """A completion's logprobs as rows; each top dict holds the k alternatives and the chosen token (OpenAI's
-    "up to k + 1"), so the alternatives are its k best items."""
-    result = []
-    for token, logprob, alternatives in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs,
-                                            strict=True):
-        assert token in alternatives and abs(alternatives[token] - logprob) <= 1e-6
-        best = sorted(alternatives.items(), key=lambda item: -item[1])[:top]
-        result.append((token, logprob, tuple(best)))
-    return result
-
-
 def test_logprobs_chat_and_completions_equal_the_python_reference(client: openai.OpenAI, reference: Reference) -> None:
     """Chat and completions, streamed and not, greedy and seeded: each equals the autoregressive loop's within 1e-4,
     and every streamed chunk carries the tokens whose text it carries."""
@@ -406,7 +314,7 @@ def test_logprobs_chat_and_completions_equal_the_python_reference(client: openai
 
     sampling = {"temperature": 0.8, "seed": 5}
     sampled = ar_logprobs(model, tokenizer, chat_ids, 16, 0, **sampling)
-    _, chunks = _stream_chat(client, model=MODEL, messages=messages, max_tokens=16, logprobs=True, **sampling)
+    _, chunks = stream_chat(client, model=MODEL, messages=messages, max_tokens=16, logprobs=True, **sampling)
     carrying = [c.choices[0] for c in chunks if c.choices and c.choices[0].logprobs is not None]
     for choice in carrying:  # a chunk's log probabilities are those of the tokens whose text it carries
         assert "".join(e.token for e in choice.logprobs.content) == choice.delta.content
@@ -672,7 +580,7 @@ def test_load_8_clients_x_4_requests_mixed(server: Server, reference: Reference)
                                                       max_tokens=8).choices[0].message.content
                 outcomes.append(("chat", text == expected_chat[prompt]))
             elif kind == 1:
-                text, _ = _stream_chat(client, model=MODEL, messages=[{"role": "user", "content": prompt}],
+                text, _ = stream_chat(client, model=MODEL, messages=[{"role": "user", "content": prompt}],
                                        max_tokens=8)
                 outcomes.append(("chat stream", text == expected_chat[prompt]))
             elif kind == 2:

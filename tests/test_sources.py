@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from goose import DecodeContext, GooseConfig, Harvest, PathKind, TreeBuilder, VerifyOutcome
+from goose import DecodeContext, GooseConfig, Harvest
 from goose.contract.boundary import SourceSet
 from goose.plugins import BUILTIN_ORIGIN, registry
 from goose.sources.bigram_transition import (
@@ -23,6 +23,7 @@ from goose.sources.bigram_transition import (
 )
 from goose.sources.context_match import ContextMatchSource, match_depth
 from goose.sources.toolkit import CopyDepthEstimate
+from tests.helpers import make_outcome, own
 
 EOS = 999  # outside the small ids the tests draw with
 
@@ -47,32 +48,6 @@ def propose(source: ContextMatchSource, tokens: list[int], acceptance: float = 0
             **context_args) -> list[int] | None:
     draft = source.goose_propose(make_context(tokens, **context_args), acceptance)
     return None if draft is None else draft.tokens.tolist()
-
-
-def make_outcome(source_names: tuple[str, ...], chains: dict[str, list[int]], accepted_per_source: dict[str, int],
-                 harvest: Harvest | None = None) -> VerifyOutcome:
-    """A verification outcome: each source's chain hangs off the anchor; the first
-    ``accepted_per_source[name]`` nodes of each chain are accepted, the next one is reached and rejected."""
-    builder = TreeBuilder(anchor=5, source_names=source_names, capacity=64)
-    reached_nodes, accepted_nodes = [], []
-    for name, chain in chains.items():
-        nodes = builder.add_chain(0, np.array(chain), builder.source_id(name)).tolist()
-        accepted = accepted_per_source.get(name, 0)
-        accepted_nodes += nodes[:accepted]
-        reached_nodes += nodes[: accepted + 1]
-    tree = builder.build()
-    reached = np.zeros(tree.size, dtype=np.bool_)
-    reached[reached_nodes] = True
-    accepted = np.zeros(tree.size, dtype=np.bool_)
-    accepted[accepted_nodes] = True
-    return VerifyOutcome(tree=tree, accepted_nodes=np.array(accepted_nodes, dtype=np.int64), new_tokens=[],
-                         bonus_token=7, reached=reached, accepted=accepted, path_kind=PathKind.SPINE,
-                         harvest=harvest if harvest is not None else Harvest.empty(10))
-
-
-def own(outcome: VerifyOutcome, name: str) -> np.ndarray:
-    """The nodes ``name`` laid in ``outcome``'s tree (what the decoder passes a source as ``own_nodes``)."""
-    return outcome.tree.source_ids == outcome.tree.source_names.index(name)
 
 
 # --- registration -------------------------------------------------------------------------------

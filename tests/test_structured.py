@@ -15,25 +15,8 @@ from goose.config import GooseConfig
 from goose.contract.tree import TreeBuilder
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.cycle.grammar import Constraint, GrammarCompiler, GrammarError, schema_text
-from tests.test_logprobs import assert_same_logprobs
+from tests.helpers import PROMPT, SCHEMA, assert_same_logprobs
 
-# objects, an array, an enum, a nested object with a required field, a string pattern
-SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "pattern": "^[a-z_]+$"},
-        "role": {"enum": ["admin", "user", "guest"]},
-        "skills": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
-        "address": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
-                    "required": ["city"], "additionalProperties": False},
-    },
-    "required": ["name", "role", "skills", "address"],
-    "additionalProperties": False,
-}
-# the repeated prose is what context match copies: drafts of it inside the JSON are forbidden, and cut
-FACT = "The user bob_smith is an admin, knows python and rust, and lives in Paris. "
-PROMPT = (FACT + FACT + 'Reply with one line of JSON, like {"name": "ann_lee", "role": "guest", "skills": ["go"], '
-          '"address": {"city": "Rome"}}.')
 MAX_NEW = 48
 
 

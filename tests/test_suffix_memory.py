@@ -15,7 +15,7 @@ from goose.contract.candidates import DecodeContext
 from goose.cycle.decoder import GooseDecoder
 from goose.sources.suffix_memory import NAME, SuffixMemorySource
 from goose.sources.toolkit.ngram_memory import FORMAT, MemoryFileError, NgramMemory, ngram_keys
-from tests.conftest import dataset_prompts
+from tests.helpers import dataset_prompts
 
 EOS = 99
 

@@ -23,6 +23,7 @@ from goose.topologies.isotropic import IsotropicTopology
 from goose.topologies.spine import SpineTopology, spine_length
 from goose.topologies.toolkit import harmonic_split
 from goose.topologies.transition_tree import TransitionTreeTopology, static_template
+from tests.helpers import TransitionTable, check_tree, random_drafts
 
 PLANNERS = {
     "spine": SpineTopology,
@@ -31,40 +32,6 @@ PLANNERS = {
     "transition_tree": TransitionTreeTopology,
 }
 ANCHOR, PREVIOUS = 3, 2
-
-
-class TransitionTable:
-    """A bigram successor table: k successors of every (previous, token) pair with fixed scores.
-
-    ``holes`` is the share of entries that are unknown (-1), to exercise sparse tables.
-    """
-
-    def __init__(self, vocab: int = 200, width: int = 10, seed: int = 0, first: float = 0.6,
-                 decay: float = 0.5, holes: float = 0.0, rows: int = 997) -> None:
-        generator = np.random.default_rng(seed)
-        self.vocab, self.rows = vocab, rows
-        self.tokens = np.stack([generator.permutation(vocab)[:width] for _ in range(rows)]).astype(np.int64)
-        self.tokens[generator.random((rows, width)) < holes] = -1
-        self.scores = np.tile(first * decay ** np.arange(width, dtype=np.float64), (rows, 1))
-        self.scores[self.tokens < 0] = 0.0
-        self.calls = 0
-
-    def row(self, previous: np.ndarray | int, tokens: np.ndarray | int) -> np.ndarray:
-        return (np.asarray(tokens) * 31 + np.maximum(previous, 0) * 7 + 1) % self.rows
-
-    def __call__(self, previous: np.ndarray, tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        self.calls += 1
-        rows = self.row(previous, tokens)
-        found, scores = np.full((rows.shape[0], k), -1, dtype=np.int64), np.zeros((rows.shape[0], k))
-        width = min(k, self.tokens.shape[1])
-        found[:, :width], scores[:, :width] = self.tokens[rows, :width], self.scores[rows, :width]
-        return found, scores
-
-    def score(self, previous: int, token: int, successor: int) -> float:
-        """The conditional score the table gives ``successor`` after (previous, token); 0 if absent."""
-        row = int(self.row(previous, token))
-        hit = np.flatnonzero(self.tokens[row] == successor)
-        return float(self.scores[row, hit[0]]) if hit.shape[0] else 0.0
 
 
 def make_pool(
@@ -90,22 +57,6 @@ def spine_draft(length: int = 20, score: float = 0.8, consensus: int = 0, start:
 def plan(name: str, pool: CandidatePool, budget: int, config: GooseConfig | None = None) -> DraftTree:
     config = config or GooseConfig()
     return PLANNERS[name](config).goose_plan_tree(pool=pool, budget=budget, config=config)
-
-
-def check_tree(tree: DraftTree, budget: int, pool: CandidatePool) -> None:
-    """Invariants every planner's tree must keep."""
-    n = tree.size
-    assert tree.draft_size <= budget
-    assert tree.parents[0] == -1 and tree.tokens[0] == pool.anchor and tree.source_ids[0] == -1
-    assert bool((tree.parents[1:] < np.arange(1, n)).all()) and bool((tree.parents[1:] >= 0).all())
-    assert bool((tree.depths[1:] == tree.depths[tree.parents[1:]] + 1).all())
-    pairs = set(zip(tree.parents.tolist(), tree.tokens.tolist(), strict=True))
-    assert len(pairs) == n, "a (parent, token) pair is laid twice"
-    assert bool((tree.source_ids[1:] >= 0).all()) and bool((tree.source_ids < len(pool.source_names)).all())
-    spine = np.flatnonzero(tree.on_spine)
-    if spine.shape[0]:  # the spine is one chain from the root, laid by the most trusted drafting source
-        assert tree.parents[spine].tolist() == [0, *spine[:-1].tolist()]
-        assert set(tree.source_ids[spine].tolist()) == {pool.drafting[0].source_id}
 
 
 def spine_of(tree: DraftTree) -> list[int]:
@@ -146,20 +97,6 @@ def test_planner_runs_through_pluggy(name: str) -> None:
 
 
 # --- invariants on random pools ---------------------------------------------------------------
-
-
-@st.composite
-def random_drafts(draw: st.DrawFn, vocab: int) -> Draft | None:
-    length = draw(st.integers(0, 25))
-    if length == 0:
-        return None
-    tokens = np.array(draw(st.lists(st.integers(0, vocab - 1), min_size=length, max_size=length)))
-    scores = np.array(draw(st.lists(st.floats(0.0, 1.0), min_size=length, max_size=length)))
-    consensus = draw(st.integers(0, 12))
-    if draw(st.booleans()):
-        return Draft.chain(tokens, scores, consensus=consensus)
-    parents = np.array([draw(st.integers(-1, i - 1)) for i in range(length)])
-    return Draft(tokens=tokens, parents=parents, scores=scores, consensus=consensus)
 
 
 @st.composite

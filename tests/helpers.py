@@ -1,0 +1,370 @@
+"""What the tests share: benchmark prompts, reference runs, outcome and table builders, the server harness.
+
+One module, imported by the test files (``from tests.helpers import ...``); no test file imports
+another. Fixtures live in ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import socket
+import subprocess
+import sysconfig
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from goose import CandidatePool, Draft, DraftTree, Harvest, PathKind, TreeBuilder, VerifyOutcome
+from goose.cycle.decoder import AutoregressiveDecoder, GenerationResult
+from goose.cycle.logprobs import TokenLogprob
+from goose.models import encode_chat, encode_prompt
+
+# GOOSE_TEST_DEVICE=cuda runs the model tests on a GPU (the device check); CI stays on the CPU
+DEVICE = os.environ.get("GOOSE_TEST_DEVICE", "cpu")
+DATA_DIR = Path(os.environ.get("GOOSE_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+# --- benchmark prompts -------------------------------------------------------------------------------
+
+
+def dataset_prompts(name: str, limit: int) -> list[str]:
+    """The first ``limit`` prompts of a benchmark file in ../shared/data, as plain text."""
+    path = DATA_DIR / f"{name}.jsonl"
+    if not path.exists():
+        pytest.fail(f"benchmark data missing: {path} (set GOOSE_DATA to the shared/data folder)")
+    prompts = []
+    with path.open() as lines:
+        for line in lines:
+            record = json.loads(line)
+            if name == "humaneval":
+                prompts.append("Complete this Python function:\n" + record["prompt"])
+            elif name == "gsm8k":
+                prompts.append(record["question"] + "\nLet's think step by step.")
+            elif name in ("mt_bench", "spec_bench"):
+                prompts.append(record["turns"][0])
+            elif name == "mbpp":
+                prompts.append(record["text"] + "\n" + record["test_list"][0])
+            else:
+                raise ValueError(name)
+            if len(prompts) == limit:
+                break
+    return prompts
+
+
+# the lossless suite's prompts and lengths, which the batched and four-source tests reuse
+SMOLLM2_TOKENS = 48
+GEMMA3_TOKENS = 40
+PROMPT_BEFORE_WINDOW = 488  # the prompt ends 24 tokens before the window; 48 new tokens run 24 past it
+WINDOW_TOKENS = 48
+
+
+def lossless_prompts(model: str) -> list[str]:
+    """The lossless suite's prompts for ``model`` ("smollm2": 9, "gemma3": 4), read on first use."""
+    return list(_lossless_prompts(model))
+
+
+@functools.cache
+def _lossless_prompts(model: str) -> tuple[str, ...]:
+    if model == "smollm2":
+        return tuple(dataset_prompts("humaneval", 3) + dataset_prompts("gsm8k", 3) + dataset_prompts("mt_bench", 3))
+    if model == "gemma3":
+        return tuple(dataset_prompts("humaneval", 2) + dataset_prompts("gsm8k", 1) + dataset_prompts("mt_bench", 1))
+    raise ValueError(model)
+
+
+# --- log probabilities ----------------------------------------------------------------------------
+
+TOLERANCE = 1e-4
+Row = tuple[Hashable, float, tuple[tuple[Hashable, float], ...]]  # (token, log probability, top alternatives)
+
+
+def rows(entries: Sequence[TokenLogprob], tokenizer: Any = None) -> list[Row]:
+    """Entries as rows; with ``tokenizer`` each token named by its text, as the server names it."""
+    def name(token: int) -> Hashable:
+        return token if tokenizer is None else tokenizer.decode([token], skip_special_tokens=False)
+
+    return [(name(entry.token_id), entry.logprob, tuple((name(token), logprob) for token, logprob in entry.top))
+            for entry in entries]
+
+
+def assert_same_logprobs(got: Sequence[TokenLogprob | Row], expected: Sequence[TokenLogprob | Row]) -> None:
+    """Same tokens; each log probability and each top alternative's within TOLERANCE (two alternatives whose
+    values are within it may come in either order)."""
+    mine_rows = [row if isinstance(row, tuple) else rows([row])[0] for row in got]
+    their_rows = [row if isinstance(row, tuple) else rows([row])[0] for row in expected]
+    assert [row[0] for row in mine_rows] == [row[0] for row in their_rows]
+    for position, (mine, theirs) in enumerate(zip(mine_rows, their_rows, strict=True)):
+        assert abs(mine[1] - theirs[1]) <= TOLERANCE, (position, mine, theirs)
+        assert len(mine[2]) == len(theirs[2]), (position, mine, theirs)
+        for (token, logprob), (expected_token, expected_logprob) in zip(mine[2], theirs[2], strict=True):
+            assert abs(logprob - expected_logprob) <= TOLERANCE, (position, mine, theirs)
+            if token != expected_token:  # a near tie, listed the other way round
+                assert abs(dict(theirs[2]).get(token, -math.inf) - logprob) <= TOLERANCE, (position, mine, theirs)
+
+
+_REFERENCES: dict[str, GenerationResult] = {}
+
+
+def ar_logprobs(model: Any, tokenizer: Any, prompt_ids: list[int], max_new_tokens: int, top: int,
+                **sampling: Any) -> GenerationResult:
+    """The autoregressive loop's run with log probabilities (``top`` alternatives), once per test process."""
+    key = json.dumps([prompt_ids, max_new_tokens, top, sorted(sampling.items())])
+    if key not in _REFERENCES:
+        _REFERENCES[key] = AutoregressiveDecoder(model, tokenizer, chat=False).generate(
+            prompt_ids, max_new_tokens, logprobs=top, **sampling)
+    return _REFERENCES[key]
+
+
+# --- structured outputs ---------------------------------------------------------------------------
+
+# objects, an array, an enum, a nested object with a required field, a string pattern
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-z_]+$"},
+        "role": {"enum": ["admin", "user", "guest"]},
+        "skills": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+        "address": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                    "required": ["city"], "additionalProperties": False},
+    },
+    "required": ["name", "role", "skills", "address"],
+    "additionalProperties": False,
+}
+# the repeated prose is what context match copies: drafts of it inside the JSON are forbidden, and cut
+FACT = "The user bob_smith is an admin, knows python and rust, and lives in Paris. "
+PROMPT = (FACT + FACT + 'Reply with one line of JSON, like {"name": "ann_lee", "role": "guest", "skills": ["go"], '
+          '"address": {"city": "Rome"}}.')
+
+
+# --- sources: verification outcomes and a datastore corpus --------------------------------------
+
+
+def make_outcome(source_names: tuple[str, ...], chains: dict[str, list[int]], accepted_per_source: dict[str, int],
+                 harvest: Harvest | None = None) -> VerifyOutcome:
+    """A verification outcome: each source's chain hangs off the anchor; the first
+    ``accepted_per_source[name]`` nodes of each chain are accepted, the next one is reached and rejected."""
+    builder = TreeBuilder(anchor=5, source_names=source_names, capacity=64)
+    reached_nodes, accepted_nodes = [], []
+    for name, chain in chains.items():
+        nodes = builder.add_chain(0, np.array(chain), builder.source_id(name)).tolist()
+        accepted = accepted_per_source.get(name, 0)
+        accepted_nodes += nodes[:accepted]
+        reached_nodes += nodes[: accepted + 1]
+    tree = builder.build()
+    reached = np.zeros(tree.size, dtype=np.bool_)
+    reached[reached_nodes] = True
+    accepted = np.zeros(tree.size, dtype=np.bool_)
+    accepted[accepted_nodes] = True
+    return VerifyOutcome(tree=tree, accepted_nodes=np.array(accepted_nodes, dtype=np.int64), new_tokens=[],
+                         bonus_token=7, reached=reached, accepted=accepted, path_kind=PathKind.SPINE,
+                         harvest=harvest if harvest is not None else Harvest.empty(10))
+
+
+def own(outcome: VerifyOutcome, name: str) -> np.ndarray:
+    """The nodes ``name`` laid in ``outcome``'s tree (what the decoder passes a source as ``own_nodes``)."""
+    return outcome.tree.source_ids == outcome.tree.source_names.index(name)
+
+
+SMALL_CORPUS = ["functools.py", "dataclasses.py", "textwrap.py", "heapq.py", "bisect.py", "string.py", "copy.py",
+                "keyword.py", "operator.py", "statistics.py"]
+
+
+def stdlib_sample(folder: Path) -> Path:
+    """Copies of SMALL_CORPUS in ``folder`` (a datastore's sources, never benchmark data)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in SMALL_CORPUS:
+        (folder / name).write_text((root / name).read_text(encoding="utf-8"), encoding="utf-8")
+    return folder
+
+
+# --- planners: a successor table, tree invariants, random drafts ---------------------------------
+
+
+class TransitionTable:
+    """A bigram successor table: k successors of every (previous, token) pair with fixed scores.
+
+    ``holes`` is the share of entries that are unknown (-1), to exercise sparse tables.
+    """
+
+    def __init__(self, vocab: int = 200, width: int = 10, seed: int = 0, first: float = 0.6,
+                 decay: float = 0.5, holes: float = 0.0, rows: int = 997) -> None:
+        generator = np.random.default_rng(seed)
+        self.vocab, self.rows = vocab, rows
+        self.tokens = np.stack([generator.permutation(vocab)[:width] for _ in range(rows)]).astype(np.int64)
+        self.tokens[generator.random((rows, width)) < holes] = -1
+        self.scores = np.tile(first * decay ** np.arange(width, dtype=np.float64), (rows, 1))
+        self.scores[self.tokens < 0] = 0.0
+        self.calls = 0
+
+    def row(self, previous: np.ndarray | int, tokens: np.ndarray | int) -> np.ndarray:
+        return (np.asarray(tokens) * 31 + np.maximum(previous, 0) * 7 + 1) % self.rows
+
+    def __call__(self, previous: np.ndarray, tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        self.calls += 1
+        rows = self.row(previous, tokens)
+        found, scores = np.full((rows.shape[0], k), -1, dtype=np.int64), np.zeros((rows.shape[0], k))
+        width = min(k, self.tokens.shape[1])
+        found[:, :width], scores[:, :width] = self.tokens[rows, :width], self.scores[rows, :width]
+        return found, scores
+
+    def score(self, previous: int, token: int, successor: int) -> float:
+        """The conditional score the table gives ``successor`` after (previous, token); 0 if absent."""
+        row = int(self.row(previous, token))
+        hit = np.flatnonzero(self.tokens[row] == successor)
+        return float(self.scores[row, hit[0]]) if hit.shape[0] else 0.0
+
+
+def check_tree(tree: DraftTree, budget: int, pool: CandidatePool) -> None:
+    """Invariants every planner's tree must keep."""
+    n = tree.size
+    assert tree.draft_size <= budget
+    assert tree.parents[0] == -1 and tree.tokens[0] == pool.anchor and tree.source_ids[0] == -1
+    assert bool((tree.parents[1:] < np.arange(1, n)).all()) and bool((tree.parents[1:] >= 0).all())
+    assert bool((tree.depths[1:] == tree.depths[tree.parents[1:]] + 1).all())
+    pairs = set(zip(tree.parents.tolist(), tree.tokens.tolist(), strict=True))
+    assert len(pairs) == n, "a (parent, token) pair is laid twice"
+    assert bool((tree.source_ids[1:] >= 0).all()) and bool((tree.source_ids < len(pool.source_names)).all())
+    spine = np.flatnonzero(tree.on_spine)
+    if spine.shape[0]:  # the spine is one chain from the root, laid by the most trusted drafting source
+        assert tree.parents[spine].tolist() == [0, *spine[:-1].tolist()]
+        assert set(tree.source_ids[spine].tolist()) == {pool.drafting[0].source_id}
+
+
+@st.composite
+def random_drafts(draw: st.DrawFn, vocab: int, share: list[int] | None = None) -> Draft | None:
+    """A chain or a small trie of up to 25 tokens; with ``share``, sometimes starting like that draft."""
+    length = draw(st.integers(0, 25))
+    if length == 0:
+        return None
+    tokens = draw(st.lists(st.integers(0, vocab - 1), min_size=length, max_size=length))
+    if share and draw(st.booleans()):  # start like the other draft, to exercise divergence points
+        cut = draw(st.integers(0, min(len(share), length)))
+        tokens[:cut] = share[:cut]
+    tokens = np.array(tokens)
+    scores = np.array(draw(st.lists(st.floats(0.0, 1.0), min_size=length, max_size=length)))
+    consensus = draw(st.integers(0, 12))
+    if draw(st.booleans()):
+        return Draft.chain(tokens, scores, consensus=consensus)
+    parents = np.array([draw(st.integers(-1, i - 1)) for i in range(length)])
+    return Draft(tokens=tokens, parents=parents, scores=scores, consensus=consensus)
+
+
+# --- goose serve: a real server process ---------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "smollm2-135m"
+API_KEY = "goose-test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def get(self, path: str, **kwargs: Any) -> httpx.Response:
+        return httpx.get(self.url + path, timeout=60, **kwargs)
+
+    def post(self, path: str, body: Any, *, raw: bytes | None = None, headers: dict[str, str] | None = None,
+             timeout: float = 120) -> httpx.Response:
+        content = raw if raw is not None else json.dumps(body).encode()
+        return httpx.post(self.url + path, content=content, timeout=timeout,
+                          headers={"Content-Type": "application/json", **AUTH, **(headers or {})})
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Every sample of /metrics, parsed by prometheus_client: (name, sorted labels) -> value."""
+        text = self.get("/metrics").text
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    def wait_idle(self, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            health = self.get("/health").json()
+            if not health["busy"] and health["waiting"] == 0:
+                return
+            time.sleep(0.1)
+        pytest.fail(f"the server stayed busy for {timeout_s} s: {health}")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def start_server(command: list[str], port: int, log: Path) -> Server:
+    """Start ``goose serve`` (``command``) and wait until its /health answers; the test fails if it never does."""
+    with log.open("wb") as output:
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=REPO)
+    running = Server(f"http://127.0.0.1:{port}", process, log)
+    deadline = time.monotonic() + 300  # model load from the cache, decoder, warm-up
+    while True:
+        if process.poll() is not None:
+            pytest.fail(f"goose serve exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if running.get("/health").status_code == 200:
+                return running
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"goose serve did not come up:\n{log.read_text()[-3000:]}")
+        time.sleep(0.3)
+
+
+class ServerReference:
+    """Greedy autoregressive output of the same model in this process: (text, token count, finish reason).
+
+    The runs come from the session's ``ar_reference`` (each computed once per test run)."""
+
+    def __init__(self, model: Any, tokenizer: Any, ar_reference: Any) -> None:
+        self.model, self.tokenizer, self.ar_reference = model, tokenizer, ar_reference
+
+    def chat(self, messages: list[dict[str, str]], max_tokens: int) -> tuple[str, int, str]:
+        return self._run(encode_chat(self.tokenizer, messages), max_tokens)
+
+    def completion(self, prompt: str, max_tokens: int) -> tuple[str, int, str]:
+        return self._run(self.ids(prompt), max_tokens)
+
+    def ids(self, prompt: str) -> list[int]:
+        return encode_prompt(self.tokenizer, prompt, chat=False)
+
+    def generate(self, prompt_ids: list[int], max_tokens: int, **options: Any) -> Any:
+        return self.ar_reference(self.model, self.tokenizer, prompt_ids, max_tokens, chat=False, **options)
+
+    def _run(self, prompt_ids: list[int], max_tokens: int) -> tuple[str, int, str]:
+        result = self.generate(prompt_ids, max_tokens)
+        return result.text, len(result.new_token_ids), "stop" if result.stop_reason == "eos" else "length"
+
+
+def stream_chat(client: openai.OpenAI, **request: Any) -> tuple[str, list[Any]]:
+    chunks = list(client.chat.completions.create(stream=True, **request))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return text, chunks
+
+
+def completion_rows(logprobs: Any, top: int) -> list[Row]:
+    """A completion's logprobs as rows; each top dict holds the k alternatives and the chosen token (OpenAI's
+    "up to k + 1"), so the alternatives are its k best items."""
+    result = []
+    for token, logprob, alternatives in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs,
+                                            strict=True):
+        assert token in alternatives and abs(alternatives[token] - logprob) <= 1e-6
+        best = sorted(alternatives.items(), key=lambda item: -item[1])[:top]
+        result.append((token, logprob, tuple(best)))
+    return result
