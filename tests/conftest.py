@@ -57,11 +57,20 @@ def gemma3():
     return _with_cost_curve(models.load("gemma3-270m", dtype="float32", device=DEVICE))
 
 
+@pytest.fixture(scope="session")
+def qwen15b():
+    """Qwen2.5-Coder-1.5B-Instruct (152k vocabulary, grouped-query attention) in float32: (model, tokenizer).
+
+    Its 22 packages come with ``make models``; 7 GB in float32, so its tests share one worker (``xdist_group``).
+    """
+    return _with_cost_curve(models.load("qwen2.5-coder-1.5b", dtype="float32", device=DEVICE, progress=False))
+
+
 # --- which tests are slow, and in what order the workers take them ---------------------------------
 
-# Fixtures that make a test slow whatever its mark: Gemma 3's passes (a 262k-token vocabulary), and
+# Fixtures that make a test slow whatever its mark: Gemma 3's passes (a 262k-token vocabulary), the 1.5B model, and
 # the real `goose serve` process. `make test-fast` runs `-m "not slow"`.
-SLOW_FIXTURES = {"gemma3", "server"}
+SLOW_FIXTURES = {"gemma3", "qwen15b", "server"}
 
 
 def _uses_gemma3(item: pytest.Item) -> bool:
@@ -224,7 +233,7 @@ def ar_reference(tmp_path_factory: pytest.TempPathFactory) -> References:
 
 # test file -> group in the closing summary; a file not named here is a unit test file
 GROUPS = {
-    "test_lossless.py": "lossless", "test_four_sources.py": "lossless",
+    "test_lossless.py": "lossless", "test_four_sources.py": "lossless", "test_scale.py": "scale",
     "test_sampling.py": "sampling", "test_hf.py": "hf",
     "test_server.py": "serve", "test_serve_hardening.py": "serve", "test_serve_batch.py": "serve",
     "test_bench.py": "bench", "test_batch.py": "batch",
