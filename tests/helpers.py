@@ -291,6 +291,15 @@ class Server:
         return {(s.name, tuple(sorted(s.labels.items()))): s.value
                 for family in text_string_to_metric_families(text) for s in family.samples}
 
+    def stop(self, timeout_s: float = 60) -> None:
+        """SIGTERM, as Ctrl-C would; killed if it has not exited within ``timeout_s``."""
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
     def wait_idle(self, timeout_s: float = 120) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
