@@ -48,17 +48,27 @@ class GooseConfig(BaseModel):
         "measured cost curve and the acceptance estimates say is fastest (the paper's fixed B=60 is a GPU setting)",
     )
     max_depth: int = Field(default=6, ge=1, description="max depth of a branch expanded through successors")
-    min_score: float = Field(default=0.01, ge=0.0, description="branch nodes scoring below this are not drafted")
+    min_score: float = Field(
+        default=0.01, ge=0.0,
+        description="a successor whose own score (the target's probability of it after its parent, as harvested) "
+        "is below this is not drafted (the paper's floor; nodes are still ranked by path score)")
     spine_tiers: list[SpineTier] = Field(default_factory=_paper_tiers)
     spine_split: Literal["tiers", "optimal"] = Field(
-        default="tiers",
-        description="how the spine topology splits a budget between spine and branches: 'tiers', the paper's "
-        "ratio r of B by the spine source's acceptance; 'optimal', the spine length of the best spine tree under "
-        "the acceptance estimates (goose.planning.allocation.best_spine_tree), so a trusted long copy is laid whole "
-        "instead of sharing the budget with weak branches",
+        default="optimal",
+        description="how the spine topology splits a budget between spine and branches: 'optimal', the spine "
+        "length of the best spine tree under the acceptance estimates (goose.planning.allocation.best_spine_tree), "
+        "so a trusted long copy is laid whole instead of sharing the budget with weak branches; 'tiers', the "
+        "paper's ratio r of B by the spine source's acceptance (docs/results.md has both measured)",
     )
     spine_branch_ratio: float = Field(
         default=0.5, ge=0.0, le=1.0, description="rho: share of the off-spine budget spent at the root"
+    )
+    spine_extension: int = Field(
+        default=40, ge=0,
+        description="with a fixed budget (the paper's setting) a draft may run this many nodes past the budget on "
+        "the spine: the budget prices the branches, and a copy the target keeps accepting is verified whole "
+        "(the paper's code extends a confident chain to 100 nodes at B = 60). The automatic budget sizes the whole "
+        "tree, spine included, by the cost curve instead; 0: the budget caps the spine too",
     )
     bypass_threshold: int = Field(
         default=8, ge=1, description="consensus continuation length that skips the tree (linear bypass)"
@@ -87,8 +97,8 @@ class GooseConfig(BaseModel):
     prefill_harvest: int | Literal["auto"] | None = Field(
         default="auto",
         description="prompt positions (the last ones) whose top-k is harvested at prefill; None = all; 'auto': "
-        "as many as cost at most 3% of the prompt's forward (each costs one output-layer row, 262k wide on "
-        "Gemma 3), at most 256",
+        "as many as cost at most 3% of the prompt's forward or 32 prompt tokens' worth, whichever is more (each "
+        "costs one output-layer row, 262k wide on Gemma 3), at most 256",
     )
     source_options: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per-source options, validated by each source's own model"
@@ -152,6 +162,11 @@ class GooseConfig(BaseModel):
             if spine_acceptance < tier.below:
                 return tier.ratio
         return self.spine_tiers[-1].ratio
+
+    def fixed_budget(self) -> int:
+        """The nodes a tree may hold with a fixed budget: the budget, and the main spine's extension past it."""
+        assert self.budget != "auto"
+        return int(self.budget) + self.spine_extension
 
     def options_for(self, source: str) -> dict[str, Any]:
         return dict(self.source_options.get(source, {}))

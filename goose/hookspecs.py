@@ -257,6 +257,10 @@ def goose_plan_tree(pool: CandidatePool, budget: int, config: GooseConfig) -> Dr
     lay a node keeps it, which is how the walker prefers trusted sources) and return
     ``builder.build()``. A source's ``successors(previous, tokens, k)`` answers are already checked
     and padded: int64 [m, k] and scores in [0, 1], -1 / 0 where nothing is known.
+    With a fixed ``config.budget`` the budget is that one plus ``config.spine_extension`` (within the
+    context's room): the extension is for the main spine alone, a long copy verified whole; everything
+    else stays within ``goose.topologies.toolkit.priced(budget, config)``. With ``budget="auto"`` the
+    decoder sizes the whole tree and the two are equal.
     """
 
 

@@ -184,7 +184,7 @@ def test_a_repeating_run_is_drafted_past_the_context_end_and_trusted_by_depth(sm
     assert stats.verify_steps < runs[False][1].verify_steps
     deep = int(source.by_depth.bins(np.array([32]))[0])
     assert source.by_depth.tested[deep:].sum() > 0  # draft tokens were tested at copy depths >= 32
-    assert source.by_depth.rates[deep:].max() > source.options.depth_prior  # and learned to hold
+    assert (source.by_depth.rates[deep:] > source.by_depth.prior[deep:]).any()  # and learned to hold
 
 
 def test_one_pass_over_the_budgets_equals_the_optimum_per_budget() -> None:

@@ -1,9 +1,9 @@
 """The contract: in float32, Goose's output is token-identical to the autoregressive greedy loop.
 
 Real models, real prompts from ../shared/data, 48 new tokens each on SmolLM2 and 40 on Gemma 3 (some
-15-25 verify passes a run),
-every built-in topology (and the spine topology's optimal split). The autoregressive reference runs
-once per prompt and test run (the ``ar_reference`` fixture; other test files reuse it). The default
+15-25 verify passes a run), every built-in topology (and the spine with the paper's spine-ratio tiers).
+The autoregressive reference runs once per prompt and test run (the ``ar_reference`` fixture; other
+test files reuse it). The default
 topology is compared against it on every prompt, and the other four configurations two at a time, in
 turn, so each of them meets several prompts of every model without every prompt paying for all five.
 """
@@ -24,9 +24,9 @@ from tests.helpers import (
 )
 
 TOPOLOGIES = ["spine", "chain", "isotropic", "transition_tree"]
-# every topology with its defaults, and the spine with the optimal split of each budget
+# every topology with its defaults (the spine splits each budget optimally), and the spine with the paper's tiers
 CONFIGS = {**{name: GooseConfig(topology=name) for name in TOPOLOGIES},
-           "spine, optimal split": GooseConfig(spine_split="optimal")}
+           "spine, tiers": GooseConfig(spine_split="tiers")}
 OTHERS = [name for name in CONFIGS if name != "spine"]
 SMOLLM2_PROMPTS = lossless_prompts("smollm2")
 GEMMA3_PROMPTS = lossless_prompts("gemma3")

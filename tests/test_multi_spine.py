@@ -18,7 +18,7 @@ from goose.plugins import BUILTIN_ORIGIN, registry, unregister
 from goose.topologies.chain import ChainTopology
 from goose.topologies.multi_spine import MultiSpineTopology
 from goose.topologies.spine import SpineTopology
-from goose.topologies.transition_tree import TransitionTreeTopology
+from goose.topologies.toolkit import grow_branches
 from tests.helpers import TransitionTable, check_tree, random_drafts
 
 ANCHOR, PREVIOUS = 3, 2
@@ -214,8 +214,12 @@ def test_one_source_gets_its_own_best_shape(budget: int) -> None:
     assert plan(drafter_only, budget, config)[0].draft_size == min(budget, 40)
 
     brancher_only = make_pool(None, None, table=successors())
-    expected = TransitionTreeTopology(config).goose_plan_tree(pool=brancher_only, budget=budget, config=config)
-    assert same_tree(plan(brancher_only, budget, config)[0], expected)
+    tree = plan(brancher_only, budget, config)[0]
+    expected = brancher_only.builder(budget)
+    grow_branches(brancher_only, expected, brancher_only.branching[0], starts=[0], budgets=[budget],
+                  start_scores=[1.0], max_depth=config.max_depth, min_score=config.min_score,
+                  top_k=config.branch_top_k)  # the best-first tree of the brancher's successors
+    assert same_tree(tree, expected.build()) and tree.draft_size == budget
 
     nothing = make_pool(None, None, table=None)
     assert plan(nothing, budget, config)[0].size == 1

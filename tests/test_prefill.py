@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from goose.config import GooseConfig
 from goose.cycle.decoder import GooseDecoder
-from goose.planning.cost import HARVEST_CAP, HARVEST_SHARE, harvest_rows, output_layer_weight
+from goose.planning.cost import HARVEST_CAP, HARVEST_FLOOR, HARVEST_SHARE, harvest_rows, output_layer_weight
 from tests.helpers import dataset_prompts
 
 
@@ -15,7 +16,9 @@ def test_harvest_rows_follow_the_setting():
     assert harvest_rows(40, 300, 0.27) == 40
     assert harvest_rows(400, 300, 0.27) == 299  # never past the prompt
     assert harvest_rows(0, 300, 0.27) == 0
-    assert harvest_rows("auto", 1024, 0.25) == int(HARVEST_SHARE * 1024 / 0.25)  # 3% of the prompt's forward
+    assert harvest_rows("auto", 4096, 0.5) == int(HARVEST_SHARE * 4096 / 0.5)  # 3% of the prompt's forward
+    assert harvest_rows("auto", 300, 0.27) == int(HARVEST_FLOOR / 0.27)  # a short prompt: the floor's worth
+    assert harvest_rows("auto", 64, 0.27) == 63  # a prompt shorter than that: every row
     assert harvest_rows("auto", 100_000, 0.25) == HARVEST_CAP
     assert harvest_rows("auto", 1024, 1.7) < harvest_rows("auto", 1024, 0.25)  # a wider vocabulary harvests less
     assert harvest_rows("auto", 1, 0.25) == 0
@@ -56,3 +59,16 @@ def test_first_token_streams_before_the_sources_read_the_prompt(smollm2):
     second = next(chunks)
     assert read == [True] and second.token_ids
     chunks.close()
+
+
+def test_a_short_prompt_harvests_every_row(smollm2):
+    """The automatic harvest's floor: every row of a short prompt but the last feeds the bigram table, so a
+    prompt token the output repeats has successors from the first cycle."""
+    model, tokenizer = smollm2
+    decoder = GooseDecoder(model, tokenizer, GooseConfig())
+    prompt = dataset_prompts("mbpp", 1)[0]
+    ids = decoder.encode(prompt)
+    assert harvest_rows("auto", len(ids), output_layer_weight(model)) == len(ids) - 1
+    decoder.generate(prompt, 2)
+    table = decoder.sources.instances["bigram_transition"].table
+    assert (table.unigram_tokens[np.asarray(ids[:-1])] >= 0).any(axis=1).all()

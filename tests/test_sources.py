@@ -21,7 +21,7 @@ from goose.sources.bigram_transition import (
     SuccessorTable,
     bigram_bucket,
 )
-from goose.sources.context_match import ContextMatchSource, match_depth
+from goose.sources.context_match import ContextMatchOptions, ContextMatchSource, match_depth
 from goose.sources.toolkit import CopyDepthEstimate
 from tests.helpers import make_outcome, own
 
@@ -39,8 +39,11 @@ def make_context(tokens: list[int] | np.ndarray, vocab_size: int = 1000,
                          eos_token_ids=frozenset(eos))
 
 
-def looped(run: list[int], count: int = 48) -> list[int]:
-    """What context match drafts when its copy reaches the context's end: the run, repeated (default cap 48)."""
+CAP = ContextMatchOptions().max_continuation  # the default cap of one draft
+
+
+def looped(run: list[int], count: int = CAP) -> list[int]:
+    """What context match drafts when its copy reaches the context's end: the run, repeated (to the default cap)."""
     return np.resize(np.asarray(run), count).tolist()
 
 
@@ -65,7 +68,8 @@ def test_both_sources_are_registered_as_built_ins() -> None:
 
 def test_hooks_run_through_the_plugin_boundary(caplog: pytest.LogCaptureFixture) -> None:
     """pluggy passes hook arguments by name: a misspelt argument would surface here as a skipped source."""
-    sources = SourceSet(["context_match", "bigram_transition"], GooseConfig(), vocab_size=1000)
+    flat_prior = GooseConfig(source_options={"context_match": {"depth_prior": 0.5}})
+    sources = SourceSet(["context_match", "bigram_transition"], flat_prior, vocab_size=1000)
     context = make_context([1, 2, 3, 40, 41, 1, 2, 3])
     sources.reset()
     sources.prefill(context, harvest_of([2], [3], [list(range(100, 110))]))
@@ -106,17 +110,17 @@ def test_most_recent_occurrence_by_default_and_first_on_request() -> None:
 
 
 def test_continuation_is_capped() -> None:
-    tokens = [1, 2, 3, *range(100, 160), 1, 2, 3]
-    assert propose(ContextMatchSource(GooseConfig()), tokens) == list(range(100, 148))  # default 48
+    tokens = [1, 2, 3, *range(100, 220), 1, 2, 3]
+    assert propose(ContextMatchSource(GooseConfig()), tokens) == list(range(100, 100 + CAP))  # the default cap
     short = ContextMatchSource(make_config(context_match={"max_continuation": 5}))
     assert propose(short, tokens) == list(range(100, 105))
 
 
 def test_a_copy_reaching_the_context_end_repeats_the_run() -> None:
     # the latest earlier occurrence of [7]*5 ends one token before the end: the run is [7]
-    assert propose(ContextMatchSource(GooseConfig()), [7] * 10) == [7] * 48
+    assert propose(ContextMatchSource(GooseConfig()), [7] * 10) == [7] * CAP
     days = [1, 2, 3, 4, 5, 6, 7] * 3
-    assert propose(ContextMatchSource(GooseConfig()), days) == ([1, 2, 3, 4, 5, 6, 7] * 7)[:48]
+    assert propose(ContextMatchSource(GooseConfig()), days) == ([1, 2, 3, 4, 5, 6, 7] * 15)[:CAP]
     # repeat_runs=False: the copy stops at the context's end
     plain = ContextMatchSource(make_config(context_match={"repeat_runs": False}))
     assert propose(plain, [7] * 10) == [7]
@@ -149,13 +153,13 @@ def test_no_match_gives_no_draft() -> None:
     assert source.last_match_length == 0
 
 
-def test_consensus_counts_leading_tokens_that_two_lengths_agree_on() -> None:
+def test_consensus_counts_leading_tokens_that_two_occurrences_agree_on() -> None:
     config = GooseConfig()
-    # one occurrence serves all three lengths: full agreement
+    # one occurrence serves all three lengths: the shorter ones are no second opinion
     same = [1, 2, 3, 4, 5, 60, 61, 62, 9, 1, 2, 3, 4, 5]
     source = ContextMatchSource(config)
     draft = source.goose_propose(make_context(same), 0.5)
-    assert draft.consensus == len(draft) == 48  # the run of 9, repeated
+    assert len(draft) == CAP and draft.consensus == 0  # the run of 9, repeated
     # a later [2 3 4 5] continues 60 61 then diverges: the 5-gram and the shorter ones agree on 2 tokens
     split = [1, 2, 3, 4, 5, 60, 61, 62, 9, 2, 3, 4, 5, 60, 61, 99, 8, 1, 2, 3, 4, 5]
     draft = source.goose_propose(make_context(split), 0.5)
@@ -325,7 +329,7 @@ def brute_force(tokens: np.ndarray, sizes: tuple[int, ...], cap: int, occurrence
                 eos: frozenset[int]) -> tuple[list[int], int, int] | None:
     """(draft, matched n, consensus) by scanning every earlier position with numpy, or None."""
     length = tokens.shape[0]
-    found = []  # (n, continuation) for every length with an earlier occurrence, longest first
+    found = []  # (n, continuation, start) for every length with an earlier occurrence, longest first
     for n in sorted(sizes, reverse=True):
         if length < n + 1:
             continue
@@ -336,14 +340,14 @@ def brute_force(tokens: np.ndarray, sizes: tuple[int, ...], cap: int, occurrence
             continuation = np.resize(tokens[start:], cap).tolist() if start + cap > length else \
                 tokens[start : start + cap].tolist()  # a run reaching the end repeats
             stops = [i for i, token in enumerate(continuation) if token in eos]
-            found.append((n, continuation[: stops[0]] if stops else continuation))
-    chosen = next((i for i, (_, copy) in enumerate(found) if copy), None)
+            found.append((n, continuation[: stops[0]] if stops else continuation, start))
+    chosen = next((i for i, (_, copy, _) in enumerate(found) if copy), None)
     if chosen is None:
         return None
-    n, copy = found[chosen]
+    n, copy, chosen_start = found[chosen]
     agreements = [0]
-    for i, (_, other) in enumerate(found):
-        if i != chosen:
+    for i, (_, other, start) in enumerate(found):
+        if i != chosen and start != chosen_start:  # the same occurrence is no second opinion
             common = 0
             while common < min(len(copy), len(other)) and copy[common] == other[common]:
                 common += 1
@@ -623,3 +627,15 @@ def test_table_matches_a_plain_python_model(harvests: list[list[tuple[int, int, 
             if owner is not None and owner[0] == key:
                 expected = owner[1]
         assert answer == expected
+
+
+def test_a_fresh_source_trusts_a_long_copy_by_its_depth_prior() -> None:
+    """Before any evidence, a copy's tokens are estimated by the prior of their copy-depth bin: a fresh 3-gram
+    hit about 3 in 4, a copy that has held for dozens of tokens nearly always (what SmolLM2's copies did)."""
+    source = ContextMatchSource(GooseConfig())
+    passage = list(range(100, 160))
+    draft = source.goose_propose(make_context([*passage, 7, 8, *passage[:40]]), 0.5)
+    assert draft.tokens.tolist()[:20] == passage[40:60]
+    assert source.last_match_depth == 40 and draft.depth_acceptance[0] == pytest.approx(0.93)
+    fresh = source.goose_propose(make_context([1, 2, 3, 40, 41, 42, 9, 9, 1, 2, 3]), 0.5)
+    assert fresh.depth_acceptance[0] == pytest.approx(0.7) and max(fresh.depth_acceptance) > 0.9

@@ -54,8 +54,11 @@ def spine_draft(length: int = 20, score: float = 0.8, consensus: int = 0, start:
     return Draft.chain(np.arange(start, start + length), score, consensus=consensus)
 
 
+TIERS = GooseConfig(spine_split="tiers")  # the paper's spine share B * r, which most rule tests pin down
+
+
 def plan(name: str, pool: CandidatePool, budget: int, config: GooseConfig | None = None) -> DraftTree:
-    config = config or GooseConfig()
+    config = config or TIERS
     return PLANNERS[name](config).goose_plan_tree(pool=pool, budget=budget, config=config)
 
 
@@ -219,14 +222,64 @@ def test_planners_without_a_spine_rule_give_no_hint() -> None:
     assert planner.spine_lengths(make_pool(spine_draft(), 0.5, TransitionTable()), (4, 8)) is None
 
 
-def test_no_context_match_gives_the_transition_tree() -> None:
-    table = TransitionTable()
+def path_scores(tree: DraftTree, table: TransitionTable) -> np.ndarray:
+    """Every node's path score under ``table`` (the anchor 1), for trees without a spine."""
+    scores = np.ones(tree.size)
+    for node in range(1, tree.size):
+        parent = int(tree.parents[node])
+        previous = int(tree.tokens[tree.parents[parent]]) if parent > 0 else PREVIOUS
+        scores[node] = scores[parent] * table.score(previous, int(tree.tokens[parent]), int(tree.tokens[node]))
+    return scores
+
+
+def test_no_context_match_gives_the_best_first_transition_tree() -> None:
+    """The whole budget to the best path scores among the successors, wherever they sit (not TR's fixed
+    slots): no successor left out of the tree outscores a node in it."""
+    table = TransitionTable(first=0.9, decay=0.1)  # a sure first successor, the others far behind
     pool = make_pool(None, 0.5, table)
-    spine_tree = plan("spine", pool, 60)
-    transition_tree = plan("transition_tree", pool, 60)
-    assert spine_tree.draft_size > 0 and not bool(spine_tree.on_spine.any())
-    assert np.array_equal(spine_tree.tokens, transition_tree.tokens)
-    assert np.array_equal(spine_tree.parents, transition_tree.parents)
+    config = GooseConfig()
+    tree = plan("spine", pool, 40, config)
+    assert tree.draft_size == 40 and not bool(tree.on_spine.any())
+    scores = path_scores(tree, table)
+    weakest = scores[1:].min()
+    for node in range(tree.size):  # every candidate child not laid scores no higher than the weakest laid
+        if tree.depths[node] >= config.max_depth:
+            continue
+        previous = int(tree.tokens[tree.parents[node]]) if node > 0 else PREVIOUS
+        candidates, conditional = table(np.array([previous]), np.array([int(tree.tokens[node])]), config.branch_top_k)
+        laid = set(tree.tokens[tree.parents == node].tolist())
+        for token, score in zip(candidates[0].tolist(), conditional[0].tolist(), strict=True):
+            if token >= 0 and token not in laid and score >= config.min_score:
+                assert scores[node] * score <= weakest + 1e-12
+    # TR's static template, filled from the same table, leaves most of its slots empty here
+    assert plan("transition_tree", pool, 40, config).draft_size < tree.draft_size
+
+
+def test_min_score_is_a_floor_on_each_successor_not_on_the_path() -> None:
+    """A chain of likely successors goes deep even where its path score falls below the floor."""
+    table = TransitionTable(first=0.3, decay=0.02)  # the first successor 0.3, the second 0.006
+    config = GooseConfig(min_score=0.01, max_depth=6)
+    tree = plan("spine", make_pool(None, 0.5, table), 60, config)
+    scores = path_scores(tree, table)
+    assert int(tree.depths.max()) == 6 and scores.min() < config.min_score  # 0.3^6: laid all the same
+    assert tree.draft_size == 6  # only first successors: every second one is below the floor
+
+
+def test_a_fixed_budget_lets_the_spine_run_past_it() -> None:
+    """Rule 6: with a fixed budget B the decoder hands B + spine_extension; the spine takes the extension,
+    the branches keep B's share."""
+    draft = spine_draft(length=60, score=0.9)
+    table = TransitionTable()
+    fixed = GooseConfig(budget=16, spine_extension=20)
+    tree = plan("spine", make_pool(draft, 0.5, table), fixed.fixed_budget(), fixed)
+    within = plan("spine", make_pool(draft, 0.5, table), 16, fixed.model_copy(update={"spine_extension": 0}))
+    assert len(spine_of(tree)) == len(spine_of(within)) + 20
+    assert tree.draft_size - len(spine_of(tree)) == within.draft_size - len(spine_of(within))  # same branches
+    # the automatic budget sizes the whole tree: no extension, whatever the budget handed
+    auto = plan("spine", make_pool(draft, 0.5, table), 36, TIERS)
+    assert auto.draft_size <= 36 and len(spine_of(auto)) == spine_length(36, 0.5, 0, 60)
+    # planners without a spine keep the fixed budget
+    assert plan("transition_tree", make_pool(None, 0.5, table), fixed.fixed_budget(), fixed).draft_size <= 16
 
 
 def test_no_branching_source_gives_the_spine_alone() -> None:
@@ -255,7 +308,7 @@ def test_harmonic_split_sums_exactly_and_never_increases(total: int, count: int)
 
 
 def test_spine_branch_ablation_keeps_branches_at_the_root() -> None:
-    config = GooseConfig(spine_branches=False)
+    config = GooseConfig(spine_branches=False, spine_split="tiers")
     tree = plan("spine", make_pool(spine_draft(), 0.5, TransitionTable(first=0.9, decay=0.9)), 16, config)
     sizes = branch_sizes(tree)
     assert sizes[0] == 8 and sum(sizes[1:]) == 0
@@ -278,7 +331,8 @@ def test_branches_respect_min_score_and_max_depth() -> None:
         previous = tokens[parents[parent]] if parent > 0 else PREVIOUS
         path_score[node] = path_score[parent] * table.score(previous, tokens[parent], tokens[node])
         branch_depth[node] = branch_depth[parent] + 1
-        assert path_score[node] >= config.min_score - 1e-9
+        # the floor is on each successor's own score; the path score only ranks
+        assert table.score(previous, tokens[parent], tokens[node]) >= config.min_score - 1e-9
         assert branch_depth[node] <= config.max_depth
 
 
@@ -428,7 +482,7 @@ def test_transition_tokens_on_the_spine_keep_its_shape() -> None:
     table = TransitionTable(first=0.9, decay=0.5)
     pool = make_pool(spine_draft(), 0.5, table)
     reference = plan("spine", pool, 16)
-    ablated = plan("spine", pool, 16, GooseConfig(spine_tokens="transition"))
+    ablated = plan("spine", pool, 16, GooseConfig(spine_tokens="transition", spine_split="tiers"))
     assert len(spine_of(ablated)) == len(spine_of(reference)) == 8  # tier ratio 0.5 of budget 16
     greedy, previous, token = [], PREVIOUS, ANCHOR
     for _ in range(8):

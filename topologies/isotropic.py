@@ -7,7 +7,7 @@ the budget is spent or ``config.max_depth`` levels are laid. Rules:
 
 - one token proposed by several sources under the same parent is one candidate, scored with the
   best of their scores and tagged with the most trusted of them (the walker's source priority);
-- candidates whose path score falls below ``config.min_score`` are dropped, as for the spine
+- candidates whose own score falls below ``config.min_score`` are dropped, as for the spine
   tree's branches, so the two topologies are compared under the same pruning rule;
 - when a level does not fit in the budget, the candidates with the highest path scores get it.
 """
@@ -98,7 +98,7 @@ def grow_level(
     first_column = same.argmax(axis=2)  # the column each proposal merges into
     is_first = valid & (first_column == np.arange(columns))
     child_scores = path_scores[frontier, None] * merged
-    ranking = np.where(is_first & (child_scores >= config.min_score), child_scores, -1.0)
+    ranking = np.where(is_first & (merged >= config.min_score), child_scores, -1.0)
     best = np.argsort(-ranking, axis=1, kind="stable")[:, :k]  # top k columns per node
     best_scores = np.take_along_axis(ranking, best, axis=1)
     rows, ranks = np.nonzero(best_scores >= 0)

@@ -29,7 +29,7 @@ Rules, in order (B = budget):
 5. Laying order is priority order: main spine (``on_spine``), then side spines in rank order (not
    ``on_spine``: a path that leaves the main spine for a side spine is a spine continuation), then
    branches grown best-first through the brancher's successors from every spine node, with the
-   node's path score as the start score, pruned at ``config.min_score``, at most
+   node's path score as the start score, successors below ``config.min_score`` left out, at most
    ``config.max_depth`` levels deep (``grow_branches``, as ``spine`` does). Nodes are deduplicated
    on (parent, token) and the first writer keeps the tag, so the walker credits the most trusted
    drafter. Shares that cannot be filled stay unspent: a smaller tree verifies faster.
@@ -46,7 +46,7 @@ from goose.contract.tree import ROOT, DraftTree, TreeBuilder
 from goose.hookspecs import Register
 from goose.planning.allocation import MultiSpineAllocation, SpineSpec, multi_spine_allocation
 from goose.topologies.spine import SpineTopology
-from goose.topologies.toolkit import EMPTY, grow_branches
+from goose.topologies.toolkit import EMPTY, grow_branches, priced
 
 
 class SideSpine:
@@ -72,12 +72,14 @@ class MultiSpineTopology:
             self.last_allocation = None
             return self.spine.goose_plan_tree(pool=pool, budget=budget, config=config)
         builder = pool.builder(budget)
+        extension = budget - priced(budget, config)  # a fixed budget's extension: the main spine's alone
+        budget -= extension
         main = pool.drafting[0]
         main_tokens, main_scores = main.draft.best_path
         consensus = min(main.draft.consensus, main_tokens.shape[0])
         if config.consensus_bypass and consensus >= config.bypass_threshold:
             self.last_allocation = None
-            builder.add_chain(ROOT, main_tokens[:budget], main.source_id, spine=True)
+            builder.add_chain(ROOT, main_tokens[: budget + extension], main.source_id, spine=True)
             return builder.build()
 
         sides = [SideSpine(source, main_tokens, config.max_depth) for source in pool.drafting[1:]]
@@ -92,7 +94,7 @@ class MultiSpineTopology:
         )
         self.last_allocation = allocation
 
-        main_length = allocation.lengths[0]
+        main_length = allocation.lengths[0] + extension
         spine = builder.add_chain(ROOT, main_tokens[:main_length], main.source_id, spine=True)
         starts, shares, start_scores = [np.concatenate([[ROOT], spine])], [allocation.widths[0]], [
             np.concatenate([[1.0], main_scores[: spine.shape[0]]])]

@@ -8,7 +8,10 @@ on ("spine continuation").
 
 Rules, in order (B = budget, r = ``config.spine_ratio(spine source acceptance)``, c = consensus):
 
-1. No drafting source this cycle: the whole budget is a transition tree (see ``transition_tree``).
+1. No drafting source this cycle: the whole budget is a best-first tree of the branching source's
+   successors (``grow_branches`` from the anchor: the paper's spine tree with an empty spine). Token
+   Recycling's static template (``transition_tree``) fixes slots by sibling rank, and where the target
+   is sure of its next token most of a large budget's slots find no successor above the floor.
    No branching source: the spine alone, as long as the draft and B allow. Only the most trusted
    drafting and the most trusted branching source take part; side spines for a third source are
    a different topology.
@@ -32,9 +35,15 @@ Rules, in order (B = budget, r = ``config.spine_ratio(spine source acceptance)``
    The last spine node's share continues the path past the end of the spine. With
    ``config.spine_branches = False`` all of R goes to the root.
 5. Each share is grown best-first through the branching source's successors up to
-   ``config.max_depth`` levels below its spine node, keeping path scores (spine path score times
-   successor scores) >= ``config.min_score`` (``grow_branches``). Shares that cannot be filled
-   (unknown successors, low scores) stay unspent: a smaller tree verifies faster.
+   ``config.max_depth`` levels below its spine node, ranked by path score (spine path score times
+   successor scores), leaving out successors whose own score is below ``config.min_score``
+   (``grow_branches``). Shares that cannot be filled (unknown successors) stay unspent.
+6. With a fixed budget B (the paper's setting) the decoder hands B + ``config.spine_extension``: the
+   spine goes on that many more draft tokens past its share, and the branches keep B's: the budget
+   prices the branches, and a long copy the target keeps accepting is verified in one pass instead of
+   one budget's share a pass (the paper's code grows a confident chain to 100 nodes at B = 60). The
+   automatic budget prices the whole tree, spine included, with the device's cost curve, and hands
+   no extension.
 """
 
 from __future__ import annotations
@@ -46,8 +55,7 @@ from goose.config import GooseConfig
 from goose.contract.candidates import CandidatePool, SourceCandidates
 from goose.contract.tree import ROOT, TreeBuilder
 from goose.planning.allocation import best_spine_tree
-from goose.topologies.toolkit import Planner, grow_branches, harmonic_split, registration
-from goose.topologies.transition_tree import lay_transition_tree
+from goose.topologies.toolkit import Planner, grow_branches, harmonic_split, priced, registration
 
 
 def spine_length(budget: int, ratio: float, consensus: int, available: int) -> int:
@@ -59,25 +67,33 @@ def spine_length(budget: int, ratio: float, consensus: int, available: int) -> i
 class SpineTopology(Planner):
     """The anisotropic spine tree of the Goose paper (BuildSpineTree), with consensus bypass."""
 
+    extends_spine = True
+
     def lay(self, pool: CandidatePool, builder: TreeBuilder, budget: int, config: GooseConfig) -> None:
+        extension = budget - priced(budget, config)  # rule 6: the main spine's alone
+        budget -= extension
         if not pool.drafting:
-            if pool.branching:
-                lay_transition_tree(pool, builder, pool.branching[0], budget, config)
+            if pool.branching:  # rule 1: the whole budget to the branching source, best first
+                grow_branches(pool, builder, pool.branching[0], starts=[ROOT], budgets=[budget], start_scores=[1.0],
+                              max_depth=config.max_depth, min_score=config.min_score, top_k=config.branch_top_k)
             return
 
         spine_source = pool.drafting[0]
         tokens, path_scores = spine_source.draft.best_path
         length, alone = self._spine_rule(pool, budget, tokens.shape[0], config)
         if alone:
-            builder.add_chain(ROOT, tokens[:length], spine_source.source_id, spine=True)
+            builder.add_chain(ROOT, tokens[: length + extension], spine_source.source_id, spine=True)
             return
+        branch_room = budget - length
+        length = min(tokens.shape[0], length + extension)  # rule 6: deeper on the spine, outside the budget
 
         if config.spine_tokens == "transition":  # ablation: the same spine shape, transition tokens on it
             spine = self._transition_spine(pool, builder, pool.branching[0], length, config)
             path_scores = np.ones(spine.shape[0])
         else:
             spine = builder.add_chain(ROOT, tokens[:length], spine_source.source_id, spine=True)
-        self._add_branches(pool, builder, pool.branching[0], spine, path_scores[: spine.shape[0]], config)
+        self._add_branches(pool, builder, pool.branching[0], spine, path_scores[: spine.shape[0]], branch_room,
+                           config)
 
     @goose.hookimpl
     def goose_spine_lengths(
@@ -128,10 +144,10 @@ class SpineTopology(Planner):
         branch_source: SourceCandidates,
         spine: np.ndarray,
         spine_scores: np.ndarray,
+        remaining: int,
         config: GooseConfig,
     ) -> None:
-        """Rules 4 and 5: root share rho, harmonic shares along the spine, grown best-first."""
-        remaining = builder.room
+        """Rules 4 and 5: root share rho, harmonic shares along the spine, grown best-first (``remaining`` nodes)."""
         if config.spine_branches:
             root_share = int(config.spine_branch_ratio * remaining + 0.5)
             spine_shares = harmonic_split(remaining - root_share, spine.shape[0])

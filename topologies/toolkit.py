@@ -35,13 +35,19 @@ class Planner:
     The registry makes every topology with ``factory(config)``; a planner that keeps nothing
     between cycles subclasses this and implements :meth:`lay`, which is called only for a positive
     budget (otherwise the tree is the bare anchor), and ``goose_spine_lengths`` if it has a hint.
+    A planner without a main spine gets the :func:`priced` budget; one with (``extends_spine``) gets
+    the whole budget and keeps everything but its spine within the priced part.
     """
+
+    extends_spine = False
 
     def __init__(self, config: GooseConfig) -> None:
         del config  # read per call from the hook's ``config`` argument
 
     @hookimpl
     def goose_plan_tree(self, pool: CandidatePool, budget: int, config: GooseConfig) -> DraftTree:
+        if not self.extends_spine:
+            budget = priced(budget, config)
         builder = pool.builder(budget)
         if budget > 0:
             self.lay(pool, builder, budget, config)
@@ -50,6 +56,12 @@ class Planner:
     def lay(self, pool: CandidatePool, builder: TreeBuilder, budget: int, config: GooseConfig) -> None:
         """Lay at most ``budget`` (> 0) draft nodes for ``pool`` with ``builder``."""
         raise NotImplementedError
+
+
+def priced(budget: int, config: GooseConfig) -> int:
+    """The part of ``budget`` for anything but the main spine: with a fixed ``config.budget`` the decoder
+    adds ``config.spine_extension`` nodes the main spine alone may take (``goose_plan_tree``)."""
+    return budget if config.budget == "auto" else min(budget, int(config.budget))
 
 
 def registration(name: str, factory: Callable[[GooseConfig], object], description: str) -> Callable[[Register], None]:
@@ -115,9 +127,11 @@ def grow_branches(
 
     Each subtree is the ``budgets[g]`` nodes with the highest path scores (start score times the
     successors' conditional scores) among the descendants reachable through ``source``'s top-k
-    successors within ``max_depth`` levels, dropping any below ``min_score``. That set maximises the
-    subtree's expected accepted tokens, and it is closed under ancestors because a child never
-    outscores its parent.
+    successors within ``max_depth`` levels, leaving out any successor whose own (conditional) score is
+    below ``min_score``, as the paper's Algorithm 1 does. That set maximises the subtree's expected
+    accepted tokens, and it is closed under ancestors because a child never outscores its parent.
+    The floor is on the successor's own score, not its path score: a path score shrinks with every
+    level, and a floor on it left most of a large budget unspent on deep, still likely paths.
 
     Two passes, level by level: *explore* keeps, per subtree and level, the best ``budgets[g]``
     candidates (a node outside them cannot be in the final set: that many nodes, plus their
@@ -142,7 +156,7 @@ def grow_branches(
     for depth in range(max_depth):
         tokens, scores = source.successors(row_previous, row_tokens, top_k)
         path_scores = row_scores[:, None] * scores
-        valid = (tokens >= 0) & (path_scores >= min_score)
+        valid = (tokens >= 0) & (scores >= min_score)
         if depth == 0:  # children of existing nodes: skip the ones the tree already has
             valid &= ~existing_children(builder, starts, tokens)
         rows, columns = np.nonzero(valid)

@@ -11,8 +11,8 @@ of 8 and B = 80 the constants below keep 70 of the 80 slots of TR's tree, with t
 sizes up to depth 3 (8, 21, 25); the planner uses ``config.branch_top_k`` as the fan-out.
 
 Filling is level by level: one successor query for all slots of a level's parents, then slot
-(…, r) takes its parent's rank-r successor. Empty slots (no r-th successor, or a path score
-below ``config.min_score``) drop out with their subtrees; ``min_score = 0`` gives TR's plain
+(…, r) takes its parent's rank-r successor. Empty slots (no r-th successor, or one whose own score
+is below ``config.min_score``) drop out with their subtrees; ``min_score = 0`` gives TR's plain
 static fill. Drafting sources are ignored.
 """
 
@@ -80,7 +80,7 @@ def lay_transition_tree(
         rows = row_of_slot[parents]  # -1 under an empty slot: the whole subtree stays empty
         tokens = np.where(rows >= 0, successors[rows, ranks], -1)
         path_scores = np.where(rows >= 0, slot_scores[parents] * scores[rows, ranks], 0.0)
-        filled = (tokens >= 0) & (path_scores >= config.min_score)
+        filled = (tokens >= 0) & (np.where(rows >= 0, scores[rows, ranks], 0.0) >= config.min_score)
         if not filled.any():
             break
         slot_nodes = np.full(tokens.shape[0], -1, dtype=np.int64)

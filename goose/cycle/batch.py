@@ -253,7 +253,7 @@ class BatchSession:
             budgets = planner.split([planner.yields(cycle.pool, decoder.topology.spine_lengths) for cycle in cycles],
                                     [cycle.riding for cycle in cycles], self._costs.curve(len(cycles)))
         else:
-            budgets = [int(decoder.config.budget)] * len(cycles)
+            budgets = [decoder.config.fixed_budget()] * len(cycles)
         for row, budget in zip(self.rows, budgets, strict=True):
             row.stats.row_budgets.append(budget)
         caps = [row_room - cycle.riding for cycle, row_room in zip(cycles, room, strict=True)]

@@ -409,7 +409,7 @@ class GooseDecoder(_Decoding):
             if room <= 0:
                 break
             row.draft(room, budget_planner)  # 1. every source drafts; the pool ranks them
-            budget = row.budget(budget_planner) if self.config.budget == "auto" else int(self.config.budget)
+            budget = row.budget(budget_planner) if self.config.budget == "auto" else self.config.fixed_budget()
             tree = row.plan(min(budget, room))  # 2. the topology plans the tree
             verify_started = time.perf_counter()  # 3. one pass over the tree and any auxiliary rows
             logits = verifier.verify(tree, row.auxiliary_rows)

@@ -240,7 +240,8 @@ def _load_or_measure_batch(model: torch.nn.Module, batch: int, cache_dir: Path |
     return _cached(path, lambda: measure_batch(model, batch))
 
 
-HARVEST_SHARE = 0.03  # the most of the prompt's forward the automatic prefill harvest may add
+HARVEST_SHARE = 0.03  # the most of the prompt's forward the automatic prefill harvest may add...
+HARVEST_FLOOR = 32.0  # ...unless 32 prompt tokens' worth is more: about what one or two decoding passes cost
 HARVEST_CAP = 256  # beyond this many prompt positions the bigram table gains little from more
 
 
@@ -263,13 +264,16 @@ def harvest_rows(setting: int | str | None, prompt_length: int, row_weight: floa
     """How many of the last prompt positions the prefill harvests (``GooseConfig.prefill_harvest``).
 
     ``"auto"``: as many as the share ``HARVEST_SHARE`` of the prompt's forward pays for, each
-    costing ``row_weight`` tokens' worth (see :func:`output_layer_weight`), at most ``HARVEST_CAP``.
+    costing ``row_weight`` tokens' worth (see :func:`output_layer_weight`), or as many as
+    ``HARVEST_FLOOR`` tokens' worth pays for when that is more, at most ``HARVEST_CAP``. The floor
+    is for short prompts: their harvest costs next to nothing beside the output's passes, and every
+    prompt row the bigram table knows is a cycle with something to draft.
     The last position is read for the first token in any case, so at most ``prompt_length - 1``.
     """
     if setting is None:
         wanted = prompt_length
     elif setting == "auto":
-        wanted = min(HARVEST_CAP, int(HARVEST_SHARE * prompt_length / row_weight))
+        wanted = min(HARVEST_CAP, int(max(HARVEST_SHARE * prompt_length, HARVEST_FLOOR) / row_weight))
     else:
         wanted = int(setting)
     return max(0, min(wanted, prompt_length - 1))

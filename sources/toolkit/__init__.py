@@ -6,7 +6,8 @@
   matches) and ``without_trailing_repeats`` (a ``Draft.depth_acceptance`` in its shortest form);
   both live in :mod:`goose.contract.candidates`, which the core uses too.
 * **Acceptance by copy depth** (:mod:`.copy_depth`): ``CopyDepthEstimate``, and the option
-  validators ``longest_first`` (n-gram ladders) and ``increasing_edges`` (depth bins).
+  validators ``longest_first`` (n-gram ladders), ``increasing_edges`` (depth bins) and
+  ``probability_ladder`` (a prior per depth bin).
 * **Frequency tries** (:mod:`.frequency_trie`): ``frequency_trie`` merges continuations into a
   trie with counts and scores (``FrequencyTrie``).
 * **Following the context** (:mod:`.fingerprint`): ``ContextFingerprint`` notices, in O(1), a
@@ -17,7 +18,7 @@
 """
 
 from goose.contract.candidates import common_prefix, without_trailing_repeats
-from goose.sources.toolkit.copy_depth import CopyDepthEstimate, increasing_edges, longest_first
+from goose.sources.toolkit.copy_depth import CopyDepthEstimate, increasing_edges, longest_first, probability_ladder
 from goose.sources.toolkit.fingerprint import ContextFingerprint
 from goose.sources.toolkit.frequency_trie import FrequencyTrie, frequency_trie
 from goose.sources.toolkit.stops import before_eos, cut_at_stops
@@ -34,6 +35,7 @@ __all__ = [
     "frequency_trie",
     "increasing_edges",
     "longest_first",
+    "probability_ladder",
     "same_tokenizer",
     "without_trailing_repeats",
 ]

@@ -29,6 +29,20 @@ def increasing_edges(edges: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(edges)
 
 
+def probability_ladder(prior: float | tuple[float, ...]) -> float | tuple[float, ...]:
+    """A depth prior option: one probability, or a non-empty ladder of them (one per depth bin)."""
+    prior_ladder(prior, 1)  # raises on anything that is not probabilities
+    return prior
+
+
+def prior_ladder(prior: float | tuple[float, ...], bins: int) -> np.ndarray:
+    """Per-bin prior acceptance: one value for every bin, or a ladder whose last value repeats."""
+    values = np.atleast_1d(np.asarray(prior, dtype=np.float64))
+    if values.size == 0 or not ((values >= 0.0) & (values <= 1.0)).all():
+        raise ValueError(f"depth_prior must be probabilities in [0, 1], got {prior}")
+    return np.concatenate([values, np.full(max(0, bins - values.size), values[-1])])[:bins]
+
+
 class CopyDepthEstimate:
     """How often a copy that has held for D tokens holds for one more, per bin of D.
 
@@ -42,18 +56,20 @@ class CopyDepthEstimate:
     which is where the best verified length of a long copy flips on a CPU cost curve.
 
     Per bin the estimate is (accepted + PRIOR_WEIGHT * prior) / (tested + PRIOR_WEIGHT) over
-    counts that fade by ``1 - 1 / memory`` per new observation of that bin.
+    counts that fade by ``1 - 1 / memory`` per new observation of that bin. ``prior`` is one value for
+    every bin or one per bin (a shorter ladder's last value repeats): copies that have held longer are
+    likelier to go on from the first cycle of a request, before any of its own evidence.
     """
 
     PRIOR_WEIGHT = 2.0  # pseudo-observations of the prior: a bin's first token cannot swing it to 0 or 1
 
-    def __init__(self, edges: tuple[int, ...], prior: float, memory: float) -> None:
+    def __init__(self, edges: tuple[int, ...], prior: float | tuple[float, ...], memory: float) -> None:
         self.edges = np.asarray(edges, dtype=np.int64)
-        self.prior = prior
+        self.prior = prior_ladder(prior, len(edges) + 1)
         self.keep = 1.0 - 1.0 / memory  # memory 1: keep 0, only the latest cycle counts
         self.tested = np.zeros(len(edges) + 1)
         self.accepted = np.zeros(len(edges) + 1)
-        self.rates = np.full(len(edges) + 1, prior)
+        self.rates = self.prior.copy()
 
     def bins(self, depths: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.edges, depths, side="right")
