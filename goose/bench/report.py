@@ -168,7 +168,8 @@ def _llama_table(view: _View) -> str | None:
               *(f"`{r.replace('/', '` / `')}`" for r in ratios), *(f"`{m}` = `ar`" for m in theirs)]
     rows = []
     for row in llama["prompts"]:
-        rows.append([f"{_title(row['dataset'])} {row['question_id']}", str(row["prompt_tokens"]),
+        name = str(row["question_id"])  # HumanEval's ids already name the dataset
+        rows.append([name if "/" in name else f"{_title(row['dataset'])} {name}", str(row["prompt_tokens"]),
                      *(_f(row["tokens_per_s"].get(m), 1) for m in [*ours, *theirs]),
                      *(_x(row["ratios"][r]) for r in ratios),
                      *("yes" if row["identical_to_ar"][m] else "no" for m in theirs)])
@@ -190,8 +191,10 @@ def _llama_table(view: _View) -> str | None:
     for ratio in ratios:
         value = llama["median_ratios"][ratio]
         if value is not None:
-            faster = f"`{ratio.split('/')[1]}` is faster" if value < 1 else f"`{reference}` is faster"
-            lines.append(f"Median `{ratio.replace('/', '` / `')}`: {value:.2f}x ({faster}).")
+            shown = round(value, 2)
+            faster = (f"`{ratio.split('/')[1]}` is faster" if shown < 1 else f"`{reference}` is faster" if shown > 1
+                      else "even")
+            lines.append(f"Median `{ratio.replace('/', '` / `')}`: {shown:.2f}x ({faster}).")
     return ("### llama.cpp on the same prompts (tok/s)\n\n" + " ".join(lines) + "\n\n" + _table(header, rows))
 
 
