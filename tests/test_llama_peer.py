@@ -171,7 +171,9 @@ def test_goose_bench_with_llama_cpp_on_smollm2(tmp_path: Path) -> None:
         assert len(output) == 16 or output[-1] in prompts["eos_ids"]
         by_method.setdefault(generation["method"], []).append(output)
     assert set(by_method) == {"llama", "llama_pld"} and len(by_method["llama"]) == 2
-    # llama.cpp's prompt lookup verifies its drafts against the same greedy choice: the same text as its plain run
+    # llama.cpp's prompt lookup keeps a draft token only where it is the greedy choice, so its text is its plain
+    # run's, as long as a batch of rows rounds as one row does (it does on these prompts; its CPU arithmetic is
+    # deterministic, so this does not flake)
     assert by_method["llama_pld"] == by_method["llama"]
     section = json.loads((tmp_path / "summary.json").read_text())["llama"]
     assert section["compared"] == 2 and section["pld_identical_to_plain"] == 2
