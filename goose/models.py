@@ -42,7 +42,9 @@ __all__ = [
     "default_cache_dir",
     "encode_chat",
     "encode_prompt",
+    "gguf_path",
     "has_chat_template",
+    "has_gguf",
     "load",
     "pretrained_location",
     "resolve_dtype",
@@ -324,6 +326,55 @@ def pretrained_location(name: str, *, cache_dir: str | Path | None = None) -> st
         return str(_cached_dequantized(source, cache_root))
     path = Path(name).expanduser()
     return str(path.resolve()) if path.is_dir() else name
+
+
+def has_gguf(name: str) -> bool:
+    """Whether ``name`` is read from a GGUF file (an embedded model, a ``.gguf`` path or a folder holding one),
+    found without reading or assembling it. Raises :class:`ModelLoadError` when an embedded model's packages
+    are missing."""
+    return _gguf_source_for(name) is not None
+
+
+def gguf_path(name: str, *, cache_dir: str | Path | None = None) -> Path:
+    """The GGUF file behind ``name``, as shipped (still quantized), for an engine that reads GGUF (llama.cpp).
+
+    A file that is already on disk (SmolLM2's, a local ``.gguf``) is returned where it lies. One that
+    its packages ship in pieces (Gemma 3, Qwen2.5-Coder-1.5B) is assembled once, checked as
+    :func:`load` checks it, into ``<cache_dir>/gguf/<key>/`` and kept there: the engine reads it
+    on every run. Raises :class:`ModelLoadError` for a model that has no GGUF file (a Hugging Face
+    id, a ``save_pretrained`` folder).
+    """
+    source = _gguf_source_for(name)
+    if source is None:
+        raise ModelLoadError(f"{name!r} has no GGUF file; embedded models: {', '.join(EMBEDDED_MODELS)}, or give "
+                             "the path of a .gguf file")
+    cache_root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    folder = cache_root / "gguf" / source.cache_key
+    kept = sorted(folder.glob("*.gguf")) if folder.is_dir() else []
+    if kept:  # a file appears there only by a rename after its check
+        return kept[0]
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ModelLoadError(f"could not create the GGUF cache under {folder.parent}: {_one_line(exc)}") from exc
+    with FileLock(str(folder.parent / f".{source.cache_key}.lock")):
+        kept = sorted(folder.glob("*.gguf")) if folder.is_dir() else []
+        if kept:
+            return kept[0]
+        staging = Path(tempfile.mkdtemp(prefix=f".tmp-{source.cache_key}-", dir=folder.parent))
+        try:
+            with source.materialize(staging) as (found_dir, found_file):
+                found = found_dir / found_file
+                if not found.resolve().is_relative_to(staging.resolve()):
+                    return found  # the file the source found on disk: no copy needed
+                folder.mkdir(exist_ok=True)
+                # renamed out of the scratch folder before the source's clean-up would delete it
+                os.replace(found, folder / found_file)
+                return folder / found_file
+        except OSError as exc:
+            raise ModelLoadError(f"could not write the GGUF file under {folder}: {_one_line(exc)}") from exc
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _gguf_source_for(name: str) -> _GgufSource | None:

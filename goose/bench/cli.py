@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from goose.cli import add_model_arguments, add_sampling_arguments, register_command
+
+if TYPE_CHECKING:
+    from goose.bench.llama_peer import LlamaPeer
+    from goose.bench.runner import Bench, BenchSettings
 
 QUICK_LIMIT = 2
 QUICK_MAX_NEW_TOKENS = 64
@@ -73,6 +78,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vllm-methods", default=None, metavar="M1,M2,...",
                         help="with --vllm-python: vllm_bench.py's methods (default none,ngram,goose; none is kept "
                              "as its reference)")
+    parser.add_argument("--llama-python", default=None, metavar="PATH",
+                        help="then measure llama.cpp on the same prompts (first turns), greedy, one request at a "
+                             "time: plain (llama) and its prompt lookup (llama_pld), reading the model's GGUF file "
+                             "as shipped (scripts/llama_bench.py run by this interpreter of the llama.cpp "
+                             "environment, e.g. .venv-llama/bin/python, `make llama-setup`; its files go to --out's "
+                             "llama/ folder); tok/s side by side with ours in report.md and summary.json")
     parser.add_argument("--repeats", type=int, default=1, metavar="N",
                         help="time every method N times on every prompt (fresh decoders, rotated order) and keep "
                              "the run with the median wall time; every run's time is in results.jsonl (wall_s_runs)")
@@ -148,6 +159,17 @@ def run_command(args: argparse.Namespace) -> int:
     if args.vllm_methods and not args.vllm_python:
         raise ValueError("--vllm-methods needs --vllm-python (the vLLM environment's interpreter)")
 
+    if args.llama_python and args.concurrency is not None:
+        raise ValueError("--llama-python measures one request at a time beside the per-prompt tables; leave out "
+                         "--concurrency")
+    if args.llama_python and args.temperature:
+        raise ValueError("--llama-python measures greedy decoding; leave --temperature out")
+    llama = None
+    if args.llama_python:
+        from goose.bench.llama_peer import llama_peer
+
+        llama = llama_peer(args.llama_python, model_names)  # every check before any model loads
+
     if args.repeats != 1 and args.concurrency is not None:
         raise ValueError("--repeats times single-request runs; --concurrency measures a closed loop of clients")
     if args.concurrency is not None:
@@ -170,10 +192,16 @@ def run_command(args: argparse.Namespace) -> int:
         extra={"quick": args.quick, "suite": args.suite},
     )
     bench = Bench(settings)  # reads the datasets: a missing file fails before any model is loaded
+    llama_sections: dict[str, dict] = {}
     try:
         bench.run()
-    finally:  # an interrupted run still leaves the summary and report of what it measured
+        if llama is not None:
+            llama_sections = _run_llama(llama, bench, settings)
+    finally:  # an interrupted run (or a failed llama.cpp one) still leaves the summary and report of what it measured
         summaries = [s for s in bench.summaries() if s["results"]]
+        for summary in summaries:
+            if summary["model"] in llama_sections:
+                summary["llama"] = llama_sections[summary["model"]]
         if summaries:
             written = write_outputs(summaries, out)
             for summary in summaries:
@@ -186,6 +214,22 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"\nsources: {state}")
             print("wrote " + ", ".join(str(p) for p in [out / RESULTS_FILE, *written]))
     return 0
+
+
+def _run_llama(peer: LlamaPeer, bench: Bench, settings: BenchSettings) -> dict[str, dict]:
+    """llama.cpp after our methods, model by model, on the samples and first-turn ids our run used."""
+    import torch
+
+    from goose.bench.llama_peer import measure_llama
+
+    sections = {}
+    for run in bench.runs:
+        folder = settings.out / "llama" if len(bench.runs) == 1 else settings.out / "llama" / _safe_name(run.model)
+        sections[run.model] = measure_llama(
+            peer, run.model, bench.samples, run.first_turn_ids, run.eos_ids, run.records, settings.dtype,
+            settings.max_new_tokens, settings.threads or torch.get_num_threads(), settings.repeats, folder,
+            progress=settings.progress)
+    return sections
 
 
 def _run_concurrency(args: argparse.Namespace, model_names: list[str], datasets: list[str], data_dir: Path,

@@ -1,10 +1,10 @@
 """Summary -> ``report.md``: the paper's tables, from whatever methods the run had.
 
 Tables appear only when their methods ran: speedup / tau per dataset (every method), speedup
-over Hugging Face greedy (the peers' yardstick), topology (spine vs Iso(3)/Iso(5) at equal
-sources and budget), synergy (Goose over the best standalone source), per-source acceptance with
-the heterogeneity ratio p_s/p_t, accepted-path kinds, ablations, sweeps; then what did not run
-and the exact configuration of every method.
+over Hugging Face greedy (the peers' yardstick), llama.cpp's tok/s beside ours (``--llama-python``),
+topology (spine vs Iso(3)/Iso(5) at equal sources and budget), synergy (Goose over the best
+standalone source), per-source acceptance with the heterogeneity ratio p_s/p_t, accepted-path
+kinds, ablations, sweeps; then what did not run and the exact configuration of every method.
 """
 
 from __future__ import annotations
@@ -154,6 +154,48 @@ def _first_token_table(view: _View) -> str | None:
         return None
     header = ["method", *(_title(d) for d in view.datasets), "median", "vs `ar`"]
     return "### Time to first token (s, median)\n\n" + _table(header, rows)
+
+
+def _llama_table(view: _View) -> str | None:
+    """llama.cpp beside ours (``--llama-python``): tok/s per prompt, ours over its, how many texts match."""
+    llama = view.summary.get("llama")
+    if not llama or not llama["prompts"]:
+        return None
+    c, reference = llama["conditions"], llama["reference"]
+    theirs, ours = llama["llama_methods"], llama["our_methods"]
+    ratios = [f"{reference}/{m}" for m in theirs]
+    header = ["prompt", "prompt tokens", *(f"`{m}` tok/s" for m in [*ours, *theirs]),
+              *(f"`{r.replace('/', '` / `')}`" for r in ratios), *(f"`{m}` = `ar`" for m in theirs)]
+    rows = []
+    for row in llama["prompts"]:
+        name = str(row["question_id"])  # HumanEval's ids already name the dataset
+        rows.append([name if "/" in name else f"{_title(row['dataset'])} {name}", str(row["prompt_tokens"]),
+                     *(_f(row["tokens_per_s"].get(m), 1) for m in [*ours, *theirs]),
+                     *(_x(row["ratios"][r]) for r in ratios),
+                     *("yes" if row["identical_to_ar"][m] else "no" for m in theirs)])
+    count = llama["compared"]
+    rows.append(["**median**", "", *(_f(llama["median_tokens_per_s"].get(m), 1) for m in [*ours, *theirs]),
+                 *(_x(llama["median_ratios"][r]) for r in ratios),
+                 *(f"{llama['identical_to_ar'][m]}/{count}" for m in theirs)])
+    lines = [
+        f"{c['engine']}, `{c['gguf'].rsplit('/', 1)[-1]}` ({c['gguf_bytes'] / 1e6:.0f} MB) as shipped, through its "
+        f"quantized kernels; ours decode the dequantized weights in {view.summary['dtype']}, so per token llama.cpp "
+        f"reads about {llama['weight_bytes_ratio']:.0%} of the weight bytes we read. {c['threads']} threads, one "
+        f"request at a time (llama-cpp-python's `Llama` decodes one sequence), {llama['turns']} (the same token "
+        f"ids and EOS ids as ours), greedy, prefill included in every time; `llama_pld`: `LlamaPromptLookupDecoding"
+        f"(max_ngram_size={c['max_ngram_size']}, num_pred_tokens={c['num_pred_tokens']})`. Other weights, other "
+        "arithmetic: its texts may differ from ours.",
+    ]
+    if {"llama", "llama_pld"} <= set(theirs):
+        lines.append(f"`llama_pld`'s text equals `llama`'s on {llama['pld_identical_to_plain']}/{count} prompts.")
+    for ratio in ratios:
+        value = llama["median_ratios"][ratio]
+        if value is not None:
+            shown = round(value, 2)
+            faster = (f"`{ratio.split('/')[1]}` is faster" if shown < 1 else f"`{reference}` is faster" if shown > 1
+                      else "even")
+            lines.append(f"Median `{ratio.replace('/', '` / `')}`: {shown:.2f}x ({faster}).")
+    return ("### llama.cpp on the same prompts (tok/s)\n\n" + " ".join(lines) + "\n\n" + _table(header, rows))
 
 
 def _topology_table(view: _View) -> str | None:
@@ -320,9 +362,9 @@ def _study_tables(view: _View) -> str | None:
 
 
 SECTIONS: tuple[Callable[[_View], str | None], ...] = (
-    _header, _main_table, _peer_table, _lookup_table, _first_token_table, _topology_table, _synergy_table,
-    _acceptance_table, _path_table, _category_tables, _ablation_table, _sweep_table, _study_tables, _unavailable,
-    _definitions,
+    _header, _main_table, _peer_table, _lookup_table, _first_token_table, _llama_table, _topology_table,
+    _synergy_table, _acceptance_table, _path_table, _category_tables, _ablation_table, _sweep_table, _study_tables,
+    _unavailable, _definitions,
 )
 
 

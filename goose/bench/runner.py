@@ -109,6 +109,9 @@ class ModelRun:
     unavailable: dict[str, str] = field(default_factory=dict)
     records: list[Record] = field(default_factory=list)
     cost_curve: CostCurve | None = None  # this device's verify cost curve, for time predicted from tree sizes
+    # what another engine needs to decode the same first turns and stop where ours stop (--llama-python)
+    first_turn_ids: list[list[int]] = field(default_factory=list)  # per sample, as run_sample encodes turn 0
+    eos_ids: list[int] = field(default_factory=list)
 
 
 def _set_seed(seed: int) -> None:
@@ -214,6 +217,8 @@ class Bench:
         run = ModelRun(name, device, settings.dtype, self.methods, cost_curve=load_or_measure(model))
         self.runs.append(run)
         generators = self._generators(run, model, tokenizer, bar)
+        run.first_turn_ids = [turn_prompt_ids(tokenizer, s.turns[:1], [], chat=settings.chat) for s in self.samples]
+        run.eos_ids = sorted(generators[BASELINE].decoder.eos_ids)  # type: ignore[attr-defined]
         self._warm_up(run, generators, tokenizer, bar)
         order = [m.name for m in self.methods if m.name in generators]
         for index, sample in enumerate(self.samples):

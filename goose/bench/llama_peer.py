@@ -1,0 +1,192 @@
+"""``goose bench --llama-python PATH``: llama.cpp measured in the same run, on the same prompts.
+
+llama-cpp-python is compiled from source into its own environment (``make llama-setup``), so it
+runs in another interpreter: after our methods, ``scripts/llama_bench.py`` runs there on the GGUF
+file the model ships as (:func:`goose.models.gguf_path`), with the token ids our run encoded for
+each sample's first turn, our EOS ids, the same max new tokens, threads and repeats. Its methods
+(``llama``: greedy; ``llama_pld``: llama-cpp-python's prompt lookup drafting) become the summary's
+``llama`` section: tokens per second per prompt beside our methods' on the same first turn, the
+ratio of ours over each, and how many of its texts equal ours.
+
+The two sides do not decode the same weights: llama.cpp runs the quantized GGUF (Q4_K_M, Q4_1)
+through its quantized kernels, ours the dequantized weights in ``--dtype``. So its texts may
+differ from ours, and per token it reads a fraction of the bytes we read; the section says both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from goose.bench.prompts import Sample
+from goose.bench.records import Record
+from goose.bench.vllm_peer import script_methods, source_root
+
+STDERR_LINES_SHOWN = 15
+STDERR_LOG = "llama_bench.stderr.log"
+PROMPTS_FILE = "prompts.json"
+PLAIN, LOOKUP = "llama", "llama_pld"
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class LlamaBenchError(ValueError):
+    """scripts/llama_bench.py failed; the message names the command and its last stderr lines."""
+
+
+@dataclass(frozen=True)
+class LlamaPeer:
+    """How to run llama.cpp's side: the interpreter, the script and its methods, all checked to exist."""
+
+    python: str
+    script: Path
+    methods: tuple[str, ...]
+
+
+def llama_peer(python: str, model_names: Sequence[str]) -> LlamaPeer:
+    """``--llama-python`` checked before any model loads: the interpreter, the script, a GGUF file per model."""
+    from goose.models import has_gguf
+
+    script = source_root() / "scripts" / "llama_bench.py"
+    if not script.is_file():
+        raise ValueError(f"--llama-python needs scripts/llama_bench.py from Goose's source checkout; not found at "
+                         f"{script}")
+    interpreter = shutil.which(python)
+    if interpreter is None:
+        raise ValueError(f"--llama-python {python}: no such interpreter; give the llama.cpp environment's python, "
+                         f"e.g. .venv-llama/bin/python (`make llama-setup` builds it)")
+    no_file = [name for name in model_names if not has_gguf(name)]
+    if no_file:
+        raise ValueError(f"--llama-python: llama.cpp reads GGUF files; {', '.join(no_file)} has none (an embedded "
+                         f"model or a .gguf path has one)")
+    return LlamaPeer(str(Path(interpreter).absolute()), script, script_methods(script))
+
+
+def prompts_document(samples: Sequence[Sample], first_turn_ids: Sequence[list[int]], eos_ids: Sequence[int]
+                     ) -> dict[str, Any]:
+    """What llama_bench.py reads: every sample's first-turn token ids as our run encoded them, and our EOS ids."""
+    return {"eos_ids": list(eos_ids),
+            "prompts": [{"dataset": sample.dataset, "question_id": sample.question_id, "ids": list(ids)}
+                        for sample, ids in zip(samples, first_turn_ids, strict=True)]}
+
+
+def llama_command(peer: LlamaPeer, gguf: Path, prompts_file: Path, max_new_tokens: int, threads: int,
+                  repeats: int, out: Path) -> list[str]:
+    return [peer.python, str(peer.script), "--gguf", str(gguf), "--prompts", str(prompts_file),
+            "--max-tokens", str(max_new_tokens), "--methods", ",".join(peer.methods), "--threads", str(threads),
+            "--repeats", str(repeats), "--out", str(out)]
+
+
+def run_llama_bench(command: Sequence[str], out: Path, progress: bool = True) -> dict[str, Any]:
+    """Run ``command`` (a llama_bench.py command writing into ``out``), echo its stdout, return its results.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / STDERR_LOG
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with log.open("w") as stderr, subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                                  env=env) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            if progress:
+                print(f"  llama | {line.rstrip()}", flush=True)
+    if process.returncode != 0:
+        last = log.read_text(errors="replace").splitlines()[-STDERR_LINES_SHOWN:]
+        raise LlamaBenchError(f"the llama.cpp benchmark failed (exit status {process.returncode}): "
+                              f"{shlex.join(command)}\nits last stderr lines (all of them in {log}):\n"
+                              + "\n".join(last))
+    return json.loads((out / "results.json").read_text())
+
+
+def _first_turn_speed(record: Record) -> float | None:
+    """Our tokens per second on a record's first turn (llama.cpp decodes first turns only)."""
+    choice = record["choices"][0]
+    tokens, seconds = choice["new_tokens"][0], choice["wall_time"][0]
+    return tokens / seconds if seconds > 0 else None
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(median(present), 3) if present else None
+
+
+def llama_section(results: dict[str, Any], records: Sequence[Record], dtype: str) -> dict[str, Any]:
+    """llama_bench.py's ``results`` beside our ``records`` of the same model: the summary's ``llama`` section.
+
+    Per prompt (a sample's first turn): every method's tokens per second, ours over each of
+    llama.cpp's (ours: ``goose`` where it ran, else ``ar``), and whether each llama.cpp text equals
+    our ``ar`` text and ``llama_pld``'s equals ``llama``'s. Then the medians over prompts.
+    """
+    ours: dict[tuple[str, Any], dict[str, Record]] = {}
+    for record in records:
+        ours.setdefault((record["dataset"], record["question_id"]), {})[record["method"]] = record
+    our_methods = list(dict.fromkeys(record["method"] for record in records))
+    reference = "goose" if "goose" in our_methods else "ar"
+    theirs: dict[int, dict[str, dict[str, Any]]] = {}
+    for generation in results["generations"]:
+        theirs.setdefault(generation["prompt"], {})[generation["method"]] = generation
+    llama_methods = list(results["methods"])
+    rows = []
+    for index, prompt in enumerate(results["prompts"]):
+        mine = ours.get((prompt["dataset"], prompt["question_id"]))
+        if mine is None or index not in theirs:  # a sample our run skipped (too long for the model)
+            continue
+        speed = {method: _first_turn_speed(record) for method, record in mine.items()}
+        speed |= {method: generation["tokens_per_s"] for method, generation in theirs[index].items()}
+        ar_ids = mine["ar"]["new_token_ids"][0] if "ar" in mine else None
+        outputs = {method: generation["output"] for method, generation in theirs[index].items()}
+        rows.append({
+            "dataset": prompt["dataset"],
+            "question_id": prompt["question_id"],
+            "prompt_tokens": len(prompt["ids"]),
+            "new_tokens": {method: len(record["new_token_ids"][0]) for method, record in mine.items()}
+            | {method: len(output) for method, output in outputs.items()},
+            "tokens_per_s": speed,
+            "ratios": {f"{reference}/{method}": (speed[reference] / speed[method]
+                                                  if speed.get(reference) and speed.get(method) else None)
+                       for method in llama_methods},
+            "identical_to_ar": {method: output == ar_ids for method, output in outputs.items()},
+            "pld_identical_to_plain": outputs[LOOKUP] == outputs[PLAIN] if {PLAIN, LOOKUP} <= set(outputs) else None,
+        })
+    conditions = results["conditions"]
+    our_bytes = conditions["n_params"] * DTYPE_BYTES.get(dtype, 4)
+    return {
+        "conditions": conditions,
+        "turns": "the first turn of every sample",
+        "reference": reference,
+        "our_methods": our_methods,
+        "llama_methods": llama_methods,
+        # weights read per token (every weight once): the GGUF file against its parameters in our dtype
+        "weight_bytes_ratio": round(conditions["gguf_bytes"] / our_bytes, 3),
+        "prompts": rows,
+        "median_tokens_per_s": {method: _median([row["tokens_per_s"].get(method) for row in rows])
+                                for method in [*our_methods, *llama_methods]},
+        "median_ratios": {f"{reference}/{method}": _median([row["ratios"][f"{reference}/{method}"] for row in rows])
+                          for method in llama_methods},
+        "identical_to_ar": {method: sum(row["identical_to_ar"][method] for row in rows) for method in llama_methods},
+        "pld_identical_to_plain": sum(bool(row["pld_identical_to_plain"]) for row in rows),
+        "compared": len(rows),
+    }
+
+
+def measure_llama(peer: LlamaPeer, model: str, samples: Sequence[Sample], first_turn_ids: Sequence[list[int]],
+                  eos_ids: Sequence[int], records: Sequence[Record], dtype: str, max_new_tokens: int, threads: int,
+                  repeats: int, folder: Path, progress: bool = True) -> dict[str, Any]:
+    """llama.cpp on ``model``'s GGUF file and our run's prompts, into ``folder``; the summary's ``llama`` section."""
+    from goose.models import gguf_path
+
+    measured = {(record["dataset"], record["question_id"]) for record in records}
+    kept = [(sample, ids) for sample, ids in zip(samples, first_turn_ids, strict=True)
+            if (sample.dataset, sample.question_id) in measured]  # not the samples our run skipped (too long)
+    folder.mkdir(parents=True, exist_ok=True)
+    prompts_file = folder / PROMPTS_FILE
+    prompts_file.write_text(json.dumps(prompts_document([s for s, _ in kept], [i for _, i in kept], eos_ids)) + "\n")
+    command = llama_command(peer, gguf_path(model), prompts_file, max_new_tokens, threads, repeats, folder)
+    print(f"{model}: llama.cpp {', '.join(peer.methods)} on {len(kept)} first turns (scripts/llama_bench.py, "
+          f"into {folder})", flush=True)
+    return llama_section(run_llama_bench(command, folder, progress), records, dtype)

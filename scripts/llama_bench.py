@@ -1,0 +1,181 @@
+"""llama.cpp (llama-cpp-python) on Goose's benchmark prompts: plain greedy decoding and its own prompt lookup.
+
+Run with the llama.cpp environment (``make llama-setup`` builds it); ``goose bench --llama-python
+.venv-llama/bin/python`` runs it after its own methods, on the same prompts::
+
+    .venv-llama/bin/python scripts/llama_bench.py --gguf FILE.gguf --prompts prompts.json --out DIR
+
+``--prompts`` is a JSON object ``{"eos_ids": [...], "prompts": [{"dataset", "question_id", "ids"}, ...]}``:
+the token ids Goose's side encoded (chat template applied there), so that both engines decode the
+same input, and the token ids Goose stops at. Nothing of Goose is imported here: this environment
+holds llama-cpp-python only.
+
+Methods, each a ``Llama`` of its own over the same GGUF file (the file as shipped: its quantized
+weights run through llama.cpp's quantized kernels):
+
+- ``llama``: greedy decoding, one token per ``llama_decode``;
+- ``llama_pld``: the same with llama-cpp-python's ``LlamaPromptLookupDecoding`` as ``draft_model``
+  (n-gram lookup in the prompt and the output so far, ``--num-pred-tokens`` drafted tokens, checked
+  in one batch).
+
+One request at a time: llama-cpp-python's ``Llama`` decodes one sequence (its ``generate`` has no
+batch of requests). Every run starts from an empty KV cache (no prefix reuse across prompts or
+repeats), and the clock covers the call from the prompt's ids to the last new token, prefill
+included, as Goose's bench times its own methods. Writes ``results.json`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+METHODS = ("llama", "llama_pld")
+WARMUP_TOKENS = 8
+
+
+@dataclass
+class Generation:
+    """One method on one prompt: the median of its repeats by wall time, and every repeat's time."""
+
+    method: str
+    prompt: int  # index into the prompts
+    output: list[int]
+    wall_s: float
+    first_token_s: float
+    wall_s_runs: list[float]
+    repeats_identical: bool
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.output) / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gguf", required=True, help="the GGUF file to decode")
+    parser.add_argument("--prompts", required=True, help="JSON file: eos_ids and prompts' token ids")
+    parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt at most")
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")
+    parser.add_argument("--threads", type=int, default=None, help="llama.cpp's n_threads (default: the CPU count)")
+    parser.add_argument("--num-pred-tokens", type=int, default=10, help="llama_pld: tokens drafted per lookup")
+    parser.add_argument("--max-ngram-size", type=int, default=2, help="llama_pld: longest n-gram looked up")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of every method on every prompt; the median "
+                        "by wall time is kept")
+    parser.add_argument("--out", required=True, help="folder for results.json")
+    args = parser.parse_args(argv)
+    args.methods = [m for m in args.methods.split(",") if m]
+    unknown = sorted(set(args.methods) - set(METHODS))
+    if unknown or not args.methods:
+        parser.error(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
+    for flag in ("max_tokens", "num_pred_tokens", "max_ngram_size", "repeats"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be >= 1")
+    if not Path(args.gguf).is_file():
+        parser.error(f"--gguf {args.gguf}: no such file")
+    return args
+
+
+def context_length(prompts: list[dict[str, Any]], max_tokens: int, drafted: int) -> int:
+    """Room for the longest prompt, its output and one batch of drafts past the end, in whole 256s."""
+    needed = max(len(p["ids"]) for p in prompts) + max_tokens + drafted + 1
+    return -(-needed // 256) * 256
+
+
+def build(method: str, args: argparse.Namespace, n_ctx: int) -> Any:
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    draft = (LlamaPromptLookupDecoding(max_ngram_size=args.max_ngram_size, num_pred_tokens=args.num_pred_tokens)
+             if method == "llama_pld" else None)
+    threads = args.threads or os.cpu_count() or 1
+    # seed: greedy decoding draws nothing, but the value is pinned anyway
+    return Llama(model_path=args.gguf, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, seed=0,
+                 draft_model=draft, verbose=False)
+
+
+def generate(llm: Any, ids: list[int], max_tokens: int, eos_ids: frozenset[int]) -> tuple[list[int], float, float]:
+    """Greedy tokens after ``ids`` up to ``max_tokens`` or through the first EOS (kept, as Goose keeps it):
+    (tokens, wall seconds, seconds to the first token)."""
+    llm.reset()  # an empty KV cache: generate() would otherwise reuse a shared prefix of the last prompt
+    output: list[int] = []
+    first = 0.0
+    started = time.perf_counter()
+    # temp 0 is llama.cpp's greedy sampler; repeat_penalty 1.0 (generate's default) leaves the logits alone
+    for token in llm.generate(ids, temp=0.0, repeat_penalty=1.0, reset=False):
+        if not output:
+            first = time.perf_counter() - started
+        output.append(int(token))
+        if token in eos_ids or len(output) >= max_tokens:
+            break
+    return output, time.perf_counter() - started, first
+
+
+def run(args: argparse.Namespace, prompts: list[dict[str, Any]], eos_ids: frozenset[int]
+        ) -> tuple[list[Generation], dict[str, Any]]:
+    n_ctx = context_length(prompts, args.max_tokens, args.num_pred_tokens)
+    engines = {method: build(method, args, n_ctx) for method in args.methods}
+    for llm in engines.values():  # warm-up on the first prompt, as Goose's bench warms up its own
+        generate(llm, prompts[0]["ids"], WARMUP_TOKENS, eos_ids)
+    generations = []
+    for index, prompt in enumerate(prompts):
+        runs: dict[str, list[tuple[list[int], float, float]]] = {m: [] for m in args.methods}
+        for repeat in range(args.repeats):
+            # the order rotates per prompt and repeat, as Goose's own methods' does
+            shift = (index + repeat) % len(args.methods)
+            for method in [*args.methods[shift:], *args.methods[:shift]]:
+                runs[method].append(generate(engines[method], prompt["ids"], args.max_tokens, eos_ids))
+        for method in args.methods:
+            found = runs[method]
+            output, wall, first = sorted(found, key=lambda r: r[1])[(len(found) - 1) // 2]
+            generation = Generation(method, index, output, wall, first, [r[1] for r in found],
+                                    all(r[0] == found[0][0] for r in found))
+            generations.append(generation)
+            print(f"  {prompt['dataset']}/{prompt['question_id']} {method}: {len(output)} tokens in {wall:.2f} s "
+                  f"({generation.tokens_per_s:.1f} tok/s)", flush=True)
+    import llama_cpp
+
+    model = engines[args.methods[0]]._model  # llama-cpp-python's wrapper of llama_model (no public accessor)
+    conditions = {
+        "engine": f"llama.cpp via llama-cpp-python {llama_cpp.__version__}",
+        "gguf": str(Path(args.gguf).resolve()),
+        "gguf_bytes": Path(args.gguf).stat().st_size,
+        "n_params": int(model.n_params()),
+        "threads": engines[args.methods[0]].n_threads,
+        "n_ctx": n_ctx,
+        "max_tokens": args.max_tokens,
+        "num_pred_tokens": args.num_pred_tokens,
+        "max_ngram_size": args.max_ngram_size,
+        "repeats": args.repeats,
+        "python": platform.python_version(),
+        "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
+    }
+    return generations, conditions
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
+    document = json.loads(Path(args.prompts).read_text())
+    prompts, eos_ids = document["prompts"], frozenset(int(t) for t in document["eos_ids"])
+    if not prompts:
+        print("no prompts", file=sys.stderr)
+        return 2
+    generations, conditions = run(args, prompts, eos_ids)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = {"conditions": conditions, "methods": args.methods, "prompts": prompts,
+               "generations": [asdict(g) | {"tokens_per_s": g.tokens_per_s} for g in generations]}
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

