@@ -14,7 +14,7 @@ import torch
 from goose.config import GooseConfig
 from goose.contract.tree import TreeBuilder
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
-from goose.cycle.grammar import Constraint, GrammarCompiler, GrammarError, schema_text
+from goose.grammar import Constraint, GrammarCompiler, GrammarError, schema_text
 from tests.test_logprobs import assert_same_logprobs
 
 # objects, an array, an enum, a nested object with a required field, a string pattern

@@ -28,7 +28,7 @@ from goose.planning.budget import BudgetPlanner
 from goose.planning.cost import CostCurve
 
 if TYPE_CHECKING:  # the grammar library loads only for a structured output
-    from goose.cycle.grammar import Constraint
+    from goose.grammar import Constraint
 
 
 class _Decoding:
@@ -147,7 +147,7 @@ class _Decoding:
         """The grammar of a structured output (None, and no grammar library loaded, for a free-form one)."""
         if json_schema is None and not json_object:
             return None
-        from goose.cycle.grammar import Constraint, GrammarCompiler, schema_text
+        from goose.grammar import Constraint, GrammarCompiler, schema_text
 
         schema = schema_text(json_schema, json_object)
         assert schema is not None
@@ -185,10 +185,7 @@ class AutoregressiveDecoder(_Decoding):
 class GooseDecoder(_Decoding):
     """Goose speculative decoding: multi-source candidates, a planned draft tree, one verify pass per cycle.
 
-    Sources and the topology are made once per decoder (:class:`goose.cycle.drafting.Drafter`: their
-    state, such as a persistent adjacency table or the acceptance estimates, lives as long as the
-    decoder). With ``budget="auto"`` the budget follows ``cost_curve``, or this device's measured
-    curve, loaded (and measured once, if no cached one exists) when the first generation needs it.
+    What it drafts with, and what ``cost_curve`` does: :class:`goose.cycle.drafting.Drafter`;
     ``profile``: time each phase of the cycle (``stats.profile``).
     """
 
@@ -206,18 +203,13 @@ class GooseDecoder(_Decoding):
         self.config = (config or GooseConfig()).merged(overrides)
         super().__init__(model, tokenizer, chat, self.config.sampling_params())
         self.drafter = Drafter(model, tokenizer, self.config, self.verifier.vocab_size, profile, cost_curve)
-        self.sources, self.topology = self.drafter.sources, self.drafter.topology
+        self.sources, self.topology, self.source_names = self.drafter.sources, self.drafter.topology, \
+            self.drafter.source_names
 
     @property
     def budget_planner(self) -> BudgetPlanner | None:
         """The planner that prices rows with the cost curve (see :attr:`Drafter.budget_planner`)."""
-        assert self.drafter is not None
-        return self.drafter.budget_planner
-
-    def source_names(self, with_prediction: bool) -> tuple[str, ...]:
-        """The sources a request drafts from (the prediction source in front for a request with a prediction)."""
-        assert self.drafter is not None
-        return self.drafter.source_names(with_prediction)
+        return self.drafter.budget_planner if self.drafter is not None else None
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> frozenset[int]:

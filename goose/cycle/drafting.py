@@ -1,9 +1,7 @@
 """Goose's side of the cycle: what a decoder drafts with (:class:`Drafter`) and one request's row (:class:`RowCycle`).
 
-A row drafts (every source proposes; the pool ranks them), plans (the topology lays the tree within
-its budget), and, once the session's pass has verified the tree, walks it, keeps the agreed tokens
-and lets every source learn. The pass between :meth:`RowCycle.plan` and :meth:`RowCycle.conclude`
-is the session's (:mod:`goose.cycle.session`): one for every row decoding.
+A row drafts, plans its tree and, once the session's pass (:mod:`goose.cycle.session`) has verified
+it, walks it, keeps the agreed tokens and lets every source learn.
 """
 
 from __future__ import annotations
@@ -153,11 +151,6 @@ class RowCycle:
         self.pool, offered = self.sources.propose(self.context())
         self.auxiliary = self._rows_that_pay(_fitting(offered, room), planner)
         self.clock.lap("draft")
-
-    def budget(self, planner: BudgetPlanner) -> int:
-        """This row's budget by itself: the cost curve's best for its pool (``budget="auto"``, one row a pass)."""
-        assert self.pool is not None
-        return planner.budget(self.pool, self.drafter.topology.spine_lengths, self.riding)
 
     def plan(self, budget: int) -> DraftTree:
         """2. The topology turns the pool into a draft tree of at most ``budget`` draft nodes (of a constrained

@@ -16,7 +16,7 @@ from goose.cycle.sampling import Sampler
 from goose.cycle.stats import GenerationStats
 
 if TYPE_CHECKING:  # the grammar library loads only for a structured output
-    from goose.cycle.grammar import Constraint
+    from goose.grammar import Constraint
 
 Prompt = str | list[int] | torch.Tensor
 

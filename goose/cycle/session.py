@@ -220,7 +220,7 @@ class Session:
         if drafter.config.budget != "auto" or planner is None:
             budgets = [int(drafter.config.budget)] * len(cycles)
         elif len(cycles) == 1:  # one row: the pass is one request's, priced by the single curve
-            budgets = [cycles[0].budget(planner)]
+            budgets = [planner.budget(cycles[0].pool, drafter.topology.spine_lengths, cycles[0].riding)]
         else:
             if self._costs is None:
                 model = self.verifier.model

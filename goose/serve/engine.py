@@ -14,7 +14,6 @@ sources' tables (the bigram adjacency) keep learning across requests.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import math
@@ -22,23 +21,20 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from pydantic import ValidationError
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from goose.config import GooseConfig
-from goose.cycle.decoder import GooseDecoder
-from goose.cycle.grammar import GrammarError
-from goose.cycle.logprobs import TokenLogprob
+from goose.cycle.decoder import GenerationResult, GooseDecoder
 from goose.cycle.session import Session
-from goose.cycle.verifier import ContextOverflowError, Verifier
+from goose.cycle.verifier import Verifier
 from goose.plugins import PluginError, registry
-from goose.serve.errors import APIError, bad_request, from_validation_error
-from goose.serve.logprobs import LogprobPlacer, TokenTexts, WireLogprob
+from goose.serve.errors import APIError, bad_request, from_validation_error, rejection
+from goose.serve.job import Decoding, Delta, Failed, Finished, Job
+from goose.serve.logprobs import LogprobPlacer, TokenTexts
 from goose.serve.metrics import ServerMetrics
 from goose.serve.schemas import GooseStats
 from goose.serve.stop import StopScanner
@@ -47,89 +43,6 @@ logger = logging.getLogger("goose.serve")
 
 DECODER_CACHE_SIZE = 4
 FINISH_REASONS = {"eos": "stop", "max_new_tokens": "length", "context_full": "length"}
-
-
-@dataclass(frozen=True)
-class Decoding:
-    """The Goose options a request may choose; one decoder is kept per distinct choice."""
-
-    sources: tuple[str, ...]
-    topology: str
-    budget: int | str
-
-
-# --- what a job sends back ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Delta:
-    """Text the client may be sent now (empty when a cycle's text is held back by a stop string) and, when the
-    request asks for log probabilities, those of the tokens whose text it completes (None when it does not)."""
-
-    text: str
-    logprobs: list[WireLogprob] | None = None
-
-
-@dataclass(frozen=True)
-class Finished:
-    finish_reason: str  # "stop" or "length"
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    stats: GooseStats
-    logprobs: list[WireLogprob] | None = None  # the output's tokens' (None unless the request asked)
-
-
-@dataclass(frozen=True)
-class Failed:
-    error: APIError
-    started: bool  # whether text was already sent (a stream can only report it in-band then)
-
-
-Event = Delta | Finished | Failed
-
-
-@dataclass
-class Job:
-    """One generation request, from the event loop's side to the worker's and back."""
-
-    endpoint: str  # "chat" or "completions", for metrics
-    prompt_ids: list[int]
-    max_tokens: int
-    stop: tuple[str, ...]
-    decoding: Decoding
-    sampling: dict[str, Any]
-    loop: asyncio.AbstractEventLoop
-    ignore_eos: bool = False
-    prediction: list[int] | None = None  # Predicted Outputs: the expected output's token ids
-    structured_output: dict[str, Any] = field(default_factory=dict)  # response_format: json_schema or json_object
-    logprobs: int | None = None  # None: no log probabilities; else the top alternatives reported per token
-    arrived: float = field(default_factory=time.perf_counter)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
-
-    def deliver(self, event: Event) -> None:
-        """Called by the worker thread: hand the event to the request's event loop."""
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            self.cancelled.set()
-
-    def decoder_options(self) -> dict[str, Any]:
-        """The decoder's options for this job: its sampling, and no EOS or a prediction when it asks."""
-        options: dict[str, Any] = dict(self.sampling)
-        if self.ignore_eos:
-            options["eos_token_ids"] = ()
-        if self.prediction is not None:
-            options["prediction"] = self.prediction
-        options.update(self.structured_output)
-        if self.logprobs is not None:
-            options["logprobs"] = self.logprobs
-        return options
-
-    def cancel(self) -> None:
-        """The client has gone: skip the job if it still waits, stop it at the next cycle if it runs."""
-        self.cancelled.set()
 
 
 SHUTTING_DOWN = APIError(503, "the server is shutting down", kind="server_error", code="shutting_down")
@@ -331,7 +244,7 @@ class Engine:
                 session = sessions[job.decoding] = self._session(job.decoding)
             request_id = session.submit(job.prompt_ids, job.max_tokens, **job.decoder_options())
         except (PluginError, ValueError) as error:
-            job.deliver(Failed(_rejection(error, job) if isinstance(error, ValueError) else bad_request(str(error)),
+            job.deliver(Failed(rejection(error, job.endpoint, (job.sampling.get("temperature") or 0) > 0),
                                started=False))
             self.metrics.generations.labels(job.endpoint, "error").inc()
             self._done()
@@ -364,7 +277,8 @@ class Engine:
             running.produced += len(chunk.token_ids)
             piece = running.scanner.feed(chunk.text)
             running.text += piece
-            logprobs = _placed(running.placer, chunk.logprobs, len(running.text), cut=running.scanner.stopped)
+            logprobs = running.placer.place(chunk.logprobs or (), len(running.text), cut=running.scanner.stopped) \
+                if running.placer is not None else None
             if piece or logprobs or running.cycles == 1:  # the first event tells a stream that generation began
                 running.job.deliver(Delta(piece, logprobs))
             if running.scanner.stopped:
@@ -372,15 +286,15 @@ class Engine:
             elif chunk.result is not None:
                 tail = running.scanner.flush()
                 running.text += tail
-                logprobs = _placed(running.placer, [], len(running.text), ended=True)
+                logprobs = running.placer.place((), len(running.text), ended=True) if running.placer else None
                 if tail or logprobs:
                     running.job.deliver(Delta(tail, logprobs))
                 self._end(running, FINISH_REASONS.get(chunk.result.stop_reason, "length"), chunk.result)
         return True
 
-    def _end(self, running: _Running, finish_reason: str, result: Any) -> None:
+    def _end(self, running: _Running, finish_reason: str, result: GenerationResult | None) -> None:
         job = running.job
-        stats = _goose_stats(job, running.sources, result, running.produced, running.cycles, running.started)
+        stats = _goose_stats(job, running.sources, result, running)
         self._record(job, finish_reason, running.produced, stats)
         if finish_reason == "cancelled":  # the client has gone, or the server is stopping: tell whoever is left
             job.deliver(Failed(SHUTTING_DOWN, started=True))
@@ -440,40 +354,15 @@ class _Running:
     cycles: int = 0
 
 
-def _placed(placer: LogprobPlacer | None, entries: Sequence[TokenLogprob] | None, sent_length: int, *,
-            cut: bool = False, ended: bool = False) -> list[WireLogprob] | None:
-    """The log probabilities that go out with the text sent so far (None when the request asked for none)."""
-    if placer is None:
-        return None
-    placer.add(entries or ())
-    return placer.release(sent_length, cut=cut, ended=ended)
-
-
-def _rejection(error: ValueError, job: Job) -> APIError:
-    """A 400 for a request the decoder refused before its first token, naming the field when it can."""
-    if isinstance(error, ContextOverflowError):
-        return bad_request(str(error), param="messages" if job.endpoint == "chat" else "prompt",
-                           code="context_length_exceeded")
-    if isinstance(error, ValidationError):
-        return from_validation_error(error)
-    if isinstance(error, GrammarError):
-        return bad_request(f"response_format: {error}", param="response_format")
-    sampling = (job.sampling.get("temperature") or 0) > 0
-    return bad_request(str(error), param="temperature" if sampling and "sampl" in str(error) else None)
-
-
-def _goose_stats(job: Job, sources: tuple[str, ...], result: Any, produced: int, cycles: int,
-                 started: float) -> GooseStats:
+def _goose_stats(job: Job, sources: tuple[str, ...], result: GenerationResult | None, running: _Running) -> GooseStats:
     """The request's statistics from its result, or from our own counts when there is none (only tokens, steps
-    and time are known then)."""
-    decoding = job.decoding
-    common = {"sources": list(sources), "topology": decoding.topology, "budget": decoding.budget,
-              "queue_s": round(started - job.arrived, 4)}
+    and time are known then: ``partial``)."""
+    common = {"sources": list(sources), "topology": job.decoding.topology, "budget": job.decoding.budget,
+              "queue_s": round(running.started - job.arrived, 4)}
     if result is not None:
         fields = {key: value for key, value in result.stats.to_dict().items() if key in GooseStats.model_fields}
-        return GooseStats(**fields, **common, seed=getattr(result, "seed", None))
-    wall_s = time.perf_counter() - started
-    steps = max(0, cycles - 1)  # the first cycle is the prefill
+        return GooseStats(**fields, **common, seed=result.seed)
+    wall_s, produced, steps = time.perf_counter() - running.started, running.produced, max(0, running.cycles - 1)
     return GooseStats(
         **common, tau=round((produced - 1) / steps, 4) if steps else 0.0, verify_steps=steps, new_tokens=produced,
         tokens_per_s=round(produced / wall_s, 3) if wall_s > 0 else 0.0, wall_s=round(wall_s, 4), prefill_s=0.0,
