@@ -200,7 +200,7 @@ class GooseDecoder(_Decoding):
         cost_curve: CostCurve | None = None,
         **overrides: Any,
     ) -> None:
-        self.config = (config or GooseConfig()).merged(overrides)
+        self.config = (config or GooseConfig()).merged(overrides) if overrides else config or GooseConfig()
         super().__init__(model, tokenizer, chat, self.config.sampling_params())
         self.drafter = Drafter(model, tokenizer, self.config, self.verifier.vocab_size, profile, cost_curve)
         self.sources, self.topology, self.source_names = self.drafter.sources, self.drafter.topology, \
