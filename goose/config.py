@@ -6,27 +6,22 @@ published value, so an ablation is a config change, never a code change.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-# The sampling fields, declared once: GooseConfig carries them as a decoder's defaults, SamplingParams as one call's.
-Temperature = Annotated[float, Field(ge=0.0, allow_inf_nan=False,
-                                     description="0: greedy decoding; > 0: sample from softmax(logits / temperature)")]
-TopP = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False,
-                              description="nucleus sampling: keep the smallest set of tokens holding this much mass")]
-TopK = Annotated[int, Field(ge=0, description="keep the k most likely tokens; 0: no top-k cut")]
-Seed = Annotated[int | None, Field(ge=0, lt=2**63,
-                                   description="seed of the per-position draws; None: a random seed, reported back")]
-
 
 class Sampling(BaseModel):
-    """What is decoded: greedy (temperature 0) or sampled; every call may override these."""
+    """What is decoded: greedy (temperature 0) or sampled. The sampling fields, declared once: GooseConfig
+    carries them as a decoder's defaults, SamplingParams as one call's (every call may override them)."""
 
-    temperature: Temperature = 0.0
-    top_p: TopP = 1.0
-    top_k: TopK = 0
-    seed: Seed = None
+    temperature: float = Field(default=0.0, ge=0.0, allow_inf_nan=False,
+                               description="0: greedy decoding; > 0: sample from softmax(logits / temperature)")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False,
+                         description="nucleus sampling: keep the smallest set of tokens holding this much mass")
+    top_k: int = Field(default=0, ge=0, description="keep the k most likely tokens; 0: no top-k cut")
+    seed: int | None = Field(default=None, ge=0, lt=2**63,
+                             description="seed of the per-position draws; None: a random seed, reported back")
 
     @property
     def greedy(self) -> bool:
