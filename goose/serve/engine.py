@@ -58,7 +58,7 @@ class QueueFullError(Exception):
 
 
 class Engine:
-    """Owns the model: validates Goose options, queues jobs and runs them one at a time in its worker."""
+    """Owns the model: validates Goose options, queues jobs and decodes up to ``max_batch`` together in its worker."""
 
     def __init__(
         self,
