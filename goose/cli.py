@@ -201,65 +201,94 @@ def _structured_output(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run_generate(args: argparse.Namespace) -> int:
-    from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder, check_request
+    """goose generate: one prompt (its text streamed as it is decoded) or --prompts FILE, through one session."""
+    import time
+
+    from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
     from goose.cycle.sampling import random_seed
 
     if (args.prompt is None) == (args.prompts is None):
         raise ValueError("give a prompt or --prompts FILE (one of them)")
     _check_logprobs(args)
+    requests = [item | _structured_output(args) | ({"logprobs": args.logprobs} if args.logprobs is not None else {})
+                for item in _requests(args)]  # before the model loads: a bad request fails at once
+    config = decoding_config(args)
+    if config.temperature > 0:  # every request its own seed, reported, so its AR reference can draw the same
+        for item in requests:
+            item.setdefault("seed", config.seed if config.seed is not None else random_seed())
+    model, tokenizer = load_model(args)
+    goose = GooseDecoder(model, tokenizer, config, chat=not args.no_chat, profile=args.profile)
+    baseline = (AutoregressiveDecoder(model, tokenizer, chat=not args.no_chat, sampling=config.sampling_params())
+                if args.compare_ar else None)
+    session = goose.batch(args.max_batch or len(requests))
+    if baseline is not None:  # warm both up so the timed runs pay no one-off costs
+        warm_up = {k: v for k, v in requests[0].items() if k in ("json_schema", "json_object")}
+        baseline.generate(requests[0]["prompt"], 4, **warm_up)
+        session.submit(requests[0]["prompt"], 4, **warm_up)
+        list(session.run())
+        session.pass_rows.clear()
+    ids = [session.submit(**item) for item in requests]
+    live = args.prompts is None and not args.json and baseline is None  # one prompt's text, as it is decoded
+    results, started = {}, time.perf_counter()
+    for chunk in session.run():
+        if live:
+            print(chunk.text, end="", flush=True)
+        if chunk.result is not None:
+            results[chunk.request_id] = chunk.result
+    wall_s = time.perf_counter() - started
+    reports = [_with_token_text(results[request_id].to_dict(), tokenizer) for request_id in ids]
+    ar_wall_s = 0.0
+    if baseline is not None:  # each request against its own autoregressive run (constrained for a constrained one)
+        for item, report in zip(requests, reports, strict=True):
+            ar = baseline.generate(**{k: v for k, v in item.items() if k != "prediction"})
+            ar_wall_s += ar.stats.wall_s
+            report |= {"ar_new_token_ids": ar.new_token_ids, "ar_tokens_per_s": round(ar.stats.tokens_per_s, 3),
+                       "ar_prefill_s": round(ar.stats.prefill_s, 4),  # time to first token, as prefill_s is Goose's
+                       "speedup": round(report["tokens_per_s"] / ar.stats.tokens_per_s, 3)
+                       if ar.stats.tokens_per_s else None,
+                       "identical_to_ar": ar.new_token_ids == report["new_token_ids"]}
+    if args.prompts is None:
+        report = {"model": args.model, "dtype": args.dtype,
+                  "sources": list(goose.source_names(with_prediction="prediction" in requests[0])),
+                  "topology": config.topology, "budget": config.budget, "temperature": config.temperature,
+                  "top_p": config.top_p, "top_k": config.top_k, **reports[0]}
+        print(json.dumps(report) if args.json else "" if live else reports[0]["text"])
+        if not args.json:
+            print(_stats_line(report), file=sys.stderr)
+        return 0
+    for index, report in enumerate(reports):
+        print(json.dumps({"index": index, **report}) if args.json else f"--- [{index}] ---\n{report['text']}")
+    tokens = sum(report["new_tokens"] for report in reports)
+    line = (f"[goose] {len(reports)} prompts, up to {session.max_batch} at once: {tokens} tokens in {wall_s:.2f} s "
+            f"({tokens / wall_s:.1f} tok/s in all), mean rows per pass "
+            f"{sum(session.pass_rows) / max(1, len(session.pass_rows)):.1f}")
+    if baseline is not None:
+        same = sum(report["identical_to_ar"] for report in reports)
+        line += (f"; AR one at a time {tokens / ar_wall_s:.1f} tok/s -> {ar_wall_s / wall_s:.2f}x, "
+                 f"{same} of {len(reports)} identical")
+    print(line, file=sys.stderr)
+    return 0
+
+
+def _requests(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The requests to decode: --prompts FILE's lines, or the one prompt (- reads stdin) with its --prediction."""
+    from goose.cycle.decoder import check_request
+
     if args.prompts is not None:
-        return _run_generate_batch(args)
+        if args.prediction is not None:
+            raise ValueError("--prediction goes with one prompt; give each line of --prompts its own 'prediction'")
+        if args.max_batch is not None and args.max_batch < 1:
+            raise ValueError(f"--max-batch must be at least 1, got {args.max_batch}")
+        return _read_prompts(args.prompts, args.max_new_tokens)
     if args.max_batch is not None:
         raise ValueError("--max-batch goes with --prompts")
     if args.prompt == "-" and args.prediction == "-":
         raise ValueError("--prediction - and the prompt - cannot both come from stdin")
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    check_request(prompt, args.max_new_tokens)  # before the model loads: a bad request fails at once
+    check_request(prompt, args.max_new_tokens)
     prediction = _read_prediction(args.prediction)
-    structured = _structured_output(args)
-    config = decoding_config(args)
-    if config.temperature > 0 and config.seed is None:  # one seed for Goose and the reference, reported
-        config.seed = random_seed()
-    model, tokenizer = load_model(args)
-    goose = GooseDecoder(model, tokenizer, config, chat=not args.no_chat, profile=args.profile)
-    baseline = (AutoregressiveDecoder(model, tokenizer, chat=not args.no_chat, sampling=config.sampling_params())
-                if args.compare_ar else None)
-    options: dict[str, Any] = {"prediction": prediction} if prediction is not None else {}
-    options |= structured
-    if args.logprobs is not None:
-        options["logprobs"] = args.logprobs
-    if baseline is not None:  # warm both paths up so the first timed run pays no one-off costs
-        baseline.generate(prompt, 4, **structured)
-        goose.generate(prompt, 4, **options)
-    if args.json or baseline is not None:
-        result = goose.generate(prompt, args.max_new_tokens, **options)
-    else:
-        for chunk in goose.stream(prompt, args.max_new_tokens, **options):
-            print(chunk.text, end="", flush=True)
-        print()
-        result = goose.last_result
-    assert result is not None
-    sources = list(goose.source_names(with_prediction=prediction is not None))
-    report: dict[str, Any] = {"model": args.model, "dtype": args.dtype, "sources": sources,
-                              "topology": config.topology, "budget": config.budget,
-                              "temperature": config.temperature, "top_p": config.top_p, "top_k": config.top_k,
-                              **_with_token_text(result.to_dict(), tokenizer)}
-    if baseline is not None:
-        ar = baseline.generate(prompt, args.max_new_tokens, **structured)  # constrained AR for a constrained run
-        report |= {
-            "ar_new_token_ids": ar.new_token_ids,
-            "ar_tokens_per_s": round(ar.stats.tokens_per_s, 3),
-            "ar_prefill_s": round(ar.stats.prefill_s, 4),  # time to first token, as prefill_s is Goose's
-            "speedup": round(result.stats.tokens_per_s / ar.stats.tokens_per_s, 3) if ar.stats.tokens_per_s else None,
-            "identical_to_ar": ar.new_token_ids == result.new_token_ids,
-        }
-    if args.json:
-        print(json.dumps(report))
-        return 0
-    if baseline is not None:
-        print(result.text)
-    print(_stats_line(report), file=sys.stderr)
-    return 0
+    return [{"prompt": prompt, "max_new_tokens": args.max_new_tokens,
+             **({"prediction": prediction} if prediction is not None else {})}]
 
 
 def _check_logprobs(args: argparse.Namespace) -> None:
@@ -327,64 +356,6 @@ def _read_prompts(path: str, default_tokens: int) -> list[dict[str, Any]]:
     if not requests:
         raise ValueError(f"--prompts: {path} holds no prompt")
     return requests
-
-
-def _run_generate_batch(args: argparse.Namespace) -> int:
-    """goose generate --prompts FILE: every prompt decoded in one batch (at most --max-batch at once)."""
-    import time
-
-    from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
-    from goose.cycle.sampling import random_seed
-
-    if args.prediction is not None:
-        raise ValueError("--prediction goes with one prompt; give each line of --prompts its own 'prediction'")
-    if args.max_batch is not None and args.max_batch < 1:
-        raise ValueError(f"--max-batch must be at least 1, got {args.max_batch}")
-    requests = [item | _structured_output(args) for item in _read_prompts(args.prompts, args.max_new_tokens)]
-    config = decoding_config(args)
-    if config.temperature > 0:  # every row its own seed, reported, so its AR reference can draw the same
-        for item in requests:
-            item.setdefault("seed", config.seed if config.seed is not None else random_seed())
-    model, tokenizer = load_model(args)
-    goose = GooseDecoder(model, tokenizer, config, chat=not args.no_chat, profile=args.profile)
-    baseline = (AutoregressiveDecoder(model, tokenizer, chat=not args.no_chat, sampling=config.sampling_params())
-                if args.compare_ar else None)
-    if baseline is not None:  # warm both paths up so the timed runs pay no one-off costs
-        warm_up = {k: v for k, v in requests[0].items() if k in ("json_schema", "json_object")}
-        baseline.generate(requests[0]["prompt"], 4, **warm_up)
-        goose.generate_batch([requests[0]["prompt"]], 4, **warm_up)
-    session = goose.batch(args.max_batch or len(requests))
-    started = time.perf_counter()
-    logprobs = {"logprobs": args.logprobs} if args.logprobs is not None else {}
-    ids = [session.submit(item["prompt"], **{k: v for k, v in item.items() if k != "prompt"}, **logprobs)
-           for item in requests]
-    results = {event.request_id: event.result for event in session.run() if event.result is not None}
-    wall_s = time.perf_counter() - started
-    reports = [{"index": i, **_with_token_text(results[request_id].to_dict(), tokenizer)}
-               for i, request_id in enumerate(ids)]
-    ar_wall_s = 0.0
-    if baseline is not None:  # each row against its own single-request autoregressive run
-        for item, report in zip(requests, reports, strict=True):
-            options = {k: v for k, v in item.items() if k not in ("prompt", "prediction")}
-            ar = baseline.generate(item["prompt"], **options)
-            ar_wall_s += ar.stats.wall_s
-            report |= {"ar_new_token_ids": ar.new_token_ids, "ar_tokens_per_s": round(ar.stats.tokens_per_s, 3),
-                       "identical_to_ar": ar.new_token_ids == report["new_token_ids"]}
-    for report in reports:
-        if args.json:
-            print(json.dumps(report))
-        else:
-            print(f"--- [{report['index']}] ---\n{report['text']}")
-    tokens = sum(report["new_tokens"] for report in reports)
-    line = (f"[goose] {len(reports)} prompts, up to {session.max_batch} at once: {tokens} tokens in {wall_s:.2f} s "
-            f"({tokens / wall_s:.1f} tok/s in all), mean rows per pass "
-            f"{sum(session.pass_rows) / max(1, len(session.pass_rows)):.1f}")
-    if args.compare_ar:
-        same = sum(report["identical_to_ar"] for report in reports)
-        line += (f"; AR one at a time {tokens / ar_wall_s:.1f} tok/s -> {ar_wall_s / wall_s:.2f}x, "
-                 f"{same} of {len(reports)} identical")
-    print(line, file=sys.stderr)
-    return 0
 
 
 def _stats_line(report: dict[str, Any]) -> str:
@@ -459,15 +430,17 @@ def _add_calibrate(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_calibrate(args: argparse.Namespace) -> int:
+    from goose.cycle import calibration
     from goose.planning import cost
 
     model, _ = load_model(args)
-    curve = cost.load_or_measure(model, refresh=args.refresh)
+    curve = calibration.load_or_measure(model, refresh=args.refresh)
     if args.json:
         print(json.dumps({"model": args.model, "dtype": args.dtype, "device": args.device, "key": cost.cache_key(model),
                           **curve.to_dict(), "relative": curve.relative()}))
         return 0
-    print(f"verify cost t(n) for {args.model} ({args.dtype}, {args.device}, {cost.CALIBRATION_CONTEXT}-token context)")
+    print(f"verify cost t(n) for {args.model} ({args.dtype}, {args.device}, "
+          f"{calibration.CALIBRATION_CONTEXT}-token context)")
     print(f"{'tree nodes':>10}  {'ms':>8}  {'x one token':>11}")
     for size, seconds in zip(curve.sizes, curve.seconds, strict=True):
         print(f"{size:>10}  {1000 * seconds:>8.2f}  {seconds / curve.seconds[0]:>11.2f}")

@@ -10,7 +10,28 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from goose.cycle.sampling import SamplingParams, Seed, Temperature, TopK, TopP
+
+class Sampling(BaseModel):
+    """What is decoded: greedy (temperature 0) or sampled. The sampling fields, declared once: GooseConfig
+    carries them as a decoder's defaults, SamplingParams as one call's (every call may override them)."""
+
+    temperature: float = Field(default=0.0, ge=0.0, allow_inf_nan=False,
+                               description="0: greedy decoding; > 0: sample from softmax(logits / temperature)")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False,
+                         description="nucleus sampling: keep the smallest set of tokens holding this much mass")
+    top_k: int = Field(default=0, ge=0, description="keep the k most likely tokens; 0: no top-k cut")
+    seed: int | None = Field(default=None, ge=0, lt=2**63,
+                             description="seed of the per-position draws; None: a random seed, reported back")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class SamplingParams(Sampling):
+    """One call's validated sampling settings; bad values raise pydantic's ValidationError (a ValueError)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class SpineTier(BaseModel):
@@ -26,16 +47,10 @@ def _paper_tiers() -> list[SpineTier]:
     return [SpineTier(below=0.2, ratio=0.15), SpineTier(below=0.4, ratio=0.30), SpineTier(below=1.01, ratio=0.50)]
 
 
-class GooseConfig(BaseModel):
-    """Everything that shapes one Goose generation. Defaults are the paper's."""
+class GooseConfig(Sampling):
+    """Everything that shapes one Goose generation. Defaults are the paper's (the sampling fields: greedy)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    # what is decoded: greedy (temperature 0) or sampled; every call may override these
-    temperature: Temperature = 0.0
-    top_p: TopP = 1.0
-    top_k: TopK = 0
-    seed: Seed = None
 
     # which plugins take part
     sources: list[str] = Field(default_factory=lambda: ["context_match", "bigram_transition"])
@@ -172,4 +187,8 @@ class GooseConfig(BaseModel):
         return dict(self.source_options.get(source, {}))
 
     def sampling_params(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed)
+        return SamplingParams(**{name: getattr(self, name) for name in Sampling.model_fields})
+
+    def merged(self, overrides: dict[str, Any]) -> GooseConfig:
+        """This config with ``overrides`` (field -> value; None values are left out) applied, validated."""
+        return GooseConfig.model_validate(self.model_dump() | {k: v for k, v in overrides.items() if v is not None})

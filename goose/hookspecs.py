@@ -91,7 +91,7 @@ configured order. The automatic budget sizes the spine by ``depth_acceptance`` w
 by that same number.
 
 **Faults are contained.** Every call into a plugin while decoding goes through one guard
-(:mod:`goose.contract.boundary`): a hook that raises, or returns something malformed (token ids
+(:mod:`goose.boundary`): a hook that raises, or returns something malformed (token ids
 outside the vocabulary, parents out of order, wrong shapes, wrong types), is skipped for that
 cycle and logged once per (plugin, hook); the output of decoding never changes because of a
 plugin, only its speed.

@@ -33,6 +33,7 @@ from filelock import FileLock
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from goose.store.cache_dir import default_cache_dir
 from goose.store.folders import publish
 
 __all__ = [
@@ -93,12 +94,6 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
         if key in _DTYPES:
             return _DTYPES[key]
     raise ValueError(f"unknown dtype {dtype!r}; use one of float32 (fp32), bfloat16 (bf16), float16 (fp16)")
-
-
-def default_cache_dir() -> Path:
-    """Where dequantized models are cached: ``$GOOSE_CACHE``, else ``~/.cache/goose``."""
-    env = os.environ.get("GOOSE_CACHE", "").strip()
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "goose"
 
 
 def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:

@@ -3,7 +3,7 @@
 ``registry()`` scans the ``goose`` entry-point group once and asks every plugin module to register
 its sources and topologies; ``register()`` adds one at run time and ``unregister()`` takes it out
 again. Calling the registered plugins while decoding, with their faults contained, is
-:mod:`goose.contract.boundary`'s job.
+:mod:`goose.boundary`'s job.
 
 A plugin's *shape* is checked here, when it registers and again when the decoder makes its
 instances (:func:`check_hooks`): a misspelled hook, a hook method without ``@goose.hookimpl``, a

@@ -15,7 +15,7 @@ needs it.
 Three parts, each replaceable on its own:
 
 * :class:`RowDrafter` is the only code that talks to Goose's source contract: it turns one
-  request's tokens into a context, asks the sources (through :mod:`goose.contract.boundary`, which contains
+  request's tokens into a context, asks the sources (through :mod:`goose.boundary`, which contains
   their faults) for drafts, picks the most valuable chain and its length, and feeds back how many
   drafted tokens vLLM accepted as a :class:`goose.contract.outcome.VerifyOutcome` of a chain tree, so that
   the sources' estimates learn exactly as they do in Goose's own decoder.
@@ -53,8 +53,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from goose import plugins
+from goose.boundary import FaultLog, SourceSet
 from goose.config import GooseConfig
-from goose.contract.boundary import FaultLog, SourceSet
 from goose.contract.candidates import DecodeContext
 from goose.contract.outcome import Harvest, PathKind, VerifyOutcome
 from goose.contract.tree import ROOT, DraftTree, TreeBuilder
@@ -243,7 +243,7 @@ class RowDrafter:
 
     ``start`` once per request (reset and prefill), then alternately ``learn`` (from vLLM's verdict
     on the previous chain) and ``propose`` (the next chain). ``sources`` is a
-    :class:`goose.contract.boundary.SourceSet`, which skips a faulty source for the cycle with one warning.
+    :class:`goose.boundary.SourceSet`, which skips a faulty source for the cycle with one warning.
     """
 
     def __init__(self, names: Sequence[str], config: GooseConfig, *, vocab_size: int, eos_token_ids: frozenset[int],

@@ -32,9 +32,10 @@ from tqdm import tqdm
 
 from goose.bench.prompts import load_samples
 from goose.config import GooseConfig
+from goose.cycle.calibration import load_or_measure
 from goose.cycle.decoder import GooseDecoder
 from goose.models import encode_prompt, load
-from goose.planning.cost import BatchCosts, CostCurve, load_or_measure
+from goose.planning.cost import BatchCosts, CostCurve
 
 BATCH_DATASETS = "humaneval,mbpp,classeval,gsm8k,mt_bench"
 
@@ -68,7 +69,7 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     budgets = [int(b) for b in args.budgets.split(",")]
     timed, _ = load(args.model, dtype=args.curve_dtype, progress=False)
-    costs = BatchCosts(timed, load_or_measure(timed))
+    costs = BatchCosts(load_or_measure(timed), lambda batch, model=timed: load_or_measure(model, batch=batch))
     curves = {batch: costs.curve(batch) for batch in batches}  # measured once per machine, then cached
     del timed
     model, tokenizer = load(args.model, dtype="float32", progress=False)

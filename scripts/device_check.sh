@@ -45,7 +45,7 @@ timeout 150 python3 -m goose bench --model smollm2-135m --device "$DEVICE" --dty
 import json, sys
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
-from goose.planning.cost import measure
+from goose.cycle.calibration import measure
 config = Qwen2Config(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                      num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=False)
 result = {}

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from goose.contract.boundary import FaultLog
+from goose.boundary import FaultLog
 from goose.vllm import ChainCut, ProposerConfig, RowDrafter
 
 Drafter = Callable[[list[int]], list[int]]

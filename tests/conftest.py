@@ -36,7 +36,8 @@ def _with_cost_curve(loaded):
     """
     from filelock import FileLock
 
-    from goose.planning.cost import cache_key, load_or_measure
+    from goose.cycle.calibration import load_or_measure
+    from goose.planning.cost import cache_key
 
     folder = models.default_cache_dir() / "calibration"
     folder.mkdir(parents=True, exist_ok=True)

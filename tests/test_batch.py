@@ -15,8 +15,8 @@ import pytest
 import goose
 from goose import cli, plugins
 from goose.config import GooseConfig
-from goose.cycle.batch_verifier import CacheBudgetError
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
+from goose.cycle.verifier import CacheBudgetError
 from goose.planning.budget import BudgetPlanner
 from goose.planning.cost import CostCurve
 from tests.helpers import PROMPT_BEFORE_WINDOW, SMOLLM2_TOKENS, WINDOW_TOKENS, dataset_prompts, lossless_prompts
@@ -174,7 +174,7 @@ def test_a_request_beyond_the_cache_budget_is_refused_and_nothing_else_changes(s
     assert session.active == 2
     results = {event.request_id: event.result for event in session.run() if event.finished}
     assert [results[i].new_token_ids for i in ids] == references
-    assert session.verifier.store.store.shape[-2] <= share  # the cache never grew past a slot's share
+    assert session.verifier.stack.store.shape[-2] <= share  # the cache never grew past a slot's share
     assert max(session.pass_rows) > 2  # the rows still drafted
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from goose.contract.candidates import chain_rate
+from goose.cycle import calibration
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.planning import cost
 from goose.planning.budget import BudgetPlanner
@@ -23,7 +24,7 @@ def test_monotone_lowers_a_slow_small_size_instead_of_raising_the_rest() -> None
 
 def test_measure_times_real_verify_passes(smollm2) -> None:
     model, _ = smollm2
-    curve = cost.measure(model, sizes=(1, 8, 64), rounds=2, context_length=64)
+    curve = calibration.measure(model, sizes=(1, 8, 64), rounds=2, context_length=64)
     assert curve.sizes == (1, 8, 64)
     assert all(s > 0 for s in curve.seconds)
     # interpolation between measured sizes, and relative cost per size
@@ -35,20 +36,15 @@ def test_the_curve_is_cached_per_model_and_processor(smollm2, tmp_path, monkeypa
     model, _ = smollm2
     key = cost.cache_key(model)
     assert key.startswith(f"v{cost.CURVE_FORMAT}-") and "float32" in key and "threads" in key
-    # the session's curve: measured at the default sizes (the smollm2 fixture measured it, or loaded it from the
-    # cache); a miss below hands it over as the measurement instead of timing all twelve sizes a second time
-    measured = cost.load_or_measure(model)
-    assert measured.sizes == cost.DEFAULT_SIZES and all(s > 0 for s in measured.seconds)
-    monkeypatch.setattr(cost, "measure", lambda *args, **kwargs: measured)
-    first = cost.load_or_measure(model, cache_dir=tmp_path)
+    first = calibration.load_or_measure(model, cache_dir=tmp_path)
     stored = tmp_path / "calibration" / f"{key}.json"
     assert json.loads(stored.read_text()) == first.to_dict()
     stored.write_text(json.dumps({"sizes": [1, 2], "seconds": [1.0, 2.0]}))  # the cache is what is read back
-    assert cost.load_or_measure(model, cache_dir=tmp_path) == CostCurve((1, 2), (1.0, 2.0))
+    assert calibration.load_or_measure(model, cache_dir=tmp_path) == CostCurve((1, 2), (1.0, 2.0))
     # refresh measures again and replaces the file (a stand-in measurement: the real one was timed above)
     remeasured = CostCurve((1, 4), (0.5, 0.6))
-    assert cost._cached(stored, lambda: remeasured, refresh=True) == remeasured
-    assert CostCurve.load(stored) == remeasured and first == measured
+    assert cost.cached(stored, lambda: remeasured, refresh=True) == remeasured
+    assert CostCurve.load(stored) == remeasured and first.sizes == calibration.DEFAULT_SIZES
 
 
 def _curve(relative: dict[int, float], one_token: float = 0.05) -> CostCurve:

@@ -18,9 +18,9 @@ import pytest
 
 import goose
 from goose import plugins
+from goose.boundary import SourceSet, TopologyPlanner
 from goose.cli import main
 from goose.config import GooseConfig
-from goose.contract.boundary import SourceSet, TopologyPlanner
 from goose.contract.candidates import CandidatePool, DecodeContext, Draft
 from goose.contract.outcome import Harvest, PathKind, VerifyOutcome
 from goose.contract.tree import DraftTree

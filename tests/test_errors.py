@@ -10,8 +10,8 @@ import pytest
 
 import goose
 from goose import cli, plugins
+from goose.boundary import SourceSet
 from goose.config import GooseConfig
-from goose.contract.boundary import SourceSet
 from goose.contract.candidates import DecodeContext
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.topologies.spine import SpineTopology

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 import goose
 from goose import DecodeContext, Draft, DraftTree, GooseConfig, Harvest, PathKind, TreeBuilder, VerifyOutcome
-from goose.contract.boundary import SourceSet
+from goose.boundary import SourceSet
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.cycle.verifier import Verifier
 from goose.hookspecs import Register
@@ -276,9 +276,10 @@ def check_rows_against_plain_forwards(model: torch.nn.Module, prompt_ids: list[i
     builder.add_children(np.array([0]), np.array([prompt_ids[1]]), 0)
     tree = builder.build()
     verifier.prefill(context)
-    together = verifier.verify(tree, [rows])
+    together = verifier.verify([tree], [[rows]])[0]
+    verifier.reset()
     verifier.prefill(context)
-    alone = verifier.verify(tree)
+    alone = verifier.verify([tree])[0]
     torch.testing.assert_close(together[: tree.size], alone, atol=2e-4, rtol=1e-4)
     assert torch.equal(together[: tree.size].argmax(-1), alone.argmax(-1))
     width = source.window.shape[1]

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import goose
 from goose import CandidatePool, DecodeContext, Draft, DraftTree, GooseConfig, SourceCandidates
-from goose.contract.boundary import TopologyPlanner
+from goose.boundary import TopologyPlanner
 from goose.contract.candidates import common_prefix
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.hookspecs import Register

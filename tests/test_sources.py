@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from goose import DecodeContext, GooseConfig, Harvest
-from goose.contract.boundary import SourceSet
+from goose.boundary import SourceSet
 from goose.plugins import BUILTIN_ORIGIN, registry
 from goose.sources.bigram_transition import (
     EMPTY,

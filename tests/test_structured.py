@@ -14,7 +14,7 @@ import torch
 from goose.config import GooseConfig
 from goose.contract.tree import TreeBuilder
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
-from goose.cycle.grammar import Constraint, GrammarCompiler, GrammarError, schema_text
+from goose.grammar import Constraint, GrammarCompiler, GrammarError, schema_text
 from tests.helpers import PROMPT, SCHEMA, assert_same_logprobs
 
 MAX_NEW = 48

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from goose import CandidatePool, Draft, DraftTree, GooseConfig, SourceCandidates
-from goose.contract.boundary import TopologyPlanner
+from goose.boundary import TopologyPlanner
 from goose.planning.allocation import best_spine_tree
 from goose.plugins import BUILTIN_ORIGIN, registry
 from goose.topologies.chain import ChainTopology
@@ -448,7 +448,7 @@ def test_planners_with_an_empty_pool_return_the_bare_anchor() -> None:
 
 def test_spine_tree_from_the_real_bigram_transition_source() -> None:
     from goose import DecodeContext, Harvest
-    from goose.contract.boundary import SourceSet
+    from goose.boundary import SourceSet
 
     vocab, config = 64, GooseConfig()
     sources = SourceSet(["bigram_transition"], config, vocab_size=vocab)  # its successors, checked and padded

@@ -35,7 +35,7 @@ def sequential_logits(model, ids: list[int]) -> torch.Tensor:
 def check_tree_against_sequential(model, context: list[int], tree: DraftTree) -> None:
     verifier = Verifier(model)
     verifier.prefill(context[:-1])
-    logits = verifier.verify(tree)
+    logits = verifier.verify([tree])[0]
     assert logits.shape[0] == tree.size
     for node in range(tree.size):
         path_tokens = tree.tokens[tree.root_path(node)].tolist()
@@ -94,13 +94,12 @@ def test_commit_keeps_exactly_the_accepted_path(smollm2) -> None:
     builder.add_children(np.array([0]), np.array(decoy[:1]), source=0)  # node 1: a sibling decoy
     builder.add_chain(0, np.array(branch), source=0)
     tree = builder.build()
-    logits = verifier.verify(tree)
+    logits = verifier.verify([tree])[0]
     walked = walk(tree, logits.argmax(-1).cpu().numpy())
-    verifier.commit(walked.path)
+    verifier.commit(0, walked.path)
     accepted = context + tree.tokens[walked.path].tolist()
-    assert verifier.past_length == len(accepted)
-    assert all(layer.keys.shape[2] == len(accepted) for layer in verifier.cache.layers)
-    next_logits = verifier.verify(DraftTree.single(walked.bonus_token))[0]
+    assert verifier.lengths == [len(accepted)]  # the slot's context: the accepted path, nothing else
+    next_logits = verifier.verify([DraftTree.single(walked.bonus_token)])[0][0]
     expected = sequential_logits(model, [*accepted, walked.bonus_token])
     assert (next_logits - expected).abs().max().item() < TOLERANCE
 
@@ -115,12 +114,12 @@ def test_the_cache_grows_in_place_across_many_passes(smollm2) -> None:
     accepted = list(context)
     for step in range(60):  # from 200 rows past the first storage block of 256, and its doubling
         tree = build_tree(accepted[-1], [0, 0, 1], [11 + step % 5, 12, 13])
-        logits = verifier.verify(tree)
+        logits = verifier.verify([tree])[0]
         walked = walk(tree, logits.argmax(-1).cpu().numpy())
-        verifier.commit(walked.path)
+        verifier.commit(0, walked.path)
         accepted += [*tree.tokens[walked.path].tolist(), walked.bonus_token]  # the bonus: the next anchor
-    assert verifier.past_length == len(accepted) - 1 > 256
-    next_logits = verifier.verify(DraftTree.single(accepted[-1]))[0]
+    assert verifier.lengths[0] == len(accepted) - 1 > 256
+    next_logits = verifier.verify([DraftTree.single(accepted[-1])])[0][0]
     expected = sequential_logits(model, accepted)
     assert (next_logits - expected).abs().max().item() < TOLERANCE
 
@@ -129,16 +128,17 @@ def _commit_tree_paths(model, context: list[int], stacked: bool) -> Verifier:
     """Passes of small trees whose accepted paths skip rows (non-chain commits), with the layer stack or without."""
     verifier = Verifier(model)
     verifier.stacked = stacked
+    verifier.reset()  # the cache's storage, made afresh as ``stacked`` says
     verifier.prefill(context[:-1])
     anchor = context[-1]
     for step in range(6):
         # node 1 is a decoy sibling, so a path through node 2 keeps rows 0, 2, 3, ...: the kept rows move
         tree = build_tree(anchor, [0, 0, 2, 3, 2], [7 + step, 11, 12 + step, 13, 14])
-        verifier.verify(tree)
+        verifier.verify([tree])
         path = np.array([2, 3, 4][: 1 + step % 3])
-        verifier.commit(path)
+        verifier.commit(0, path)
         anchor = 20 + step
-    verifier.verify(DraftTree.single(anchor))  # the last commit's rows move at the start of this pass
+    verifier.verify([DraftTree.single(anchor)])  # the last commit's rows move at the start of this pass
     return verifier
 
 
@@ -172,7 +172,7 @@ def _tree_logits_both_ways(model, context: list[int], tree: DraftTree) -> tuple[
     try:
         verifier = Verifier(model)
         verifier.prefill(context)
-        grouped = verifier.verify(tree).clone()
+        grouped = verifier.verify([tree])[0].clone()
     finally:
         hook.remove()
     with torch.inference_mode():  # one plain forward of context + tree, every row with its own mask row

@@ -114,7 +114,7 @@ def test_the_batched_sampled_walk_is_the_seeded_autoregressive_sampler(smollm2) 
     for options in ({"temperature": 0.7, "seed": 3}, {"temperature": 1.0, "top_k": 40, "seed": 11}):
         reference = AutoregressiveDecoder(model, tokenizer).generate(prompt, 32, **options).new_token_ids
         decoder = GooseDecoder(model, tokenizer, budget=12)
-        decoder.draw_all_rows = True
+        decoder.drafter.draw_all_rows = True
         result = decoder.generate(prompt, 32, **options)
         assert result.new_token_ids == reference
         assert result.stats.verify_steps < 32  # drafts were accepted: the walk went past the anchor's row

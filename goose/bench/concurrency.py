@@ -3,7 +3,7 @@
 At concurrency c, c clients each keep one request in flight: when one ends, that client's next
 prompt joins at the next cycle boundary. Methods:
 
-- ``ar`` and ``goose``: the batched engine (:class:`goose.cycle.batch.BatchSession`), without and
+- ``ar`` and ``goose``: the batched engine (:class:`goose.cycle.session.Session`), without and
   with drafting (one bigram table for all rows: ``GooseConfig.batch_shared_sources="auto"``);
   ``goose_own``: the same with every row's own sources, tables included (``batch_shared_sources=[]``;
   asked for by name only);

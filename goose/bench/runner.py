@@ -62,9 +62,10 @@ from goose.bench.methods import (
 from goose.bench.prompts import Sample, load_samples
 from goose.bench.records import Record, build_record, compare
 from goose.bench.study import study_rows, tokens_lost_without
+from goose.cycle.calibration import load_or_measure
 from goose.cycle.sampling import SamplingParams
 from goose.cycle.verifier import ContextOverflowError
-from goose.planning.cost import CostCurve, load_or_measure
+from goose.planning.cost import CostCurve
 
 logger = logging.getLogger("goose.bench")
 

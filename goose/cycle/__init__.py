@@ -1,7 +1,7 @@
-"""The decode cycle: draft, plan, verify, walk, observe (``decoder``), and the pieces it runs on.
+"""The decode cycle (``session``: draft, plan, verify, walk, observe, for one request or many) and its pieces.
 
-``verifier`` (the target model over a tree, and its KV cache), ``readout`` (one device read of
-a pass's logits), ``walker`` (the longest accepted path, greedy and sampled), ``sampling`` (the
-seeded sampler both Goose and the autoregressive loop draw from), ``logprobs`` (the output tokens' log
-probabilities, read from the pass that accepted them), ``stats`` and ``detokenize``.
+``decoder`` (the front door: GooseDecoder, the autoregressive reference), ``request``, ``drafting``
+(a decoder's sources, topology and planner; one row's side of the cycle), ``verifier`` (the target
+model over the trees, and its KV cache), ``readout``, ``walker``, ``sampling``, ``logprobs``,
+``stats``, ``detokenize``, ``attention`` and ``calibration`` (the device's cost curve, measured).
 """

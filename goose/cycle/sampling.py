@@ -17,37 +17,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Annotated
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-# The sampling fields, defined once: GooseConfig and SamplingParams share them.
-Temperature = Annotated[float, Field(ge=0.0, allow_inf_nan=False,
-                                     description="0: greedy decoding; > 0: sample from softmax(logits / temperature)")]
-TopP = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False,
-                              description="nucleus sampling: keep the smallest set of tokens holding this much mass")]
-TopK = Annotated[int, Field(ge=0, description="keep the k most likely tokens; 0: no top-k cut")]
-Seed = Annotated[int | None, Field(ge=0, lt=2**63,
-                                   description="seed of the per-position draws; None: a random seed, reported back")]
+from goose.config import SamplingParams
 
 _MASK64 = (1 << 64) - 1
-
-
-class SamplingParams(BaseModel):
-    """Validated sampling settings; bad values raise pydantic's ValidationError (a ValueError)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    temperature: Temperature = 0.0
-    top_p: TopP = 1.0
-    top_k: TopK = 0
-    seed: Seed = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
 
 
 def random_seed() -> int:

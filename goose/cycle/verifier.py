@@ -1,24 +1,38 @@
-"""The shared verifier: one forward pass of a draft tree through a stock Hugging Face causal LM.
+"""The verifier: the draft trees of one request or of many through a stock Hugging Face causal LM, in one pass.
 
 Nothing here is model-specific: the model is driven through its public forward with a 4D boolean
 attention mask (True = may attend), explicit position ids (context length + depth) and a KV cache
 built from transformers' public ``Cache`` class. Models with sliding-window layers (Gemma 3) take
 a dict of masks, one per attention type. Every layer keeps its whole history (the sliding window
-is enforced by the mask), which keeps rollback to the accepted path an index copy on the sequence
-axis, and every layer of the usual shape keeps it in one shared tensor (:class:`LayerStack`), so
-that copy is one gather for all layers at once.
+is enforced by the mask), which keeps rollback to the accepted path an index copy on the sequence axis.
 
-Per cycle the tree crosses to the model's device once: one host array holding the tokens, the
-positions and the tree's ancestor block, and the accepted rows of the previous pass when they must
-move in the cache (a commit that is not a plain cut is applied at the start of the next pass, from
-that same copy). The context part of the mask (everything the tree may see of the cache) is built
-on the device.
+Each request owns a *slot* of the cache; the requests decoding now hold slots ``0 .. live - 1`` (a
+leaving request's slot is refilled by the last one's, so a pass reads a contiguous view). Slot i
+keeps its context at cache positions ``0 .. length_i - 1``: a position in the cache is the token's
+position in its sequence. A pass pads every row's tree, followed by its auxiliary rows (Lookahead's
+window), to the largest one (``R`` rows) and writes row i's keys at ``length_i .. length_i + R - 1``;
+the mask [live, 1, R, max(length) + R] lets each row see its own context and its own pass rows only.
+Padding rows see only themselves and are never read. When every row is at one length (one request,
+always) the pass writes one block and its mask is the context's ones beside the tree's ancestors, with
+no per-row gather.
+
+Every layer of the usual shape keeps its keys and values in one shared tensor (:class:`LayerStack`),
+so moving a commit's kept rows is one gather for all layers at once; a layer of another shape keeps
+its own storage and moves alone. Per cycle the pass crosses to the model's device once: one host
+array holding the tokens, the positions, the ancestor blocks, the lengths, and the rows the previous
+commits keep when they must move (a commit that is not a plain cut is applied at the start of the
+next pass, from that same copy).
+
+A joining request's prompt runs as its own pass, into its slot alone, with the model's own causal
+(and sliding-window) masks. Storage is zeroed when grown: padding columns are masked, but a masked
+column must still hold finite numbers (a NaN times a zero weight is NaN).
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -35,143 +49,176 @@ class ContextOverflowError(ValueError):
     """The prompt (plus what must follow it) does not fit the model's context."""
 
 
-class LayerStack:
-    """The keys and values of every layer of one shape in one tensor [layers, 2, batch, heads, capacity, dim].
+class CacheBudgetError(ContextOverflowError):
+    """A request needs more cache positions than a slot of the session's cache budget holds."""
 
-    Layers join as they first see keys (the first forward); each layer's storage is a view of its slot,
-    so moving kept rows on the sequence axis is one gather and one copy for the whole cache instead
-    of four kernels per layer. A layer whose keys differ in shape, dtype or device from the first
-    layer's (or one past ``slots``) keeps its own storage and moves alone.
+
+@dataclass
+class PassPlan:
+    """Where the pass now running writes: slots ``first ..``, every row from ``offset`` or row i from ``offsets[i]``."""
+
+    first: int = 0
+    offset: int = 0
+    offsets: torch.Tensor | None = None  # [rows] int64 on the device; None: every row at ``offset``
+    width: int = 0  # the keys a pass reads: its longest row's length + its rows
+    flat: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)  # (heads, capacity) -> write rows
+
+    def flat_rows(self, heads: int, capacity: int, length: int, device: torch.device) -> torch.Tensor:
+        """Where the pass's keys [rows, heads, length, dim] go in a store [slots, heads, capacity, dim] flattened
+        to rows of ``dim`` (made once per pass and store shape, shared by the layers)."""
+        key = (heads, capacity)
+        if key not in self.flat:
+            assert self.offsets is not None
+            rows = self.offsets.shape[0]
+            slot = (self.first + torch.arange(rows, device=device))[:, None, None] * (heads * capacity)
+            head = torch.arange(heads, device=device)[None, :, None] * capacity
+            position = self.offsets[:, None, None] + torch.arange(length, device=device)[None, None, :]
+            self.flat[key] = (slot + head + position).flatten()
+        return self.flat[key]
+
+
+class LayerStack:
+    """The keys and values of every layer of one shape in one tensor [layers, 2, slots, heads, capacity, dim].
+
+    Layers join as they first see keys (the first forward); a member's storage is a view of its place
+    in the stack. A layer whose keys differ in heads, head size, dtype or device from the first
+    member's (or one past ``layers``) keeps its own storage: a *loner*, moved alone.
     """
 
-    def __init__(self, slots: int) -> None:
+    def __init__(self, layers: int, slots: int, capacity: int) -> None:
+        self.layers = layers
         self.slots = slots
-        self.members: list[GrowingLayer] = []
-        self.loners: list[GrowingLayer] = []
+        self.capacity = capacity  # the positions one slot may hold at most
+        self.members: list[SlotLayer] = []
+        self.loners: list[SlotLayer] = []
         self.store: torch.Tensor | None = None
+        self.plan = PassPlan()
 
-    def join(self, layer: GrowingLayer, key_states: torch.Tensor, value_states: torch.Tensor) -> bool:
-        """Whether ``layer`` shares the stack's storage (its slot is then ``len(members) - 1``)."""
-        if self.members:
-            first = self.store
-            assert first is not None
-            fits = (len(self.members) < self.slots and key_states.shape[:-2] == first.shape[2:-2]
-                    and key_states.shape[-1] == first.shape[-1] and key_states.dtype == first.dtype
-                    and key_states.device == first.device)
-        else:
-            fits = self.slots > 0
-        fits = fits and key_states.shape == value_states.shape and key_states.dtype == value_states.dtype
-        (self.members if fits else self.loners).append(layer)
-        if fits:
-            if self.store is None:
-                self.store = key_states.new_empty((self.slots, 2, *key_states.shape[:-2], 0, key_states.shape[-1]))
-            slot = len(self.members) - 1
-            layer.attach(self.store[slot, 0], self.store[slot, 1])
-        return fits
+    def join(self, layer: SlotLayer, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        first = self.store
+        fits = (len(self.members) < self.layers and key_states.shape[1:] == value_states.shape[1:]
+                and key_states.dtype == value_states.dtype)
+        if first is not None:
+            fits = fits and (key_states.shape[1], key_states.shape[-1], key_states.dtype, key_states.device) == (
+                first.shape[3], first.shape[-1], first.dtype, first.device)
+        if not fits:
+            held = self.held()
+            self.loners.append(layer)
+            layer.attach(*(states.new_zeros((self.slots, states.shape[1], held, states.shape[-1]))
+                           for states in (key_states, value_states)))
+            return
+        if first is None:
+            self.store = key_states.new_zeros((self.layers, 2, self.slots, key_states.shape[1], 0,
+                                               key_states.shape[-1]))
+        self.members.append(layer)
+        self._attach(len(self.members) - 1)
+
+    def held(self) -> int:
+        """The positions every slot of every layer has room for now."""
+        if self.store is not None:
+            return int(self.store.shape[-2])
+        return int(self.loners[0].keys_store.shape[-2]) if self.loners else 0
+
+    def _attach(self, member: int) -> None:
+        assert self.store is not None
+        self.members[member].attach(self.store[member, 0], self.store[member, 1])
 
     def reserve(self, needed: int) -> None:
-        """Room for ``needed`` rows in every member (storage doubles; the rows held so far are copied once)."""
-        assert self.store is not None
-        held = self.store.shape[-2]
+        """Room for ``needed`` positions in every slot of every layer (doubling, zeroed; what is held is copied)."""
+        held = self.held()
         if needed <= held:
             return
-        store = self.store.new_empty((*self.store.shape[:-2], max(needed, 2 * held, 256), self.store.shape[-1]))
-        if held:
-            store[..., :held, :] = self.store
-        self.store = store
-        for slot, layer in enumerate(self.members):
-            layer.attach(store[slot, 0], store[slot, 1])
+        if needed > self.capacity:
+            raise CacheBudgetError(f"a pass needs {needed} positions a slot; the cache holds {self.capacity}")
+        grown = min(max(needed, 2 * held, 256), self.capacity)
 
-    def move(self, start: int, rows: torch.Tensor) -> None:
-        """Move rows ``rows`` (absolute, ascending) to ``start, start + 1, ...`` in every layer."""
-        if self.store is not None and self.members:
-            self.store[..., start : start + rows.shape[0], :] = self.store.index_select(-2, rows)
+        def grow(store: torch.Tensor) -> torch.Tensor:
+            bigger = store.new_zeros((*store.shape[:-2], grown, store.shape[-1]))
+            bigger[..., :held, :] = store
+            return bigger
+
+        if self.store is not None:
+            self.store = grow(self.store)
+            for member in range(len(self.members)):
+                self._attach(member)
         for layer in self.loners:
-            layer.move(start, rows)
+            layer.attach(grow(layer.keys_store), grow(layer.values_store))
+
+    def move(self, slot: int, start: int, rows: torch.Tensor) -> None:
+        """In ``slot`` of every layer, move positions ``rows`` (ascending) to ``start, start + 1, ...``."""
+        if self.store is not None:
+            view = self.store[:, :, slot]
+            view[..., start : start + rows.shape[0], :] = view.index_select(-2, rows)
+        for layer in self.loners:
+            for store in (layer.keys_store[slot], layer.values_store[slot]):
+                store[..., start : start + rows.shape[0], :] = store.index_select(-2, rows)
+
+    def copy_slot(self, source: int, target: int, length: int) -> None:
+        if self.store is not None:
+            self.store[:, :, target, :, :length] = self.store[:, :, source, :, :length]
+        for layer in self.loners:
+            for store in (layer.keys_store, layer.values_store):
+                store[target, :, :length] = store[source, :, :length]
 
 
-class GrowingLayer(DynamicLayer):
-    """One layer's key/value cache in storage that grows by doubling, shared with the other layers.
+class SlotLayer(DynamicLayer):
+    """One layer's key/value cache: storage [slots, heads, capacity, dim] (its place in a :class:`LayerStack`, or
+    its own), into which a pass writes only its own rows, each at its slot's length.
 
     transformers' ``DynamicLayer`` concatenates every new pass onto its keys, which copies the whole
-    cache once per forward; here a pass writes only its own rows, and rolling back to the accepted
-    path moves only the kept rows. The storage is the layer's slot of a :class:`LayerStack` (or its
-    own, when its shape is not the stack's).
+    cache once per forward; here rolling back to the accepted path moves only the kept rows.
     """
 
-    def __init__(self, stack: LayerStack | None = None) -> None:
+    def __init__(self, stack: LayerStack) -> None:
         super().__init__()
         self.stack = stack
-        self.stacked = False
+        self.keys_store = self.values_store = torch.empty(0)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
-        self.length = 0
-        self._keys = key_states.new_empty(0)
-        self._values = value_states.new_empty(0)
-        self.stacked = self.stack is not None and self.stack.join(self, key_states, value_states)
+        self.stack.join(self, key_states, value_states)
 
     def attach(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Hold keys and values in this storage from now on (the stack's slot: rows already copied)."""
-        self._keys, self._values = keys, values
-        self._cut(self.length)
+        self.keys_store, self.values_store = keys, values
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object,
                **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        end = self.length + key_states.shape[-2]
-        if self.stacked:
-            assert self.stack is not None
-            self.stack.reserve(end)
-        elif self._keys.ndim != key_states.ndim or end > self._keys.shape[-2]:
-            self._grow(key_states, value_states, end)
-        self._keys[..., self.length : end, :] = key_states
-        self._values[..., self.length : end, :] = value_states
-        self._cut(end)
+        plan = self.stack.plan
+        rows, heads, length, dim = key_states.shape
+        self.stack.reserve(plan.width)
+        keys, values = self.keys_store, self.values_store
+        if plan.offsets is None:
+            keys[plan.first : plan.first + rows, :, plan.offset : plan.offset + length] = key_states
+            values[plan.first : plan.first + rows, :, plan.offset : plan.offset + length] = value_states
+        else:  # each row at its own offset: one index copy into the store seen as rows of ``dim``
+            target = plan.flat_rows(heads, keys.shape[-2], length, key_states.device)
+            keys.view(-1, dim).index_copy_(0, target, key_states.reshape(-1, dim))
+            values.view(-1, value_states.shape[-1]).index_copy_(0, target,
+                                                                value_states.reshape(-1, value_states.shape[-1]))
+        self.keys = keys[plan.first : plan.first + rows, :, : plan.width]
+        self.values = values[plan.first : plan.first + rows, :, : plan.width]
         return self.keys, self.values
 
-    def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
-        capacity = max(needed, 2 * (self._keys.shape[-2] if self._keys.ndim == key_states.ndim else 0), 256)
-        keys = key_states.new_empty((*key_states.shape[:-2], capacity, key_states.shape[-1]))
-        values = value_states.new_empty((*value_states.shape[:-2], capacity, value_states.shape[-1]))
-        if self.length:
-            keys[..., : self.length, :] = self._keys[..., : self.length, :]
-            values[..., : self.length, :] = self._values[..., : self.length, :]
-        self._keys, self._values = keys, values
-
-    def _cut(self, length: int) -> None:
-        self.length = length
-        self.keys = self._keys[..., :length, :]
-        self.values = self._values[..., :length, :]
-
-    def move(self, start: int, rows: torch.Tensor) -> None:
-        """Move the rows at ``rows`` (absolute, ascending) to ``start, start + 1, ...``.
-
-        The storage past the cut keeps a pass's rows until the next pass writes there, so a commit can
-        cut first and move the kept rows later, before that write.
-        """
-        end = start + rows.shape[0]
-        self._keys[..., start:end, :] = self._keys.index_select(-2, rows)
-        self._values[..., start:end, :] = self._values.index_select(-2, rows)
-
-    def truncate(self, length: int) -> None:
-        if self.is_initialized:
-            self._cut(min(length, self.length))
-
     def get_seq_length(self) -> int:
-        return self.length if self.is_initialized else 0
-
-    def reset(self) -> None:
-        super().reset()
-        self.length = 0
+        return self.stack.plan.offset if self.stack.plan.offsets is None else 0
 
 
-class TargetModel:
-    """What a verifier reads of the target model once: its device, sliding window and mask kinds, context,
-    vocabulary, layer count, and the keyword its forward takes the cache by."""
+class Verifier:
+    """Owns the KV cache of up to ``slots`` requests: each request's prefill, the pass that verifies every
+    live slot's tree at once, and every slot's commit.
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    ``cache_positions``: the cache's budget, in positions over all slots (each slot holds an equal share,
+    at most the model's context); None: each slot may grow to the model's context. The cache is
+    allocated as it grows, so the budget bounds memory without reserving it up front.
+    """
+
+    def __init__(self, model: PreTrainedModel, slots: int = 1, cache_positions: int | None = None) -> None:
+        if slots < 1:
+            raise ValueError(f"max_batch must be at least 1, got {slots}")
+        if cache_positions is not None and cache_positions < slots * 2:
+            raise ValueError(f"a cache budget of {cache_positions} positions is too small for {slots} slots")
         self.model = model
         self.device = next(model.parameters()).device
         config = model.config.get_text_config(decoder=True)
@@ -185,6 +232,44 @@ class TargetModel:
         # transformers 5.x renamed `past_key_values` to `cache`; speak whichever this version knows
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._layers = int(getattr(config, "num_hidden_layers", 0) or 0)
+        self.slots = slots
+        self.budgeted = cache_positions is not None and cache_positions // slots < self.max_positions
+        self.slot_positions = cache_positions // slots if self.budgeted and cache_positions else self.max_positions
+        self._key_positions = torch.arange(0, device=self.device)  # 0..n-1, grown as contexts grow
+        self.stacked = True  # layers of one shape share one tensor; False: each its own (the per-layer move)
+        self.reset()
+
+    def reset(self) -> None:
+        """Drop every slot and the cache's storage."""
+        self.stack = LayerStack(self._layers if self.stacked else 0, self.slots, self.slot_positions)
+        self.cache = Cache(layer_class_to_replicate=partial(SlotLayer, self.stack))
+        self.lengths: list[int] = []  # per live slot: positions that belong to its context
+        self._pending: dict[int, tuple[int, np.ndarray]] = {}  # slot -> (start, kept rows' positions) to move
+
+    @property
+    def live(self) -> int:
+        return len(self.lengths)
+
+    def check_fits(self, positions: int) -> None:
+        """Refuse (CacheBudgetError) a request that may come to hold more ``positions`` than a slot's share of the
+        cache budget; without a budget a request runs to the model's context (its output ends ``context_full``)."""
+        if self.budgeted and positions > self.slot_positions:
+            raise CacheBudgetError(f"a request of up to {positions} positions (prompt + max_new_tokens) does not fit "
+                                   f"a slot's share of the cache budget ({self.slots} slots): {self.slot_positions} "
+                                   f"positions; lower max_new_tokens")
+
+    def full(self) -> list[int]:
+        """The live slots at the model's last position: their requests end here (``context_full``)."""
+        return [slot for slot, length in enumerate(self.lengths) if length >= self.max_positions - 1]
+
+    def room(self) -> list[int]:
+        """Per live slot, the rows after the anchor its next pass may hold.
+
+        Every row of a pass is padded to the widest and written from its own length, so the longest row
+        bounds every row's pass within a slot's positions; the model's context bounds each row's own.
+        """
+        shared = self.slot_positions - 1 - max(self.lengths)
+        return [max(0, min(self.max_positions - 1 - length, shared)) for length in self.lengths]
 
     def last_rows(self, prompt_length: int, logits_to_keep: int) -> torch.Tensor:
         """The prefill's ``logits_to_keep`` argument for the last k of ``prompt_length`` positions, as indices.
@@ -198,114 +283,146 @@ class TargetModel:
         keep = max(1, min(logits_to_keep, prompt_length))
         return torch.arange(prompt_length - keep, prompt_length, device=self.device)
 
-    def tree_pass(self, cache: Cache, **inputs: torch.Tensor) -> torch.Tensor:
-        """Logits of one verify pass (rows under an explicit 4D mask) over ``cache``, which it extends.
-
-        Grouped-query attention reads the cache in place for such a pass (:mod:`goose.cycle.attention`).
-        """
-        with grouped_attention(self.model):
-            return self.model(use_cache=True, **{self._cache_kwarg: cache}, **inputs).logits
-
-
-class Verifier(TargetModel):
-    """Owns the KV cache of one request and runs prefill, tree verification and cache compaction."""
-
-    def __init__(self, model: PreTrainedModel) -> None:
-        super().__init__(model)
-        self._key_positions = torch.arange(0, device=self.device)  # 0..n-1, grown as the context grows
-        self.stacked = True  # layers of one shape share one tensor; False: each its own (the per-layer move)
-        self.reset()
-
-    def reset(self) -> None:
-        self.stack = LayerStack(self._layers if self.stacked else 0)
-        self.cache = Cache(layer_class_to_replicate=partial(GrowingLayer, self.stack))
-        self.past_length = 0  # tokens whose key/values are in the cache and belong to the context
-        self._pending: tuple[int, np.ndarray] | None = None  # (start, kept rows' absolute indices) still to move
-
     @torch.inference_mode()
     def prefill(self, prompt_ids: list[int], logits_to_keep: int = 1) -> torch.Tensor:
-        """Run the prompt into a fresh cache; return the logits [k, V] of its last k positions."""
+        """Run a joining request's prompt into the next free slot (``live - 1`` after); the logits [k, V] of its
+        last k positions."""
         if not prompt_ids:
             raise ValueError("empty prompt: give at least one token")
         if len(prompt_ids) >= self.max_positions:
             raise ContextOverflowError(
                 f"prompt of {len(prompt_ids)} tokens does not fit the model's context of {self.max_positions}"
             )
-        self.reset()
+        if self.live >= self.slots:
+            raise RuntimeError(f"every one of the {self.slots} slots is taken")
         input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+        self.stack.plan = PassPlan(first=self.live, width=len(prompt_ids))
         # the model builds its own causal (and sliding-window) masks for a plain prefix
         output = self.model(input_ids=input_ids, use_cache=True,
                             logits_to_keep=self.last_rows(len(prompt_ids), logits_to_keep),
                             **{self._cache_kwarg: self.cache})
-        self.past_length = len(prompt_ids)
+        self.lengths.append(len(prompt_ids))
         return output.logits[0]
 
     @torch.inference_mode()
-    def verify(self, tree: DraftTree, auxiliary: Sequence[AuxiliaryRows] = ()) -> torch.Tensor:
-        """Logits [n + a, V] for every tree node (then every auxiliary row), in one forward pass.
+    def verify(self, trees: Sequence[DraftTree], auxiliary: Sequence[Sequence[AuxiliaryRows]] | None = None
+               ) -> list[torch.Tensor]:
+        """Logits [n_i + a_i, V] of every node of live slot i's tree ``trees[i]``, then of its auxiliary rows
+        ``auxiliary[i]``, all in one pass.
 
-        The anchor (node 0) is not yet in the cache; it enters here with its draft descendants.
-        Call ``commit`` with the accepted path before the next pass.
+        Each tree's anchor (node 0) is not yet in the cache; it enters here with its draft. Call
+        :meth:`commit` for every slot before the next pass (without a commit the pass is forgotten).
         """
-        past = self.past_length
-        tokens, positions, block = pass_rows(tree, past, auxiliary)
+        if len(trees) != self.live:
+            raise ValueError(f"{len(trees)} trees for {self.live} live slots")
+        own = [pass_rows(tree, 0, auxiliary[i] if auxiliary else ()) for i, tree in enumerate(trees)]
+        sizes = [row_tokens.shape[0] for row_tokens, _, _ in own]
+        live, rows = self.live, max(sizes)
+        lengths = np.asarray(self.lengths, dtype=np.int64)
+        longest = int(lengths.max())
+        if longest + rows > self.slot_positions:
+            raise ContextOverflowError(f"a pass of {rows} rows after {longest} positions does not fit a slot's "
+                                       f"{self.slot_positions} positions")
+        tokens = np.zeros((live, rows), dtype=np.int64)
+        depths = np.zeros((live, rows), dtype=np.int64)
+        block = np.zeros((live, rows, rows), dtype=np.int64)
+        block[:, np.arange(rows), np.arange(rows)] = 1  # a padding row sees itself only
+        for i, (row_tokens, offsets, row_block) in enumerate(own):
+            tokens[i, : sizes[i]], depths[i, : sizes[i]], block[i, : sizes[i], : sizes[i]] = row_tokens, offsets, \
+                row_block
+        positions = lengths[:, None] + depths
         if int(positions.max()) >= self.max_positions:
             raise ContextOverflowError(f"context reached the model's limit of {self.max_positions} positions")
-        rows = tokens.shape[0]
-        moved = self._pending[1] if self._pending is not None else np.zeros(0, dtype=np.int64)
-        # the one host-to-device copy of the cycle: tokens, positions, the ancestor block, and the rows
-        # the previous commit keeps (absolute indices in the cache)
-        packed = torch.from_numpy(np.concatenate([tokens, positions, block.ravel(), moved])).to(self.device,
-                                                                                                non_blocking=True)
-        tokens_on_device, positions_on_device = packed[:rows], packed[rows : 2 * rows]
-        block_on_device = packed[2 * rows : 2 * rows + rows * rows].view(rows, rows).bool()
-        if self._pending is not None:
-            self.stack.move(self._pending[0], packed[2 * rows + rows * rows :])
-            self._pending = None
-        return self.tree_pass(self.cache, input_ids=tokens_on_device[None],
-                              attention_mask=self._masks(past, positions_on_device, block_on_device),
-                              position_ids=positions_on_device[None])[0]
+        moves = sorted(self._pending.items())
+        # the one host-to-device copy: tokens, positions, ancestor blocks, lengths, the rows kept rows move from
+        packed = torch.from_numpy(np.concatenate([tokens.ravel(), positions.ravel(), block.ravel(), lengths,
+                                                  *(kept for _, (_, kept) in moves)])).to(self.device,
+                                                                                          non_blocking=True)
+        cut = np.cumsum([live * rows, live * rows, live * rows * rows, live])
+        tokens_t, positions_t = packed[: cut[0]].view(live, rows), packed[cut[0] : cut[1]].view(live, rows)
+        block_t = packed[cut[1] : cut[2]].view(live, rows, rows).bool()
+        start = int(cut[3])
+        for slot, (first, kept) in moves:
+            self.stack.move(slot, first, packed[start : start + kept.shape[0]])
+            start += kept.shape[0]
+        self._pending.clear()
+        width = longest + rows
+        uniform = bool((lengths == longest).all())
+        self.stack.plan = PassPlan(offset=longest, width=width) if uniform else \
+            PassPlan(offsets=packed[cut[2] : cut[3]], width=width)
+        logits = self._pass(input_ids=tokens_t, position_ids=positions_t,
+                            attention_mask=self._masks(positions_t, block_t, width, self.stack.plan.offsets))
+        return [logits[i, :n] for i, n in enumerate(sizes)]
 
-    def _masks(self, past: int, positions: torch.Tensor, block: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
-        """The pass's attention mask(s) [1, 1, rows, past + rows], built on the device."""
-        rows = block.shape[0]
-        full = torch.cat([torch.ones(rows, past, dtype=torch.bool, device=self.device), block], dim=1)[None, None]
+    def _pass(self, **inputs: torch.Tensor) -> torch.Tensor:
+        """Logits of one verify pass (rows under an explicit 4D mask) over the cache, which it extends.
+
+        Grouped-query attention reads the cache in place for such a pass (:mod:`goose.cycle.attention`).
+        """
+        with grouped_attention(self.model):
+            return self.model(use_cache=True, **{self._cache_kwarg: self.cache}, **inputs).logits
+
+    def _masks(self, positions: torch.Tensor, block: torch.Tensor, width: int,
+               lengths: torch.Tensor | None) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The pass's attention mask(s) [live, 1, R, width], built on the device; ``lengths`` None: every row's
+        context is the ``width - R`` positions before its pass rows."""
+        live, rows = positions.shape
+        past = width - rows
+        if lengths is None:
+            context = torch.ones(live, rows, past, dtype=torch.bool, device=self.device)
+            full = torch.cat([context, block], dim=2)[:, None]
+        else:
+            columns = torch.arange(width, device=self.device)
+            context = columns[None, None, :] < lengths[:, None, None]  # [live, 1, width]
+            relative = columns[None, :] - lengths[:, None]  # [live, width]: a column's row in the pass, if any
+            in_pass = (relative >= 0) & (relative < rows)
+            own = block.gather(2, relative.clamp(0, rows - 1)[:, None, :].expand(live, rows, width)) & in_pass[:, None]
+            full = (context | own)[:, None]
         if self.sliding_window is None:
             return full
-        if self._key_positions.shape[0] < past:
-            self._key_positions = torch.arange(max(past, 2 * self._key_positions.shape[0]), device=self.device)
-        # a row at position q sees a cached position k only when q - k < window, as the model's sliding
-        # layers do in plain decoding; the pass's own keys lie within the tree's depth, always inside it
-        seen = positions[:, None] - self._key_positions[None, :past] < self.sliding_window
-        sliding = torch.cat([seen, block], dim=1)[None, None]
+        if self._key_positions.shape[0] < width:
+            self._key_positions = torch.arange(max(width, 2 * self._key_positions.shape[0]), device=self.device)
+        # as in plain decoding, a row at position q sees a cached position k only when q - k < window; the
+        # pass's own keys lie within the tree's depth, always inside it
+        if lengths is None:
+            seen = positions[:, :, None] - self._key_positions[None, None, :past] < self.sliding_window
+            sliding = torch.cat([seen, block], dim=2)[:, None]
+        else:
+            seen = context & (positions[:, :, None] - self._key_positions[None, None, :width] < self.sliding_window)
+            sliding = (seen | own)[:, None]
         masks = {"full_attention": full, "sliding_attention": sliding}
         return {kind: masks.get(kind, full) for kind in self.mask_kinds}
 
-    @torch.inference_mode()
-    def commit(self, path: np.ndarray) -> None:
-        """Keep the anchor and the accepted draft nodes ``path`` of the last pass; drop every other row.
+    def commit(self, slot: int, path: np.ndarray) -> None:
+        """Keep slot ``slot``'s anchor and accepted draft nodes ``path`` of the last pass; its other rows are dropped.
 
-        The cache is cut after the kept rows at once. A chain-shaped path is already in place; other
-        kept rows move to the front of the pass's slots (one gather on the sequence axis of the layer
-        stack) at the start of the next pass, which carries their indices in its one host-to-device copy.
+        A chain-shaped path is already in place; other kept rows move to the front of the pass's
+        positions (one gather on the sequence axis of the layer stack) at the start of the next pass,
+        which carries their indices in its one host-to-device copy.
         """
         keep = np.concatenate([[0], np.asarray(path, dtype=np.int64)])
-        start = self.past_length
-        kept = int(keep.shape[0])
-        for layer in self.cache.layers:
-            layer.truncate(start + kept)
-        if not (keep == np.arange(kept)).all():
-            self._pending = (start, start + keep)
-        self.past_length = start + kept
+        start = self.lengths[slot]
+        if not (keep == np.arange(keep.shape[0])).all():
+            self._pending[slot] = (start, start + keep)
+        self.lengths[slot] = start + int(keep.shape[0])
 
-    def discard(self) -> None:
-        """Drop every row of the last pass, anchor included (the cache is as before ``verify``)."""
-        for layer in self.cache.layers:
-            layer.truncate(self.past_length)
+    @torch.inference_mode()
+    def release(self, slot: int) -> int | None:
+        """Free ``slot``; the last live slot's request moves into it. Returns the slot that moved (or None)."""
+        last = self.live - 1
+        self._pending.pop(slot, None)
+        if slot != last:
+            if last in self._pending:  # its kept rows move into place before the slot is copied
+                first, kept = self._pending.pop(last)
+                self.stack.move(last, first, torch.from_numpy(kept).to(self.device))
+            self.stack.copy_slot(last, slot, self.lengths[last])
+            self.lengths[slot] = self.lengths[last]
+        self.lengths.pop()
+        return last if slot != last else None
 
 
 def pass_rows(tree: DraftTree, past: int, auxiliary: Sequence[AuxiliaryRows]) -> tuple[np.ndarray, ...]:
-    """Tokens [r], positions [r] (int64) and the attention block bool [r, r] among the pass's own rows.
+    """Tokens [r], positions [r] (int64) and the attention block bool [r, r] among one row's pass rows.
 
     Tree rows see their root path; auxiliary rows see the anchor and what their own mask allows; no
     tree row sees an auxiliary row.

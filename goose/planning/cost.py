@@ -2,8 +2,9 @@
 
 On a GPU a 60-node tree costs about one token; on a small CPU width costs (docs/results.md has the
 measured curves). The budget planner needs the real curve of the model, dtype, device and context
-length at hand, so it is measured once (a few seconds) and cached per machine; ``goose calibrate``
-prints it.
+length at hand, so it is measured once (a few seconds, by timing real passes of the verifier:
+:mod:`goose.cycle.calibration`) and cached per machine; ``goose calibrate`` prints it. Here: the curve,
+where it is cached, and the curves of batched passes.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import json
 import logging
 import os
 import platform
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,17 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from goose.config import GooseConfig
-from goose.contract.tree import TreeBuilder
-from goose.cycle.readout import read
-from goose.cycle.verifier import Verifier
+from goose.store.cache_dir import default_cache_dir
 
 logger = logging.getLogger("goose.planning.cost")
 
-DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-CALIBRATION_CONTEXT = 256  # tokens of context while measuring: a typical prompt length
-HARVEST_TOP_K = GooseConfig.model_fields["harvest_top_k"].default  # what a default decoder reads per row
-CURVE_FORMAT = 6  # part of the cache key: bump when measure() changes, so stale curves are re-measured
+CURVE_FORMAT = 6  # part of the cache key: bump when the measurement changes, so stale curves are re-measured
 
 
 @dataclass(frozen=True)
@@ -53,39 +46,9 @@ class CostCurve:
 
     @classmethod
     def load(cls, path: Path) -> CostCurve:
-        """A curve saved by :func:`load_or_measure` (a JSON file of ``to_dict``)."""
+        """A curve saved by :func:`cached` (a JSON file of ``to_dict``)."""
         data = json.loads(Path(path).expanduser().read_text())
         return cls(tuple(data["sizes"]), tuple(data["seconds"]))
-
-
-def measure(model: torch.nn.Module, sizes: tuple[int, ...] = DEFAULT_SIZES, rounds: int = 5,
-            context_length: int = CALIBRATION_CONTEXT) -> CostCurve:
-    """Time one verify pass of chain-shaped trees of each size after a ``context_length`` prefill.
-
-    The sizes are timed round-robin, one warm-up round and then ``rounds`` rounds, and each size
-    keeps its median: a slow spell of the machine (another process, a frequency change) then hits
-    every size alike instead of inflating whichever size was being timed at the moment.
-    """
-    verifier = Verifier(model)
-    vocab = verifier.vocab_size
-    generator = np.random.default_rng(0)
-    context = generator.integers(100, min(vocab, 30_000), context_length).tolist()
-    verifier.prefill(context)
-    trees = []
-    for size in sizes:
-        builder = TreeBuilder(context[-1], ("calibration",), capacity=size - 1)
-        builder.add_chain(0, generator.integers(100, min(vocab, 30_000), size - 1), 0)
-        trees.append(builder.build())
-    timings: list[list[float]] = [[] for _ in sizes]
-    for round_index in range(rounds + 1):  # round 0 warms the kernels of every shape
-        for tree, samples in zip(trees, timings, strict=True):
-            started = time.perf_counter()
-            read(verifier.verify(tree), tree.size, HARVEST_TOP_K)  # the readout and device read the decoder pays
-            elapsed = time.perf_counter() - started
-            verifier.discard()  # the context stays put for every measurement
-            if round_index:
-                samples.append(elapsed)
-    return CostCurve(tuple(sizes), tuple(float(s) for s in monotone([statistics.median(t) for t in timings])))
 
 
 def monotone(seconds: list[float]) -> np.ndarray:
@@ -119,15 +82,13 @@ def _processor_name(device: torch.device) -> str:
     return platform.processor() or "cpu"
 
 
-def load_or_measure(model: torch.nn.Module, cache_dir: Path | None = None, refresh: bool = False) -> CostCurve:
-    """The cached curve for this model/dtype/device/threads, measured on first use."""
-    from goose.models import default_cache_dir
-
-    path = (cache_dir or default_cache_dir()) / "calibration" / f"{cache_key(model)}.json"
-    return _cached(path, lambda: measure(model), refresh)
+def curve_path(model: torch.nn.Module, cache_dir: Path | None = None, batch: int = 1) -> Path:
+    """Where this machine's curve for ``model`` (of passes of ``batch`` requests) is cached."""
+    suffix = "" if batch == 1 else f"-batch{batch}"
+    return (cache_dir or default_cache_dir()) / "calibration" / f"{cache_key(model)}{suffix}.json"
 
 
-def _cached(path: Path, measured: Callable[[], CostCurve], refresh: bool = False) -> CostCurve:
+def cached(path: Path, measured: Callable[[], CostCurve], refresh: bool = False) -> CostCurve:
     """The curve saved at ``path``, or ``measured()`` saved there (atomically: concurrent writers never tear it)."""
     if path.exists() and not refresh:
         return CostCurve.load(path)
@@ -144,44 +105,6 @@ BATCH_SIZES = (2, 4, 8, 16, 32, 64)  # batch sizes whose curves are measured; th
 BATCH_WIDTHS = (1, 2, 4, 8, 16, 32)  # rows per request in a batched calibration pass
 
 
-def measure_batch(model: torch.nn.Module, batch: int, widths: tuple[int, ...] = BATCH_WIDTHS, rounds: int = 3,
-                  context_length: int = CALIBRATION_CONTEXT) -> CostCurve:
-    """Time one batched verify pass of ``batch`` requests, each a chain of every width in ``widths``, each after
-    its own ``context_length`` prefill: the curve over the pass's total rows (``batch x width``).
-
-    A batched pass does not cost what one request's pass of as many rows does: every request attends
-    over its own context, and small per-request blocks use the kernels less well. Timed round-robin
-    with medians, as :func:`measure` does.
-    """
-    from goose.cycle.batch_verifier import BatchVerifier
-
-    verifier = BatchVerifier(model, batch)
-    vocab = verifier.vocab_size
-    generator = np.random.default_rng(0)
-    contexts = [generator.integers(100, min(vocab, 30_000), context_length).tolist() for _ in range(batch)]
-    for context in contexts:
-        verifier.prefill(context)
-    passes = []
-    for width in widths:
-        trees = []
-        for context in contexts:
-            builder = TreeBuilder(context[-1], ("calibration",), capacity=width - 1)
-            builder.add_chain(0, generator.integers(100, min(vocab, 30_000), width - 1), 0)
-            trees.append(builder.build())
-        passes.append(trees)
-    timings: list[list[float]] = [[] for _ in widths]
-    for round_index in range(rounds + 1):
-        for trees, samples in zip(passes, timings, strict=True):
-            started = time.perf_counter()
-            for tree, logits in zip(trees, verifier.verify(trees), strict=True):
-                read(logits, tree.size, HARVEST_TOP_K)
-            elapsed = time.perf_counter() - started
-            if round_index:
-                samples.append(elapsed)
-    return CostCurve(tuple(batch * width for width in widths),
-                     tuple(float(s) for s in monotone([statistics.median(t) for t in timings])))
-
-
 class BatchCosts:
     """The verify cost of a batched pass, per batch size: t_B(total rows), measured once per machine and cached.
 
@@ -191,10 +114,9 @@ class BatchCosts:
     context on a noisy machine is a first guess, the requests' own contexts are the truth.
     """
 
-    def __init__(self, model: torch.nn.Module, single: CostCurve, cache_dir: Path | None = None) -> None:
-        self.model = model
+    def __init__(self, single: CostCurve, measure: Callable[[int], CostCurve]) -> None:
+        self.measure = measure  # batch size -> its calibrated curve (cached on disk by the caller)
         self.measured: dict[int, CostCurve] = {1: single}
-        self.cache_dir = cache_dir
         self._bases: dict[int, CostCurve] = {1: single}  # calibrated (interpolated), before any correction
         self._curves: dict[int, CostCurve] = {1: single}  # corrected by the passes observed
         self._corrections: dict[int, np.ndarray] = {}  # per batch size: measured / calibrated, per curve point
@@ -229,15 +151,8 @@ class BatchCosts:
 
     def _measured(self, batch: int) -> CostCurve:
         if batch not in self.measured:
-            self.measured[batch] = _load_or_measure_batch(self.model, batch, self.cache_dir)
+            self.measured[batch] = self.measure(batch)
         return self.measured[batch]
-
-
-def _load_or_measure_batch(model: torch.nn.Module, batch: int, cache_dir: Path | None) -> CostCurve:
-    from goose.models import default_cache_dir
-
-    path = (cache_dir or default_cache_dir()) / "calibration" / f"{cache_key(model)}-batch{batch}.json"
-    return _cached(path, lambda: measure_batch(model, batch))
 
 
 HARVEST_SHARE = 0.03  # the most of the prompt's forward the automatic prefill harvest may add...

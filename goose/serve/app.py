@@ -30,9 +30,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import goose
 from goose.cycle.sampling import SamplingParams, choice_seed, random_seed
-from goose.serve.engine import Decoding, Delta, Engine, Event, Failed, Finished, Job, QueueFullError
+from goose.serve.engine import Engine, QueueFullError
 from goose.serve.errors import APIError, from_validation_error
 from goose.serve.guard import HostRule, RequestGuard
+from goose.serve.job import Decoding, Delta, Event, Failed, Finished, Job
 from goose.serve.prompts import PromptEncoder
 from goose.serve.responses import DONE, ChatFormat, CompletionFormat, sse
 from goose.serve.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest, ModelCard, ModelList

@@ -1,19 +1,19 @@
-"""The model's worker: a bounded first-come-first-served queue, decoders, one generation or a batch at a time.
+"""The model's worker: a bounded first-come-first-served queue, decoders, up to ``max_batch`` requests at a time.
 
-A decoder is not thread-safe and holds its request's KV cache, so every generation runs in one
-worker thread. With ``max_batch`` > 1 the worker decodes up to that many requests together: every
-cycle verifies all their trees in one pass (:class:`goose.cycle.batch.BatchSession`, one per set of
-Goose options in use), requests join and leave at cycle boundaries, and each streams on its own.
-Requests wait in a bounded queue in arrival order; when it is full, ``submit`` refuses at once (the
-server answers 503 with Retry-After). Each job streams its events back to the event loop that asked
-for it; a job whose client has gone is skipped if it is still waiting, or stopped at its next cycle.
-One GooseDecoder is kept per (sources, topology, budget) in a small LRU: building one loads the
-device's cost curve, and its sources' tables (the bigram adjacency) keep learning across requests.
+A decoder is not thread-safe and holds its requests' KV cache, so every generation runs in one
+worker thread. It decodes up to ``max_batch`` requests together: every cycle verifies all their
+trees in one pass (a :class:`goose.cycle.session.Session`, one per set of Goose options in use;
+with ``max_batch`` 1 a session of one, drafting from the decoder's own sources), requests join and
+leave at cycle boundaries, and each streams on its own. Requests wait in a bounded queue in arrival
+order; when it is full, ``submit`` refuses at once (the server answers 503 with Retry-After). Each
+job streams its events back to the event loop that asked for it; a job whose client has gone is
+skipped if it is still waiting, or stopped at its next cycle. One GooseDecoder is kept per
+(sources, topology, budget) in a small LRU: building one loads the device's cost curve, and its
+sources' tables (the bigram adjacency) keep learning across requests.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import math
@@ -21,23 +21,20 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from pydantic import ValidationError
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from goose.config import GooseConfig
-from goose.cycle.batch import BatchSession
-from goose.cycle.decoder import GooseDecoder
-from goose.cycle.grammar import GrammarError
-from goose.cycle.logprobs import TokenLogprob
-from goose.cycle.verifier import ContextOverflowError, Verifier
+from goose.cycle.decoder import GenerationResult, GooseDecoder
+from goose.cycle.session import Session
+from goose.cycle.verifier import Verifier
 from goose.plugins import PluginError, registry
-from goose.serve.errors import APIError, bad_request, from_validation_error
-from goose.serve.logprobs import LogprobPlacer, TokenTexts, WireLogprob
+from goose.serve.errors import APIError, bad_request, from_validation_error, rejection
+from goose.serve.job import Decoding, Delta, Failed, Finished, Job
+from goose.serve.logprobs import LogprobPlacer, TokenTexts
 from goose.serve.metrics import ServerMetrics
 from goose.serve.schemas import GooseStats
 from goose.serve.stop import StopScanner
@@ -46,89 +43,6 @@ logger = logging.getLogger("goose.serve")
 
 DECODER_CACHE_SIZE = 4
 FINISH_REASONS = {"eos": "stop", "max_new_tokens": "length", "context_full": "length"}
-
-
-@dataclass(frozen=True)
-class Decoding:
-    """The Goose options a request may choose; one decoder is kept per distinct choice."""
-
-    sources: tuple[str, ...]
-    topology: str
-    budget: int | str
-
-
-# --- what a job sends back ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Delta:
-    """Text the client may be sent now (empty when a cycle's text is held back by a stop string) and, when the
-    request asks for log probabilities, those of the tokens whose text it completes (None when it does not)."""
-
-    text: str
-    logprobs: list[WireLogprob] | None = None
-
-
-@dataclass(frozen=True)
-class Finished:
-    finish_reason: str  # "stop" or "length"
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    stats: GooseStats
-    logprobs: list[WireLogprob] | None = None  # the output's tokens' (None unless the request asked)
-
-
-@dataclass(frozen=True)
-class Failed:
-    error: APIError
-    started: bool  # whether text was already sent (a stream can only report it in-band then)
-
-
-Event = Delta | Finished | Failed
-
-
-@dataclass
-class Job:
-    """One generation request, from the event loop's side to the worker's and back."""
-
-    endpoint: str  # "chat" or "completions", for metrics
-    prompt_ids: list[int]
-    max_tokens: int
-    stop: tuple[str, ...]
-    decoding: Decoding
-    sampling: dict[str, Any]
-    loop: asyncio.AbstractEventLoop
-    ignore_eos: bool = False
-    prediction: list[int] | None = None  # Predicted Outputs: the expected output's token ids
-    structured_output: dict[str, Any] = field(default_factory=dict)  # response_format: json_schema or json_object
-    logprobs: int | None = None  # None: no log probabilities; else the top alternatives reported per token
-    arrived: float = field(default_factory=time.perf_counter)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
-
-    def deliver(self, event: Event) -> None:
-        """Called by the worker thread: hand the event to the request's event loop."""
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            self.cancelled.set()
-
-    def decoder_options(self) -> dict[str, Any]:
-        """The decoder's options for this job: its sampling, and no EOS or a prediction when it asks."""
-        options: dict[str, Any] = dict(self.sampling)
-        if self.ignore_eos:
-            options["eos_token_ids"] = ()
-        if self.prediction is not None:
-            options["prediction"] = self.prediction
-        options.update(self.structured_output)
-        if self.logprobs is not None:
-            options["logprobs"] = self.logprobs
-        return options
-
-    def cancel(self) -> None:
-        """The client has gone: skip the job if it still waits, stop it at the next cycle if it runs."""
-        self.cancelled.set()
 
 
 SHUTTING_DOWN = APIError(503, "the server is shutting down", kind="server_error", code="shutting_down")
@@ -144,7 +58,7 @@ class QueueFullError(Exception):
 
 
 class Engine:
-    """Owns the model: validates Goose options, queues jobs and runs them one at a time in its worker."""
+    """Owns the model: validates Goose options, queues jobs and decodes up to ``max_batch`` together in its worker."""
 
     def __init__(
         self,
@@ -162,7 +76,7 @@ class Engine:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.max_batch = max_batch
-        self.cache_positions = cache_positions  # each batch's KV cache budget (BatchSession), None: the context
+        self.cache_positions = cache_positions  # each session's KV cache budget, None: the context
         self.model = model
         self.tokenizer = tokenizer
         self.config = config or GooseConfig()
@@ -177,8 +91,7 @@ class Engine:
         self._token_texts = TokenTexts(tokenizer)  # the worker's: it decodes with the worker's tokenizer
         self._worker: threading.Thread | None = None
         self._mean_job_s = 5.0  # a first guess for Retry-After until jobs have been timed
-        self._running: Job | None = None
-        self._batch: dict[tuple[Decoding, int], _Running] = {}  # batched: the jobs decoding now
+        self._running: dict[tuple[Decoding, int], _Running] = {}  # the jobs decoding now, by (decoding, request id)
         self._closing = False
         # jobs submitted and not yet finished or skipped; with the queue's size it tells whether the worker
         # holds one, without a gap between taking a job off the queue and starting it
@@ -225,11 +138,8 @@ class Engine:
         """The request's Goose options merged over the server's, validated (a 400 naming the field if not)."""
         if sources is None and topology is None and budget is None:
             return self.default_decoding
-        fields = self.config.model_dump()
-        fields |= {key: value for key, value in (("sources", sources), ("topology", topology), ("budget", budget))
-                   if value is not None}
         try:
-            config = GooseConfig.model_validate(fields)
+            config = self.config.merged({"sources": sources, "topology": topology, "budget": budget})
         except ValidationError as error:
             raise from_validation_error(error) from None
         known = registry()
@@ -290,54 +200,16 @@ class Engine:
             return
         finally:
             ready.set()
-        if self.max_batch > 1:
-            self._work_batched()
-            return
+        sessions: dict[Decoding, Session] = {}
         while True:
-            job = self._queue.get()
-            self.metrics.queue_depth.set(self._queue.qsize())
-            if job is None:
-                return
-            if job.cancelled.is_set():
-                self.metrics.generations.labels(job.endpoint, "cancelled").inc()
-                self._done()
-                continue
-            self._running = job
-            self.metrics.busy.set(1)
-            started = time.perf_counter()
-            try:
-                self._run(job)
-            except Exception:  # the worker outlives any one request
-                logger.exception("generation failed")
-                failure = APIError(500, "internal error during generation", code="internal_error")
-                job.deliver(Failed(failure, started=True))
-            finally:
-                self._running = None
-                self.metrics.busy.set(0)
-                self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * (time.perf_counter() - started)
-                self._done()
-
-    def _current_cancel(self) -> None:
-        running = self._running
-        if running is not None:
-            running.cancel()
-        for batched in list(self._batch.values()):
-            batched.job.cancel()
-
-    # the batched worker
-
-    def _work_batched(self) -> None:
-        """Admit jobs to free slots, step every batch one cycle, route the events, stop what was cancelled."""
-        sessions: dict[Decoding, BatchSession] = {}
-        while True:
-            while len(self._batch) < self.max_batch:  # wait for work only when nothing decodes
+            while len(self._running) < self.max_batch:  # wait for work only when nothing decodes
                 try:
-                    job = self._queue.get(block=not self._batch)
+                    job = self._queue.get(block=not self._running)
                 except queue.Empty:
                     break
                 self.metrics.queue_depth.set(self._queue.qsize())
                 if job is None:
-                    for running in list(self._batch.values()):
+                    for running in list(self._running.values()):
                         self._end(running, "cancelled", sessions[running.job.decoding].cancel(running.request_id))
                     return
                 if job.cancelled.is_set():
@@ -345,77 +217,84 @@ class Engine:
                     self._done()
                     continue
                 self._admit(job, sessions)
-            self.metrics.busy.set(1 if self._batch else 0)
+            self.metrics.busy.set(1 if self._running else 0)
             for decoding, session in list(sessions.items()):
                 if session.active and not self._step(decoding, session):
-                    # afresh, an empty cache
-                    sessions[decoding] = session = session.decoder.batch(self.max_batch, self.cache_positions)
+                    sessions[decoding] = session = self._session(decoding)  # afresh, an empty cache
                 if not session.active and decoding != self.default_decoding:
                     del sessions[decoding]  # its cache goes with it; the default's stays warm
-            for running in list(self._batch.values()):
+            for running in list(self._running.values()):
                 if running.job.cancelled.is_set():
                     self._end(running, "cancelled", sessions[running.job.decoding].cancel(running.request_id))
 
-    def _admit(self, job: Job, sessions: dict[Decoding, BatchSession]) -> None:
+    def _current_cancel(self) -> None:
+        for running in list(self._running.values()):
+            running.job.cancel()
+
+    def _session(self, decoding: Decoding) -> Session:
+        return self._decoder(decoding).batch(self.max_batch, self.cache_positions)
+
+    def _admit(self, job: Job, sessions: dict[Decoding, Session]) -> None:
         started = time.perf_counter()
         self.metrics.queue_wait.observe(started - job.arrived)
         try:
             decoder = self._decoder(job.decoding)
             session = sessions.get(job.decoding)
             if session is None:
-                session = sessions[job.decoding] = decoder.batch(self.max_batch, self.cache_positions)
+                session = sessions[job.decoding] = self._session(job.decoding)
             request_id = session.submit(job.prompt_ids, job.max_tokens, **job.decoder_options())
         except (PluginError, ValueError) as error:
-            job.deliver(Failed(_rejection(error, job) if isinstance(error, ValueError) else bad_request(str(error)),
+            job.deliver(Failed(rejection(error, job.endpoint, (job.sampling.get("temperature") or 0) > 0),
                                started=False))
             self.metrics.generations.labels(job.endpoint, "error").inc()
             self._done()
             return
-        self._batch[(job.decoding, request_id)] = _Running(job, request_id, StopScanner(job.stop), started,
+        self._running[(job.decoding, request_id)] = _Running(job, request_id, StopScanner(job.stop), started,
                                                            decoder.source_names(job.prediction is not None),
                                                            self._placer(job))
 
-    def _step(self, decoding: Decoding, session: BatchSession) -> bool:
-        """One cycle of ``session``, its events sent on; False if it failed (its requests are failed too)."""
+    def _step(self, decoding: Decoding, session: Session) -> bool:
+        """One step of ``session``, its chunks sent on; False if it failed (its requests are failed too)."""
         try:
-            events = session.step()
-        except Exception:  # the worker outlives any one batch: its requests fail, the next ones start afresh
-            logger.exception("batched generation failed")
+            chunks = session.step()
+        except Exception:  # the worker outlives any one session: its requests fail, the next ones start afresh
+            logger.exception("generation failed")
             failure = APIError(500, "internal error during generation", code="internal_error")
-            for key, running in list(self._batch.items()):
+            for key, running in list(self._running.items()):
                 if key[0] == decoding:
                     running.job.deliver(Failed(failure, started=True))
                     self._release(key)
             return False
         if session.rows:
             self.metrics.batch_size.observe(len(session.rows))
-        for event in events:
-            running = self._batch.get((decoding, event.request_id))
+        for chunk in chunks:
+            running = self._running.get((decoding, chunk.request_id))
             if running is None:
                 continue
             if running.cycles == 0:
                 self.metrics.first_token.labels(running.job.endpoint).observe(time.perf_counter() - running.job.arrived)
             running.cycles += 1
-            running.produced += len(event.token_ids)
-            piece = running.scanner.feed(event.text)
+            running.produced += len(chunk.token_ids)
+            piece = running.scanner.feed(chunk.text)
             running.text += piece
-            logprobs = _placed(running.placer, event.logprobs, len(running.text), cut=running.scanner.stopped)
+            logprobs = running.placer.place(chunk.logprobs or (), len(running.text), cut=running.scanner.stopped) \
+                if running.placer is not None else None
             if piece or logprobs or running.cycles == 1:  # the first event tells a stream that generation began
                 running.job.deliver(Delta(piece, logprobs))
             if running.scanner.stopped:
-                self._end(running, "stop", session.cancel(event.request_id))
-            elif event.result is not None:
+                self._end(running, "stop", chunk.result or session.cancel(chunk.request_id))
+            elif chunk.result is not None:
                 tail = running.scanner.flush()
                 running.text += tail
-                logprobs = _placed(running.placer, [], len(running.text), ended=True)
+                logprobs = running.placer.place((), len(running.text), ended=True) if running.placer else None
                 if tail or logprobs:
                     running.job.deliver(Delta(tail, logprobs))
-                self._end(running, FINISH_REASONS.get(event.result.stop_reason, "length"), event.result)
+                self._end(running, FINISH_REASONS.get(chunk.result.stop_reason, "length"), chunk.result)
         return True
 
-    def _end(self, running: _Running, finish_reason: str, result: Any) -> None:
+    def _end(self, running: _Running, finish_reason: str, result: GenerationResult | None) -> None:
         job = running.job
-        stats = _goose_stats(job, running.sources, result, running.produced, running.cycles, running.started)
+        stats = _goose_stats(job, running.sources, result, running)
         self._record(job, finish_reason, running.produced, stats)
         if finish_reason == "cancelled":  # the client has gone, or the server is stopping: tell whoever is left
             job.deliver(Failed(SHUTTING_DOWN, started=True))
@@ -426,77 +305,20 @@ class Engine:
         self._release((job.decoding, running.request_id))
 
     def _release(self, key: tuple[Decoding, int]) -> None:
-        del self._batch[key]
+        del self._running[key]
         self._done()
 
     def _decoder(self, decoding: Decoding) -> GooseDecoder:
         decoder = self._decoders.get(decoding)
         if decoder is None:
-            config = GooseConfig.model_validate({**self.config.model_dump(), "sources": list(decoding.sources),
-                                                 "topology": decoding.topology, "budget": decoding.budget})
+            config = self.config.merged({"sources": list(decoding.sources), "topology": decoding.topology,
+                                         "budget": decoding.budget})
             decoder = GooseDecoder(self.model, self.tokenizer, config, chat=False)
             self._decoders[decoding] = decoder
             if len(self._decoders) > DECODER_CACHE_SIZE:
                 self._decoders.popitem(last=False)
         self._decoders.move_to_end(decoding)
         return decoder
-
-    def _run(self, job: Job) -> None:
-        started = time.perf_counter()
-        self.metrics.queue_wait.observe(started - job.arrived)
-        try:
-            decoder = self._decoder(job.decoding)
-        except (PluginError, ValueError) as error:
-            job.deliver(Failed(bad_request(str(error)), started=False))
-            self.metrics.generations.labels(job.endpoint, "error").inc()
-            return
-        decoder.last_result = None
-        generation = decoder.stream(job.prompt_ids, job.max_tokens, **job.decoder_options())
-        scanner, placer = StopScanner(job.stop), self._placer(job)
-        text, produced, cycles, finish_reason = "", 0, 0, None
-        try:
-            for chunk in generation:
-                if cycles == 0:
-                    self.metrics.first_token.labels(job.endpoint).observe(time.perf_counter() - job.arrived)
-                produced += len(chunk.token_ids)
-                cycles += 1
-                piece = scanner.feed(chunk.text)
-                text += piece
-                logprobs = _placed(placer, chunk.logprobs, len(text), cut=scanner.stopped)
-                if piece or logprobs or cycles == 1:  # the first event tells a stream that generation began
-                    job.deliver(Delta(piece, logprobs))
-                if scanner.stopped:
-                    finish_reason = "stop"
-                    break
-                if job.cancelled.is_set():
-                    finish_reason = "cancelled"
-                    break
-            else:
-                tail = scanner.flush()
-                text += tail
-                logprobs = _placed(placer, [], len(text), ended=True)
-                if tail or logprobs:
-                    job.deliver(Delta(tail, logprobs))
-        except ValueError as error:
-            if cycles:
-                raise
-            job.deliver(Failed(_rejection(error, job), started=False))  # refused before any token
-            self.metrics.generations.labels(job.endpoint, "error").inc()
-            return
-        finally:
-            generation.close()  # a generation left early ends here, at this cycle
-            decoder.verifier.reset()  # free the request's KV cache
-        result = decoder.last_result  # set only when the generation ran to its own end
-        if finish_reason is None:
-            finish_reason = FINISH_REASONS.get(result.stop_reason if result else "", "length")
-        stats = _goose_stats(job, decoder.source_names(job.prediction is not None), result, produced, cycles,
-                             started)
-        self._record(job, finish_reason, produced, stats)
-        if finish_reason == "cancelled":  # the client has gone, or the server is stopping: tell whoever is left
-            job.deliver(Failed(SHUTTING_DOWN, started=True))
-        else:
-            job.deliver(Finished(finish_reason, text, len(job.prompt_ids), produced, stats,
-                                 placer.sent if placer is not None else None))
 
     def _placer(self, job: Job) -> LogprobPlacer | None:
         return LogprobPlacer(self._token_texts) if job.logprobs is not None else None
@@ -532,43 +354,15 @@ class _Running:
     cycles: int = 0
 
 
-def _placed(placer: LogprobPlacer | None, entries: Sequence[TokenLogprob] | None, sent_length: int, *,
-            cut: bool = False, ended: bool = False) -> list[WireLogprob] | None:
-    """The log probabilities that go out with the text sent so far (None when the request asked for none)."""
-    if placer is None:
-        return None
-    placer.add(entries or ())
-    return placer.release(sent_length, cut=cut, ended=ended)
-
-
-def _rejection(error: ValueError, job: Job) -> APIError:
-    """A 400 for a request the decoder refused before its first token, naming the field when it can."""
-    if isinstance(error, ContextOverflowError):
-        return bad_request(str(error), param="messages" if job.endpoint == "chat" else "prompt",
-                           code="context_length_exceeded")
-    if isinstance(error, ValidationError):
-        return from_validation_error(error)
-    if isinstance(error, GrammarError):
-        return bad_request(f"response_format: {error}", param="response_format")
-    sampling = (job.sampling.get("temperature") or 0) > 0
-    return bad_request(str(error), param="temperature" if sampling and "sampl" in str(error) else None)
-
-
-def _goose_stats(job: Job, sources: tuple[str, ...], result: Any, produced: int, cycles: int,
-                 started: float) -> GooseStats:
-    """The request's statistics from the decoder's result, or from our own counts when it was left early.
-
-    (``GooseDecoder.stream`` sets ``last_result`` only when its generator runs out; a generation cut
-    by a stop string or a disconnect has no result, so only tokens, steps and time are known.)
-    """
-    decoding = job.decoding
-    common = {"sources": list(sources), "topology": decoding.topology, "budget": decoding.budget,
-              "queue_s": round(started - job.arrived, 4)}
+def _goose_stats(job: Job, sources: tuple[str, ...], result: GenerationResult | None, running: _Running) -> GooseStats:
+    """The request's statistics from its result, or from our own counts when there is none (only tokens, steps
+    and time are known then: ``partial``)."""
+    common = {"sources": list(sources), "topology": job.decoding.topology, "budget": job.decoding.budget,
+              "queue_s": round(running.started - job.arrived, 4)}
     if result is not None:
         fields = {key: value for key, value in result.stats.to_dict().items() if key in GooseStats.model_fields}
-        return GooseStats(**fields, **common, seed=getattr(result, "seed", None))
-    wall_s = time.perf_counter() - started
-    steps = max(0, cycles - 1)  # the first cycle is the prefill
+        return GooseStats(**fields, **common, seed=result.seed)
+    wall_s, produced, steps = time.perf_counter() - running.started, running.produced, max(0, running.cycles - 1)
     return GooseStats(
         **common, tau=round((produced - 1) / steps, 4) if steps else 0.0, verify_steps=steps, new_tokens=produced,
         tokens_per_s=round(produced / wall_s, 3) if wall_s > 0 else 0.0, wall_s=round(wall_s, 4), prefill_s=0.0,

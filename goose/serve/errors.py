@@ -6,6 +6,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from goose.cycle.verifier import ContextOverflowError
+from goose.grammar import GrammarError
+
 
 class APIError(Exception):
     """An HTTP error answered with an OpenAI-style body; ``param`` names the offending request field."""
@@ -87,3 +90,15 @@ def _is_union_branch(part: int | str) -> bool:
     # into the location; the user's field path has no such segments
     return isinstance(part, str) and (part in {"str", "int", "float", "bool", "dict", "list"} or "[" in part
                                       or part.startswith(("constrained-", "function-")))
+
+
+def rejection(error: ValueError, endpoint: str, sampled: bool) -> APIError:
+    """A 400 for a request the decoder refused before its first token, naming the field when it can."""
+    if isinstance(error, ContextOverflowError):
+        return bad_request(str(error), param="messages" if endpoint == "chat" else "prompt",
+                           code="context_length_exceeded")
+    if isinstance(error, ValidationError):
+        return from_validation_error(error)
+    if isinstance(error, GrammarError):
+        return bad_request(f"response_format: {error}", param="response_format")
+    return bad_request(str(error), param="temperature" if sampled and "sampl" in str(error) else None)

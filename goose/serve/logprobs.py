@@ -115,6 +115,12 @@ class LogprobPlacer:
                     done[1] = self._length
                 self._incomplete.clear()
 
+    def place(self, entries: Sequence[TokenLogprob], sent_length: int, *, cut: bool = False,
+              ended: bool = False) -> list[WireLogprob]:
+        """:meth:`add` the entries, then :meth:`release` what goes out with the text sent so far."""
+        self.add(entries)
+        return self.release(sent_length, cut=cut, ended=ended)
+
     def release(self, sent_length: int, *, cut: bool = False, ended: bool = False) -> list[WireLogprob]:
         """The entries to send with the output's first ``sent_length`` characters: those whose text has all been
         sent; with ``cut`` (a stop string ended the output there) those whose text starts before it, the

@@ -16,7 +16,7 @@ import time
 import uuid
 from typing import Any
 
-from goose.serve.engine import Delta, Finished
+from goose.serve.job import Delta, Finished
 from goose.serve.logprobs import WireLogprob
 from goose.serve.schemas import (
     AssistantMessage,

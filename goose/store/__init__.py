@@ -1,2 +1,2 @@
-"""What Goose keeps on disk: folders published atomically, and the tokenizer identity that a saved
-datastore or memory is checked against."""
+"""What Goose keeps on disk: where (the cache folder), folders published atomically, and the tokenizer identity
+that a saved datastore or memory is checked against."""

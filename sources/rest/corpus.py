@@ -29,6 +29,7 @@ import numpy as np
 
 from goose.sources.rest.datastore import FORMAT, MANIFEST, SUFFIXES_FILE, TOKENS_FILE, Datastore
 from goose.sources.rest.suffix_index import SEPARATOR, DatastoreError, non_separator_suffixes
+from goose.store.cache_dir import default_cache_dir
 from goose.store.folders import publish
 from goose.store.tokenizer_identity import tokenizer_fingerprint, tokenizer_identity
 
@@ -265,8 +266,6 @@ def stdlib_files(root: str | Path | None = None) -> list[Path]:
 
 def default_datastore_path(tokenizer: Any, cache_dir: str | Path | None = None) -> Path:
     """Where the default (standard-library) datastore for ``tokenizer`` is cached."""
-    from goose.models import default_cache_dir
-
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     return root / "datastores" / tokenizer_fingerprint(tokenizer)[:16] / f"stdlib-py{version}-{DEFAULT_MAX_TOKENS}"

@@ -12,9 +12,9 @@ asking for a draft, fills unscored drafts with it, and updates it from every out
 ranked by one number per cycle: the chain-equivalent rate (:func:`chain_rate`) of the draft's
 ``depth_acceptance`` when the draft carries one, else the source's estimate.
 
-A plugin's shape (hook names, markers, options) is checked when its instance is made
-(:func:`goose.plugins.plugin_manager`): a misspelled or unmarked hook is a PluginError then, not a
-source that silently never drafts.
+It sits beside the registry it makes plugins from (:mod:`goose.plugins`). A plugin's shape (hook
+names, markers, options) is checked when its instance is made (:func:`goose.plugins.plugin_manager`):
+a misspelled or unmarked hook is a PluginError then, not a source that silently never drafts.
 """
 
 from __future__ import annotations

@@ -56,14 +56,13 @@ def schema_text(json_schema: dict[str, Any] | str | None, json_object: bool) -> 
         return json.dumps(JSON_OBJECT_SCHEMA) if json_object else None
     if json_object:
         raise GrammarError("give json_schema or json_object, not both (a schema already says what object to produce)")
-    if isinstance(json_schema, str):
-        try:
-            json_schema = json.loads(json_schema)
-        except json.JSONDecodeError as error:
-            raise GrammarError(f"json_schema is not valid JSON: {error}") from None
-    if not isinstance(json_schema, dict):
-        raise GrammarError(f"json_schema must be a JSON object (a dict), not {type(json_schema).__name__}")
-    return json.dumps(json_schema)  # key order kept: the grammar lays properties in it
+    try:
+        schema = json.loads(json_schema) if isinstance(json_schema, str) else json_schema
+    except json.JSONDecodeError as error:
+        raise GrammarError(f"json_schema is not valid JSON: {error}") from None
+    if not isinstance(schema, dict):
+        raise GrammarError(f"json_schema must be a JSON object (a dict), not {type(schema).__name__}")
+    return json.dumps(schema)  # key order kept: the grammar lays properties in it
 
 
 class GrammarCompiler:

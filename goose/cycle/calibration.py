@@ -1,0 +1,66 @@
+"""Measuring this device's verify cost curve t(n) (:class:`goose.planning.cost.CostCurve`): timed passes of the
+real verifier over chain-shaped trees, cached per machine."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from goose.config import GooseConfig
+from goose.contract.tree import TreeBuilder
+from goose.cycle.readout import read
+from goose.cycle.verifier import Verifier
+from goose.planning.cost import BATCH_WIDTHS, CostCurve, cached, curve_path, monotone
+
+DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+CALIBRATION_CONTEXT = 256  # tokens of context while measuring: a typical prompt length
+HARVEST_TOP_K = GooseConfig.model_fields["harvest_top_k"].default  # what a default decoder reads per row
+
+
+def measure(model: torch.nn.Module, sizes: tuple[int, ...] = DEFAULT_SIZES, rounds: int = 5,
+            context_length: int = CALIBRATION_CONTEXT, batch: int = 1) -> CostCurve:
+    """Time one verify pass of ``batch`` requests, each a chain of every size in ``sizes`` after its own
+    ``context_length`` prefill: the curve over the pass's total rows (``batch x size``).
+
+    The sizes are timed round-robin, one warm-up round and then ``rounds`` rounds, and each size
+    keeps its median: a slow spell of the machine (another process, a frequency change) then hits
+    every size alike instead of inflating whichever size was being timed at the moment. A batched
+    pass does not cost what one request's pass of as many rows does (every request attends over its
+    own context, and small per-request blocks use the kernels less well), hence a curve per batch size.
+    """
+    verifier = Verifier(model, batch)
+    vocab = verifier.vocab_size
+    generator = np.random.default_rng(0)
+    contexts = [generator.integers(100, min(vocab, 30_000), context_length).tolist() for _ in range(batch)]
+    for context in contexts:
+        verifier.prefill(context)
+    passes = []
+    for size in sizes:
+        trees = []
+        for context in contexts:
+            builder = TreeBuilder(context[-1], ("calibration",), capacity=size - 1)
+            builder.add_chain(0, generator.integers(100, min(vocab, 30_000), size - 1), 0)
+            trees.append(builder.build())
+        passes.append(trees)
+    timings: list[list[float]] = [[] for _ in sizes]
+    for round_index in range(rounds + 1):  # round 0 warms the kernels of every shape
+        for trees, samples in zip(passes, timings, strict=True):
+            started = time.perf_counter()
+            for tree, logits in zip(trees, verifier.verify(trees), strict=True):  # uncommitted: the context stays
+                read(logits, tree.size, HARVEST_TOP_K)  # the readout and device read the decoder pays
+            if round_index:
+                samples.append(time.perf_counter() - started)
+    return CostCurve(tuple(batch * size for size in sizes),
+                     tuple(float(s) for s in monotone([statistics.median(t) for t in timings])))
+
+
+def load_or_measure(model: torch.nn.Module, cache_dir: Path | None = None, refresh: bool = False,
+                    batch: int = 1) -> CostCurve:
+    """The cached curve for this model/dtype/device/threads (of passes of ``batch`` requests), measured on first use."""
+    if batch == 1:
+        return cached(curve_path(model, cache_dir), lambda: measure(model), refresh)
+    return cached(curve_path(model, cache_dir, batch), lambda: measure(model, BATCH_WIDTHS, 3, batch=batch), refresh)

@@ -1,0 +1,287 @@
+"""Goose's side of the cycle: what a decoder drafts with (:class:`Drafter`) and one request's row (:class:`RowCycle`).
+
+A row drafts, plans its tree and, once the session's pass (:mod:`goose.cycle.session`) has verified
+it, walks it, keeps the agreed tokens and lets every source learn.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from goose import plugins
+from goose.boundary import FaultLog, SourceSet, TopologyPlanner
+from goose.config import GooseConfig
+from goose.contract.candidates import CandidatePool, DecodeContext
+from goose.contract.outcome import AuxiliaryRows, Harvest, VerifyOutcome
+from goose.contract.tree import ROOT, DraftTree
+from goose.cycle.calibration import load_or_measure
+from goose.cycle.readout import greedy_and_top_k, read
+from goose.cycle.request import Request
+from goose.cycle.sampling import Sampler
+from goose.cycle.stats import GenerationStats
+from goose.cycle.walker import walk, walk_sampled
+from goose.planning.budget import BudgetPlanner
+from goose.planning.cost import CostCurve, harvest_rows, output_layer_weight
+
+
+class Drafter:
+    """A Goose decoder's sources, topology and budget planner, which every request it decodes drafts with.
+
+    Sources and the topology are made once (their state, such as a persistent adjacency table or the
+    acceptance estimates, lives as long as the decoder). With ``budget="auto"`` the budget follows
+    ``cost_curve``, or this device's measured curve, loaded (and measured once, if no cached one
+    exists) when the first generation needs it.
+    """
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, config: GooseConfig,
+                 vocab_size: int, profile: bool = False, cost_curve: CostCurve | None = None) -> None:
+        if not config.sources:
+            raise plugins.PluginError("no sources enabled: name at least one with --sources")
+        self.model, self.tokenizer, self.config, self.vocab_size = model, tokenizer, config, vocab_size
+        faults = FaultLog()
+        self.sources = SourceSet(config.sources, config, vocab_size, faults=faults)
+        self.topology = TopologyPlanner(config.topology, config, vocab_size, faults=faults)
+        self.profile = profile
+        self.draw_all_rows = False  # sampled: draw every tree row in one batch on the CPU too (as on a GPU)
+        self.unpriced: dict[str, int] = {}  # the own sources': cycles since a source's auxiliary rows last rode
+        self.row_weight = output_layer_weight(model)  # prices the prefill harvest (prefill_harvest="auto")
+        self._cost_curve = cost_curve
+        self._budget_planner: BudgetPlanner | None = None
+        self._predicting: SourceSet | None = None  # self.sources plus the prediction source (see own_sources)
+
+    @property
+    def budget_planner(self) -> BudgetPlanner | None:
+        """The planner that prices rows with the cost curve: for the automatic budget and for auxiliary rows.
+
+        None with a fixed budget and no row to price; its cost curve is loaded on first use.
+        """
+        prices_rows = self.config.price_rows and any(self.sources.implements(name, "goose_auxiliary_rows")
+                                                     for name in self.sources.names)
+        if self.config.budget != "auto" and not prices_rows:
+            return None
+        if self._budget_planner is None:
+            curve = self._cost_curve if self._cost_curve is not None else load_or_measure(self.model)
+            self._budget_planner = BudgetPlanner(curve, max_depth=self.config.max_depth)
+        return self._budget_planner
+
+    def source_names(self, with_prediction: bool) -> tuple[str, ...]:
+        """The sources a request drafts from: the decoder's, with the prediction source in front for a request
+        that carries a prediction (unless the decoder's own sources already include it)."""
+        if with_prediction and "prediction" not in self.sources.names:
+            return ("prediction", *self.sources.names)
+        return self.sources.names
+
+    def own_sources(self, names: tuple[str, ...]) -> SourceSet:
+        """The decoder's own set for the sources ``names`` (one request at a time).
+
+        The set with the prediction source is made once, on the first request with a prediction, and shares
+        every other source's instance and acceptance estimate with the decoder's own set, so what they learn
+        carries over.
+        """
+        if names == self.sources.names:
+            return self.sources
+        if self._predicting is None:
+            self._predicting = SourceSet(names, self.config, self.vocab_size, faults=self.sources.faults,
+                                         estimates=self.sources.estimates, instances=self.sources.instances)
+        return self._predicting
+
+    def new_sources(self, names: tuple[str, ...], shared: dict[str, Any]) -> SourceSet:
+        """A set of its own for one row of a batch, holding the ``shared`` instances."""
+        return SourceSet(names, self.config, self.vocab_size, faults=self.sources.faults, instances=shared)
+
+    def shared_instances(self) -> dict[str, Any]:
+        """One instance of each source in ``batch_shared_sources``, for every row's source set of a batch to hold."""
+        names = self.config.batch_shared_sources
+        drafting = self.source_names(True)
+        if names == "auto":
+            sources = plugins.registry().sources
+            names = [name for name in drafting if name in sources and sources[name].shareable]
+        unused = set(names) - set(drafting)
+        if unused:
+            raise ValueError(f"batch_shared_sources names {', '.join(sorted(unused))}, which this decoder does not "
+                             f"draft from (its sources: {', '.join(self.sources.names)})")
+        return dict(SourceSet(names, self.config, self.vocab_size, faults=self.sources.faults).instances) \
+            if names else {}
+
+
+class RowCycle:
+    """One request's side of the Goose cycle: its sources draft, its topology plans, it walks and learns."""
+
+    def __init__(self, drafter: Drafter, request: Request, sources: SourceSet, unpriced: dict[str, int]) -> None:
+        self.drafter, self.request, self.sources = drafter, request, sources
+        self.stats = request.stats
+        self.unpriced = unpriced  # per source: cycles since its rows last rode
+        self.clock = _PhaseClock(self.stats if drafter.profile else None)
+        self.pool: CandidatePool | None = None
+        self.auxiliary: list[tuple[str, AuxiliaryRows]] = []
+        self.tree: DraftTree | None = None
+        self.masks: Any = None  # a constrained request's grammar bitmask of every tree row
+        self.started = 0.0
+
+    def harvest_rows(self) -> int:
+        """Prompt rows whose logits the prefill keeps for the sources (``GooseConfig.prefill_harvest``)."""
+        return harvest_rows(self.drafter.config.prefill_harvest, len(self.request.prompt_ids), self.drafter.row_weight)
+
+    def begin(self, prompt_logits: torch.Tensor) -> None:
+        """The sources read the prompt and the top-k of its harvested rows (``prompt_logits`` [h + 1, V])."""
+        self.clock.start()
+        if self.request.stop_reason is None:
+            self.sources.prefill(self.context(), _prompt_harvest(self.request.prompt_ids, prompt_logits[:-1],
+                                                                 self.drafter.config.harvest_top_k))
+        self.clock.lap("prefill")
+
+    @property
+    def auxiliary_rows(self) -> list[AuxiliaryRows]:
+        return [rows for _, rows in self.auxiliary]
+
+    @property
+    def riding(self) -> int:
+        """Auxiliary rows riding in this cycle's pass."""
+        return sum(int(rows.tokens.shape[0]) for _, rows in self.auxiliary)
+
+    def draft(self, room: int, planner: BudgetPlanner | None) -> None:
+        """1. Every source drafts; the pool ranks them by acceptance; auxiliary rows that fit the pass's
+        ``room`` and pay may ride."""
+        self.started = self.clock.start()
+        self.pool, offered = self.sources.propose(self.context())
+        self.auxiliary = self._rows_that_pay(_fitting(offered, room), planner)
+        self.clock.lap("draft")
+
+    def plan(self, budget: int) -> DraftTree:
+        """2. The topology turns the pool into a draft tree of at most ``budget`` draft nodes (of a constrained
+        request: without the drafted tokens its grammar forbids); budget 0: the bare anchor."""
+        assert self.pool is not None
+        tree = self.drafter.topology.plan(self.pool, budget) if budget > 0 else \
+            DraftTree.single(self.pool.anchor, self.pool.source_names)
+        constraint = self.request.constraint
+        if constraint is not None:  # between the plan and the pass: the grammar cuts and masks the tree
+            tree, self.masks = constraint.plan(tree)
+        self.tree = tree
+        self.clock.lap("plan")
+        return tree
+
+    def conclude(self, logits: torch.Tensor, past: int) -> tuple[Any, list[int]]:
+        """4-5. Walk the verified rows ``logits`` (tree rows, then auxiliary rows; the anchor at position
+        ``past``), keep the tokens, let every source learn. Returns (the accepted path, the tokens kept);
+        the caller commits the path to its cache."""
+        self.clock.lap("verify")
+        tree, pool, request = self.tree, self.pool, self.request
+        assert tree is not None and pool is not None
+        if request.constraint is not None:
+            request.constraint.apply(logits, self.masks)
+        readout = read(logits, tree.size, self.drafter.config.harvest_top_k)
+        # 4. walk: the longest path the target agrees with, then the bonus token
+        if request.sampler is None:
+            walked = walk(tree, readout.predictions[: tree.size])
+        else:
+            walked = walk_sampled(tree, self._draws(request.sampler, logits, past))
+        # the anchor's row predicted the first kept token, each accepted node's row the next (the bonus last)
+        kept = request.accept_scored(walked.tokens, logits, [ROOT, *walked.path.tolist()])
+        self.clock.lap("walk+commit")
+        # 5. every source learns from the outcome; the boundary updates their acceptance estimates
+        outcome = VerifyOutcome(
+            tree=tree, accepted_nodes=walked.path, new_tokens=kept, bonus_token=walked.bonus_token,
+            reached=walked.reached, accepted=walked.accepted, path_kind=walked.kind,
+            harvest=Harvest.of_tree(tree, pool.previous, readout.top_tokens, readout.top_scores),
+        )
+        counts = self.sources.observe(outcome, _split_auxiliary(self.auxiliary, readout.predictions[tree.size :]))
+        self.stats.record_step(len(kept), tree.size, walked.kind, counts, self.riding)
+        self.clock.lap("observe")
+        return walked.path, kept
+
+    def context(self) -> DecodeContext:
+        request = self.request
+        return DecodeContext(tokens=request.tokens, prompt_length=len(request.prompt_ids),
+                             vocab_size=self.drafter.vocab_size, eos_token_ids=request.eos_ids,
+                             tokenizer=self.drafter.tokenizer, prediction=request.prediction)
+
+    def _draws(self, sampler: Sampler, logits: torch.Tensor, past: int) -> Callable[[int], int]:
+        """The target's token at a tree node's row (the row at depth d predicts position past + 1 + d).
+
+        Off the CPU every tree row is warped and drawn in one batch and read back once, so the walk
+        waits on the device once, not once per drawn token; on the CPU a read costs nothing and each
+        row off the path would cost a softmax over the vocabulary, so only the walked rows are drawn.
+        Either way a row's token is the one the seeded autoregressive sampler draws there.
+        """
+        tree = self.tree
+        assert tree is not None
+        if not self.drafter.draw_all_rows and logits.device.type == "cpu":
+            return lambda node: sampler.draw(logits[node], past + 1 + int(tree.depths[node]))
+        drawn = sampler.draw_rows(logits[: tree.size], (past + 1 + tree.depths).tolist()).cpu().numpy()
+        return lambda node: int(drawn[node])
+
+    def _rows_that_pay(self, auxiliary: list[tuple[str, AuxiliaryRows]],
+                       planner: BudgetPlanner | None) -> list[tuple[str, AuxiliaryRows]]:
+        """The auxiliary rows worth their time this cycle by the cost curve (``GooseConfig.price_rows``).
+
+        A source's rows are valued by the tokens it contributes a cycle; rows that do not pay still
+        ride once every ``probe_every`` cycles, so the contribution keeps being measured.
+        """
+        config = self.drafter.config
+        if planner is None or not config.price_rows:
+            return auxiliary
+        riding, kept = 0, []
+        for name, rows in auxiliary:
+            count = int(rows.tokens.shape[0])
+            waited = self.unpriced.get(name, 0) + 1
+            contribution = self.sources.estimates[name].contribution
+            if planner.rows_pay(count, contribution, riding) or waited >= config.probe_every:
+                kept.append((name, rows))
+                riding += count
+                waited = 0
+            self.unpriced[name] = waited
+        return kept
+
+
+def _prompt_harvest(prompt_ids: list[int], logits: torch.Tensor, k: int) -> Harvest:
+    """Top-k at the last ``len(logits)`` prompt positions, read in one pass and one device read."""
+    _, top_tokens, top_logits = greedy_and_top_k(logits, k)
+    top_scores = torch.softmax(top_logits.float(), dim=-1)
+    return Harvest.of_prompt(prompt_ids, top_tokens.cpu().numpy(), top_scores.cpu().numpy())
+
+
+def _fitting(auxiliary: list[tuple[str, AuxiliaryRows]], room: int) -> list[tuple[str, AuxiliaryRows]]:
+    """The auxiliary rows that fit a pass of ``room`` positions after the anchor, in order: rows that would sit
+    past the model's last position cannot ride, nor more rows than the pass has room for (a slot holds
+    every row of its pass)."""
+    fitting, rows = [], 0
+    for name, offered in auxiliary:
+        count = int(offered.tokens.shape[0])
+        if rows + count <= room and (count == 0 or int(offered.position_offsets.max()) <= room):
+            fitting.append((name, offered))
+            rows += count
+    return fitting
+
+
+def _split_auxiliary(auxiliary: list[tuple[str, Any]], predictions: Any) -> dict[str, Any]:
+    """Per source, its slice of the auxiliary rows' predictions (in pass order)."""
+    split, start = {}, 0
+    for name, rows in auxiliary:
+        count = int(rows.tokens.shape[0])
+        split[name] = predictions[start : start + count]
+        start += count
+    return split
+
+
+class _PhaseClock:
+    """Accumulates seconds per cycle phase into ``stats.profile`` (no-op unless profiling)."""
+
+    def __init__(self, stats: GenerationStats | None) -> None:
+        self.stats = stats
+        self.last = time.perf_counter()
+
+    def start(self) -> float:
+        """A phase begins now (what passed since the last lap was another row's, or the consumer's)."""
+        self.last = time.perf_counter()
+        return self.last
+
+    def lap(self, phase: str) -> None:
+        if self.stats is not None:
+            now = time.perf_counter()
+            self.stats.profile[phase] += now - self.last
+            self.last = now

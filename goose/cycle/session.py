@@ -1,0 +1,267 @@
+"""The Goose cycle, top to bottom: requests decoding together, every row's tree verified in one forward pass.
+
+A step either admits or cycles:
+
+0. requests waiting for a slot join: each prompt runs as its own pass into its slot, and its first
+   token, from that prefill, goes out at once (the sources read the prompt at the next step);
+
+or, one cycle of every row decoding:
+
+1. every row's sources draft (:class:`goose.cycle.drafting.RowCycle`); the pool ranks them;
+2. the budget: one row takes the cost curve's best for its pool; several split the pass's rows by
+   expected yield (:meth:`goose.planning.budget.BudgetPlanner.split`); each row's topology plans its tree;
+3. one pass of the :class:`goose.cycle.verifier.Verifier` verifies every tree;
+4. each row walks (the longest path the target agrees with, then the bonus token) and commits to
+   its own slot;
+5. its sources learn from the outcome, and the planner from the cycle's times and yields. A
+   finished or cancelled row frees its slot at once.
+
+Greedy, each row's output is token for token the target's greedy decoding of its prompt; sampled
+(with a seed), the seeded autoregressive sampler's. Sources and topologies only change how many
+tokens a pass yields. Without a :class:`Drafter` (the autoregressive decoder) every tree is the bare
+anchor: plain decoding, one token a row a pass, through the same verifier.
+
+A single request is a session of one (``GooseDecoder.generate`` and ``stream``): it drafts from the
+decoder's own sources, so what they learn carries over to the next request. In a session of several
+each row keeps its own sources (their state is the request's) but for those that know the model
+rather than the request (``GooseConfig.batch_shared_sources``), and its own acceptance estimates,
+sampler (its own seed) and stopping rule, so every row's output is the one that prompt gets alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from goose.boundary import SourceSet
+from goose.contract.tree import DraftTree
+from goose.cycle.calibration import load_or_measure
+from goose.cycle.detokenize import IncrementalText
+from goose.cycle.drafting import Drafter, RowCycle
+from goose.cycle.logprobs import TokenLogprob
+from goose.cycle.request import GenerationResult, Prompt, Request
+from goose.cycle.verifier import Verifier
+from goose.planning.cost import BatchCosts
+
+# prompt, max_new_tokens, options -> the request (bad input raises here)
+Intake = Callable[[Prompt, int, dict[str, Any]], Request]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What one step did for one request: the tokens it appended, their text (and log probabilities, with the
+    ``logprobs`` option), and its result once it ended."""
+
+    request_id: int
+    token_ids: list[int]
+    text: str
+    result: GenerationResult | None = None  # set on the request's last chunk
+    logprobs: list[TokenLogprob] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None
+
+
+@dataclass
+class _Row:
+    """One request of the session: waiting for a slot, then decoding in one."""
+
+    request_id: int
+    request: Request
+    text: IncrementalText
+    cycle: RowCycle | None = None  # Goose's side of the cycle (None when decoding without drafting)
+    prompt_logits: torch.Tensor | None = None  # the prefill's, until the sources have read the prompt
+
+
+class Session:
+    """Up to ``verifier.slots`` requests decoding together; more wait their turn in arrival order.
+
+    Feed it with :meth:`submit`, advance it with :meth:`step` (the chunks of every request that moved),
+    stop a request with :meth:`cancel`. Call all three from one thread.
+    """
+
+    def __init__(self, verifier: Verifier, intake: Intake, tokenizer: Any, drafter: Drafter | None) -> None:
+        self.verifier = verifier
+        self.max_batch = verifier.slots
+        self.intake, self.tokenizer, self.drafter = intake, tokenizer, drafter
+        self.rows: list[_Row] = []  # the decoding requests, row i in slot i
+        self.waiting: deque[_Row] = deque()
+        self._next_id = 0
+        self.pass_rows: deque[int] = deque(maxlen=4096)  # rows of the latest passes (the batch-size record)
+        self._costs: BatchCosts | None = None  # the batched passes' cost curves, measured when first needed
+        self._spare_sources: dict[tuple[str, ...], list[SourceSet]] = {}  # released rows' sets, to reuse
+        # a session of one drafts from the decoder's own sources; several rows share the model's knowledge only
+        self._shared_sources = drafter.shared_instances() if drafter is not None and self.max_batch > 1 else {}
+
+    @property
+    def active(self) -> int:
+        """Requests decoding or waiting."""
+        return len(self.rows) + len(self.waiting)
+
+    def submit(self, prompt: Prompt, max_new_tokens: int = 128, **options: Any) -> int:
+        """Queue a request (options as for ``GooseDecoder.stream``); returns its id. Bad input raises here, and so
+        does a request that would not fit a slot of the cache budget (``CacheBudgetError``)."""
+        request = self.intake(prompt, max_new_tokens, dict(options))
+        self.verifier.check_fits(len(request.prompt_ids) + max_new_tokens)
+        row = _Row(self._next_id, request, IncrementalText(self.tokenizer))
+        self._next_id += 1
+        self.waiting.append(row)
+        return row.request_id
+
+    def cancel(self, request_id: int) -> GenerationResult | None:
+        """Stop a request now (its slot is freed at once); its result so far, or None if it is unknown or done."""
+        for row in self.waiting:
+            if row.request_id == request_id:
+                self.waiting.remove(row)
+                row.request.stop_reason = "stopped"
+                return row.request.result(self.tokenizer)
+        for slot, row in enumerate(self.rows):
+            if row.request_id == request_id:
+                row.request.stop_reason = "stopped"
+                self._release(slot)
+                return row.request.result(self.tokenizer)
+        return None
+
+    def idle(self, seconds: float) -> None:
+        """Leave ``seconds`` out of the decoding requests' time (a stream's consumer held the step)."""
+        for row in self.rows:
+            row.request.started += seconds
+
+    def step(self) -> list[Chunk]:
+        """Admit waiting requests to free slots (their first tokens), or else one cycle of every row."""
+        joining = min(len(self.waiting), self.max_batch - len(self.rows))
+        chunks = [self._join(self.waiting.popleft()) for _ in range(joining)] if joining else \
+            self._cycle() if self.rows else []
+        for slot in reversed(range(len(self.rows))):  # from the last: a freed slot takes the last row
+            if self.rows[slot].request.stop_reason is not None:
+                self._release(slot)
+        return chunks
+
+    def run(self) -> Iterator[Chunk]:
+        """Step until every request has finished, yielding chunks as they come."""
+        while self.active:
+            yield from self.step()
+
+    # --- 0. a request joins: its prefill and first token ------------------------------------
+
+    def _join(self, row: _Row) -> Chunk:
+        request, drafter = row.request, self.drafter
+        request.started = time.perf_counter()
+        if drafter is not None:
+            names = drafter.source_names(request.prediction is not None)
+            if self.max_batch == 1:
+                row.cycle = RowCycle(drafter, request, drafter.own_sources(names), drafter.unpriced)
+            else:
+                spare = self._spare_sources.get(names)
+                row.cycle = RowCycle(drafter, request, spare.pop() if spare else
+                                     drafter.new_sources(names, self._shared_sources), {})
+            row.cycle.sources.reset(keep=frozenset(self._shared_sources))
+        harvest = row.cycle.harvest_rows() if row.cycle is not None else 0
+        logits = self.verifier.prefill(request.prompt_ids, logits_to_keep=harvest + 1)
+        request.accept_scored([request.next_token(logits[-1], request.length)], logits, [logits.shape[0] - 1])
+        request.stats.prefill_s = time.perf_counter() - request.started
+        if row.cycle is not None:
+            row.cycle.clock.lap("prefill")
+            row.prompt_logits = logits
+        self.rows.append(row)
+        return self._chunk(row, request.tokens[-1:].tolist())
+
+    # --- 1-5. one cycle of every row ---------------------------------------------------------
+
+    def _cycle(self) -> list[Chunk]:
+        verifier, rows = self.verifier, self.rows
+        full = verifier.full()
+        for slot in full:  # a row at the model's last position ends here
+            rows[slot].request.stop_reason = "context_full"
+        if full:
+            return [self._chunk(rows[slot], []) for slot in full]
+        for row in rows:  # the sources of the rows that joined last step read their prompts
+            if row.cycle is not None and row.prompt_logits is not None:
+                row.cycle.begin(row.prompt_logits)
+                row.prompt_logits = None
+        started = time.perf_counter()
+        trees = self._plan(verifier.room())  # 1-2. draft, budget, plan
+        auxiliary = [row.cycle.auxiliary_rows if row.cycle is not None else [] for row in rows]
+        verify_started = time.perf_counter()  # 3. one pass over every tree and its auxiliary rows
+        logits = verifier.verify(trees, auxiliary)
+        verify_s = time.perf_counter() - verify_started
+        widths = [row_logits.shape[0] for row_logits in logits]
+        self.pass_rows.append(sum(widths))
+        chunks = []
+        for slot, (row, row_logits) in enumerate(zip(rows, logits, strict=True)):  # 4-5. walk, commit, learn
+            if row.cycle is None:
+                kept = row.request.step_plainly(row_logits)
+                verifier.commit(slot, np.zeros(0, dtype=np.int64))
+            else:
+                path, kept = row.cycle.conclude(row_logits, verifier.lengths[slot])
+                verifier.commit(slot, path)
+            if self.max_batch > 1:
+                row.request.stats.batch_rows.append(len(rows))
+            chunks.append(self._chunk(row, kept))
+        self._learn(widths, verify_s, time.perf_counter() - started - verify_s)
+        return chunks
+
+    def _plan(self, room: list[int]) -> list[DraftTree]:
+        """1-2. Every row's tree: drafted by its sources, sized by the budget, planned by its topology."""
+        drafter = self.drafter
+        if drafter is None:
+            return [DraftTree.single(int(row.request.tokens[-1])) for row in self.rows]
+        cycles = [row.cycle for row in self.rows if row.cycle is not None]
+        planner = drafter.budget_planner
+        for cycle, row_room in zip(cycles, room, strict=True):
+            cycle.draft(row_room, planner)
+        if drafter.config.budget != "auto" or planner is None:
+            budgets = [drafter.config.fixed_budget()] * len(cycles)
+        elif len(cycles) == 1:  # one row: the pass is one request's, priced by the single curve
+            budgets = [planner.budget(cycles[0].pool, drafter.topology.spine_lengths, cycles[0].riding)]
+        else:
+            if self._costs is None:
+                model = self.verifier.model
+                self._costs = BatchCosts(planner.curve, lambda batch: load_or_measure(model, batch=batch))
+            budgets = planner.split([planner.yields(cycle.pool, drafter.topology.spine_lengths) for cycle in cycles],
+                                    [cycle.riding for cycle in cycles], self._costs.curve(len(cycles)))
+        if self.max_batch > 1:
+            for cycle, budget in zip(cycles, budgets, strict=True):
+                cycle.stats.row_budgets.append(budget)
+        return [cycle.plan(min(budget, row_room - cycle.riding))
+                for cycle, budget, row_room in zip(cycles, budgets, room, strict=True)]
+
+    def _learn(self, widths: list[int], verify_s: float, host_s: float) -> None:
+        """5. The planner folds in the cycle's host time per row, what the pass cost, and every row's tree and
+        yield."""
+        planner = self.drafter.budget_planner if self.drafter is not None else None
+        if planner is None:
+            return
+        planner.observe_overhead(host_s / len(self.rows))
+        if len(self.rows) == 1:
+            planner.observe_verify(widths[0], verify_s)
+        elif self._costs is not None:  # what the pass really cost corrects the curve the next split reads
+            self._costs.observe(len(widths), len(widths) * max(widths), verify_s)
+        for row in self.rows:
+            if row.cycle is not None and row.cycle.tree is not None:
+                planner.observe_cycle(row.cycle.tree.size, row.request.stats.accepted_lengths[-1])
+
+    # --- a request leaves -----------------------------------------------------------------------
+
+    def _release(self, slot: int) -> None:
+        row = self.rows[slot]
+        moved = self.verifier.release(slot)
+        if moved is not None:
+            self.rows[slot] = self.rows[moved]
+        self.rows.pop()
+        if row.cycle is not None and self.max_batch > 1:
+            self._spare_sources.setdefault(row.cycle.sources.names, []).append(row.cycle.sources)
+
+    def _chunk(self, row: _Row, token_ids: list[int]) -> Chunk:
+        piece = row.text.add(token_ids)
+        logprobs = row.request.recent_logprobs(len(token_ids))
+        if row.request.stop_reason is None:
+            return Chunk(row.request_id, token_ids, piece, logprobs=logprobs)
+        return Chunk(row.request_id, token_ids, piece + row.text.finish(), row.request.result(self.tokenizer), logprobs)
