@@ -17,9 +17,9 @@ from goose import cli, models
 from goose.bench.generators import TurnOutput
 from goose.bench.llama_peer import LlamaBenchError, llama_peer, llama_section, run_llama_bench
 from goose.bench.outputs import write_outputs
+from goose.bench.peer_script import source_root
 from goose.bench.prompts import Sample
 from goose.bench.records import build_record
-from goose.bench.vllm_peer import source_root
 from tests.helpers import REPO
 
 assert goose.bench.cli  # imported for its side effect

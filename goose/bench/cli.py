@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from goose.cli import add_model_arguments, add_sampling_arguments, register_command
 
 if TYPE_CHECKING:
-    from goose.bench.llama_peer import LlamaPeer
+    from goose.bench.peer_script import PeerScript
     from goose.bench.runner import Bench, BenchSettings
 
 QUICK_LIMIT = 2
@@ -216,7 +216,7 @@ def run_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_llama(peer: LlamaPeer, bench: Bench, settings: BenchSettings) -> dict[str, dict]:
+def _run_llama(peer: PeerScript, bench: Bench, settings: BenchSettings) -> dict[str, dict]:
     """llama.cpp after our methods, model by model, on the samples and first-turn ids our run used."""
     import torch
 

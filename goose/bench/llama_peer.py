@@ -17,56 +17,37 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
-import shutil
-import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 from typing import Any
 
+from goose.bench.peer_script import PeerBenchError, PeerScript, peer_files, run_peer_script, script_methods
 from goose.bench.prompts import Sample
 from goose.bench.records import Record
-from goose.bench.vllm_peer import script_methods, source_root
 
-STDERR_LINES_SHOWN = 15
 STDERR_LOG = "llama_bench.stderr.log"
 PROMPTS_FILE = "prompts.json"
 PLAIN, LOOKUP = "llama", "llama_pld"
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-class LlamaBenchError(ValueError):
+class LlamaBenchError(PeerBenchError):
     """scripts/llama_bench.py failed; the message names the command and its last stderr lines."""
 
 
-@dataclass(frozen=True)
-class LlamaPeer:
-    """How to run llama.cpp's side: the interpreter, the script and its methods, all checked to exist."""
-
-    python: str
-    script: Path
-    methods: tuple[str, ...]
-
-
-def llama_peer(python: str, model_names: Sequence[str]) -> LlamaPeer:
+def llama_peer(python: str, model_names: Sequence[str]) -> PeerScript:
     """``--llama-python`` checked before any model loads: the interpreter, the script, a GGUF file per model."""
     from goose.models import has_gguf
 
-    script = source_root() / "scripts" / "llama_bench.py"
-    if not script.is_file():
-        raise ValueError(f"--llama-python needs scripts/llama_bench.py from Goose's source checkout; not found at "
-                         f"{script}")
-    interpreter = shutil.which(python)
-    if interpreter is None:
-        raise ValueError(f"--llama-python {python}: no such interpreter; give the llama.cpp environment's python, "
-                         f"e.g. .venv-llama/bin/python (`make llama-setup` builds it)")
+    interpreter, script = peer_files("--llama-python", python, "llama_bench.py",
+                                     "the llama.cpp environment's python, e.g. .venv-llama/bin/python (`make "
+                                     "llama-setup` builds it)")
     no_file = [name for name in model_names if not has_gguf(name)]
     if no_file:
         raise ValueError(f"--llama-python: llama.cpp reads GGUF files; {', '.join(no_file)} has none (an embedded "
                          f"model or a .gguf path has one)")
-    return LlamaPeer(str(Path(interpreter).absolute()), script, script_methods(script))
+    return PeerScript(interpreter, script, script_methods(script))
 
 
 def prompts_document(samples: Sequence[Sample], first_turn_ids: Sequence[list[int]], eos_ids: Sequence[int]
@@ -77,7 +58,7 @@ def prompts_document(samples: Sequence[Sample], first_turn_ids: Sequence[list[in
                         for sample, ids in zip(samples, first_turn_ids, strict=True)]}
 
 
-def llama_command(peer: LlamaPeer, gguf: Path, prompts_file: Path, max_new_tokens: int, threads: int,
+def llama_command(peer: PeerScript, gguf: Path, prompts_file: Path, max_new_tokens: int, threads: int,
                   repeats: int, out: Path) -> list[str]:
     return [peer.python, str(peer.script), "--gguf", str(gguf), "--prompts", str(prompts_file),
             "--max-tokens", str(max_new_tokens), "--methods", ",".join(peer.methods), "--threads", str(threads),
@@ -86,21 +67,8 @@ def llama_command(peer: LlamaPeer, gguf: Path, prompts_file: Path, max_new_token
 
 def run_llama_bench(command: Sequence[str], out: Path, progress: bool = True) -> dict[str, Any]:
     """Run ``command`` (a llama_bench.py command writing into ``out``), echo its stdout, return its results.json."""
-    out.mkdir(parents=True, exist_ok=True)
-    log = out / STDERR_LOG
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with log.open("w") as stderr, subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=stderr, text=True,
-                                                  env=env) as process:
-        assert process.stdout is not None
-        for line in process.stdout:
-            if progress:
-                print(f"  llama | {line.rstrip()}", flush=True)
-    if process.returncode != 0:
-        last = log.read_text(errors="replace").splitlines()[-STDERR_LINES_SHOWN:]
-        raise LlamaBenchError(f"the llama.cpp benchmark failed (exit status {process.returncode}): "
-                              f"{shlex.join(command)}\nits last stderr lines (all of them in {log}):\n"
-                              + "\n".join(last))
-    return json.loads((out / "results.json").read_text())
+    return run_peer_script(command, out, name="llama", log_name=STDERR_LOG, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                           error=LlamaBenchError, progress=progress)
 
 
 def _first_turn_speed(record: Record) -> float | None:
@@ -174,7 +142,7 @@ def llama_section(results: dict[str, Any], records: Sequence[Record], dtype: str
     }
 
 
-def measure_llama(peer: LlamaPeer, model: str, samples: Sequence[Sample], first_turn_ids: Sequence[list[int]],
+def measure_llama(peer: PeerScript, model: str, samples: Sequence[Sample], first_turn_ids: Sequence[list[int]],
                   eos_ids: Sequence[int], records: Sequence[Record], dtype: str, max_new_tokens: int, threads: int,
                   repeats: int, folder: Path, progress: bool = True) -> dict[str, Any]:
     """llama.cpp on ``model``'s GGUF file and our run's prompts, into ``folder``; the summary's ``llama`` section."""

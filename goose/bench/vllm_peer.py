@@ -10,61 +10,34 @@ where both sides encoded the prompt to the same token ids.
 
 from __future__ import annotations
 
-import ast
-import json
 import os
-import shlex
-import shutil
-import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import goose
 from goose.bench.concurrency import VLLM_PREFIX, ConcurrencyRow, latency_percentile
+from goose.bench.peer_script import (
+    PeerBenchError,
+    PeerScript,
+    peer_files,
+    run_peer_script,
+    script_methods,
+    source_root,
+)
 
 DEFAULT_VLLM_METHODS = ("none", "ngram", "goose")
-STDERR_LINES_SHOWN = 15
 STDERR_LOG = "vllm_bench.stderr.log"  # vLLM logs a lot to stderr; kept for the error message and for reading
 
 
-class VllmBenchError(ValueError):
+class VllmBenchError(PeerBenchError):
     """scripts/vllm_bench.py failed; the message names the command and its last stderr lines."""
 
 
-@dataclass(frozen=True)
-class VllmPeer:
-    """How to run vLLM's side: the interpreter, the script and its methods, all checked to exist."""
-
-    python: str
-    script: Path
-    methods: tuple[str, ...]
-
-
-def source_root() -> Path:
-    """The checkout holding the ``goose`` package (and ``scripts/``)."""
-    return Path(goose.__file__).resolve().parents[1]
-
-
-def script_methods(script: Path) -> tuple[str, ...]:
-    """The script's ``METHODS``, read from its source: importing it here would need vLLM."""
-    for node in ast.parse(script.read_text()).body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "METHODS" for t in node.targets):
-            return tuple(ast.literal_eval(node.value))
-    raise ValueError(f"{script} defines no METHODS")
-
-
-def vllm_peer(python: str, methods_text: str | None) -> VllmPeer:
+def vllm_peer(python: str, methods_text: str | None) -> PeerScript:
     """``--vllm-python`` and ``--vllm-methods`` checked before any model loads."""
-    script = source_root() / "scripts" / "vllm_bench.py"
-    if not script.is_file():
-        raise ValueError(f"--vllm-python needs scripts/vllm_bench.py from Goose's source checkout; not found at "
-                         f"{script}")
-    interpreter = shutil.which(python)
-    if interpreter is None:
-        raise ValueError(f"--vllm-python {python}: no such interpreter; give the vLLM environment's python, e.g. "
-                         f".venv-vllm/bin/python (`make vllm-setup` builds it)")
+    interpreter, script = peer_files("--vllm-python", python, "vllm_bench.py",
+                                     "the vLLM environment's python, e.g. .venv-vllm/bin/python (`make vllm-setup` "
+                                     "builds it)")
     known = script_methods(script)
     methods = tuple(part.strip() for part in (methods_text or "").split(",") if part.strip()) or DEFAULT_VLLM_METHODS
     unknown = [method for method in methods if method not in known]
@@ -72,10 +45,10 @@ def vllm_peer(python: str, methods_text: str | None) -> VllmPeer:
         raise ValueError(f"--vllm-methods: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
     if "none" not in methods:
         raise ValueError("--vllm-methods must keep none: vllm_bench.py compares every output with it")
-    return VllmPeer(str(Path(interpreter).absolute()), script, methods)
+    return PeerScript(interpreter, script, methods)
 
 
-def vllm_command(peer: VllmPeer, model_path: str, datasets: Sequence[str], data_dir: Path, limit: int,
+def vllm_command(peer: PeerScript, model_path: str, datasets: Sequence[str], data_dir: Path, limit: int,
                  max_new_tokens: int, dtype: str, concurrencies: Sequence[int], out: Path) -> list[str]:
     return [peer.python, str(peer.script), "--model", model_path, "--datasets", ",".join(datasets),
             "--data-dir", str(data_dir), "--limit", str(limit), "--max-tokens", str(max_new_tokens),
@@ -85,23 +58,12 @@ def vllm_command(peer: VllmPeer, model_path: str, datasets: Sequence[str], data_
 
 def run_vllm_bench(command: Sequence[str], out: Path, progress: bool = True) -> dict[str, Any]:
     """Run ``command`` (a vllm_bench.py command writing into ``out``), echo its stdout, return its results.json."""
-    out.mkdir(parents=True, exist_ok=True)
-    log = out / STDERR_LOG
     # the script imports goose (prompts, the proposer): this checkout's, the code whose rows it joins
     path = os.pathsep.join(part for part in (str(source_root()), os.environ.get("PYTHONPATH")) if part)
     # vLLM logs to stdout by default; to stderr (the log file) instead, so that stdout is the script's progress
     env = {"VLLM_LOGGING_STREAM": "ext://sys.stderr", **os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
-    with log.open("w") as stderr, subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=stderr, text=True,
-                                                  env=env) as process:
-        assert process.stdout is not None
-        for line in process.stdout:
-            if progress:
-                print(f"  vllm | {line.rstrip()}", flush=True)
-    if process.returncode != 0:
-        last = log.read_text(errors="replace").splitlines()[-STDERR_LINES_SHOWN:]
-        raise VllmBenchError(f"the vLLM benchmark failed (exit status {process.returncode}): {shlex.join(command)}\n"
-                             f"its last stderr lines (all of them in {log}):\n" + "\n".join(last))
-    return json.loads((out / "results.json").read_text())
+    return run_peer_script(command, out, name="vllm", log_name=STDERR_LOG, env=env, error=VllmBenchError,
+                           progress=progress)
 
 
 def vllm_rows(results: dict[str, Any], model: str, prompt_ids: Sequence[list[int]],
