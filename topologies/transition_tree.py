@@ -79,8 +79,9 @@ def lay_transition_tree(
             builder.previous_tokens(nodes, pool.previous), builder.tokens[nodes], int(ranks.max()) + 1)
         rows = row_of_slot[parents]  # -1 under an empty slot: the whole subtree stays empty
         tokens = np.where(rows >= 0, successors[rows, ranks], -1)
-        path_scores = np.where(rows >= 0, slot_scores[parents] * scores[rows, ranks], 0.0)
-        filled = (tokens >= 0) & (np.where(rows >= 0, scores[rows, ranks], 0.0) >= config.min_score)
+        own_scores = np.where(rows >= 0, scores[rows, ranks], 0.0)
+        path_scores = slot_scores[parents] * own_scores
+        filled = (tokens >= 0) & (own_scores >= config.min_score)
         if not filled.any():
             break
         slot_nodes = np.full(tokens.shape[0], -1, dtype=np.int64)
