@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -426,6 +427,8 @@ def _add_calibrate(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser, dtype="bfloat16")
     parser.add_argument("--refresh", action="store_true", help="measure again instead of using the cached curve")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--plot", default=None, metavar="PNG",
+                        help="also draw the curve, t(n) / t(1) against tree nodes, into this PNG file")
     parser.set_defaults(run=_run_calibrate)
 
 
@@ -435,6 +438,10 @@ def _run_calibrate(args: argparse.Namespace) -> int:
 
     model, _ = load_model(args)
     curve = calibration.load_or_measure(model, refresh=args.refresh)
+    if args.plot:
+        from goose.bench.plots import write_cost_curve
+
+        write_cost_curve(curve.sizes, curve.seconds, f"{args.model} ({args.dtype}, {args.device})", Path(args.plot))
     if args.json:
         print(json.dumps({"model": args.model, "dtype": args.dtype, "device": args.device, "key": cost.cache_key(model),
                           **curve.to_dict(), "relative": curve.relative()}))
