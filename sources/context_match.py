@@ -69,6 +69,13 @@ class ContextMatchOptions(BaseModel):
         default=0.9, ge=0.0, le=1.0,
         description="score floor of tokens that at least two n-gram lengths agree on",
     )
+    follow_copy: bool = Field(
+        default=True,
+        description="when every token since the last draft followed that draft's occurrence, keep copying from it "
+        "if it shares a longer history with the present than the occurrence the index found (the index keeps one "
+        "occurrence per n-gram, the latest: a quoted docstring's second example line would otherwise be drafted from "
+        "its first)",
+    )
     repeat_runs: bool = Field(
         default=True,
         description="a copy that reaches the context's end goes on repeating the copied run (periodic text) "
@@ -180,6 +187,13 @@ class ContextMatchSource:
       bonus token is that same EOS for free; the EOS node would only cost a verification row.
       And text after an EOS (the next chat turn) is not a continuation of this one. A
       continuation that starts with EOS counts as no match for that length.
+    * **Following a copy.** The index keeps one occurrence per n-gram, so where the last n-gram
+      occurs twice with different continuations (the two example lines of a quoted docstring) it
+      points at one of them whatever was being copied. When every token since the last draft
+      followed that draft's occurrence, that occurrence is still a candidate: it continues from
+      where the accepted tokens left it, and it wins when it shares a longer history with the
+      present (:func:`match_depth`) than the index's choice. The paper's code gets the same effect
+      by growing one confident chain to 100 tokens in a single cycle.
     * **Consensus.** Each matched length copies from its own occurrence. ``Draft.consensus`` is
       the longest run of leading draft tokens that the continuation of at least one *other*
       occurrence (another length's) reproduces: two places in the text agreeing on what comes next
@@ -211,6 +225,8 @@ class ContextMatchSource:
         self.by_depth = CopyDepthEstimate(self.options.depth_edges, self.options.depth_prior,
                                           self.options.depth_memory) if self.options.depth_edges else None
         self._first_depth = 0  # copy depth of this cycle's first draft token; 0: nothing drafted
+        # the occurrence the last draft copied: its continuation start and the context length then (-1: none)
+        self._copy_start, self._copy_context = -1, -1
         # statistics of the latest proposal, for benchmarks and debugging
         self.last_match_length = 0  # n of the n-gram that drafted; 0 = no match
         self.last_match_depth = 0
@@ -225,11 +241,13 @@ class ContextMatchSource:
         self.index.clear()
         self.last_match_length = self.last_match_depth = self.last_consensus = 0
         self._first_depth = 0
+        self._copy_start = self._copy_context = -1
 
     @goose.hookimpl
     def goose_prefill(self, context: DecodeContext) -> None:
         self.index.clear()  # the prompt starts a new context even if goose_reset was not called
         self.index.catch_up(context.tokens)
+        self._copy_start = self._copy_context = -1
 
     @goose.hookimpl
     def goose_propose(self, context: DecodeContext, acceptance: float) -> Draft | None:
@@ -240,11 +258,20 @@ class ContextMatchSource:
         # the longest match drafts; one whose continuation starts with EOS yields to the next length
         copies = (self._continuation(tokens, start, context.eos_token_ids) for _, start in matches)
         chosen, copy = next(((i, copy) for i, copy in enumerate(copies) if copy), (-1, []))
+        followed = self._followed(tokens)
+        if followed >= 0 and (chosen < 0 or self._deeper(tokens, followed, matches[chosen][1])):
+            going_on = self._continuation(tokens, followed, context.eos_token_ids)
+            if going_on:
+                # the followed copy drafts; the index's matches stay as second opinions (consensus)
+                matches = [(self.last_match_length or max(self.index.sizes), followed), *matches]
+                chosen, copy = 0, going_on
         if chosen < 0:
             self.last_match_length = self.last_match_depth = self.last_consensus = 0
             self._first_depth = 0
+            self._copy_start = self._copy_context = -1
             return None
         length, start = matches[chosen]
+        self._copy_start, self._copy_context = start, tokens.shape[0]
         if self.by_depth is not None:
             depth = match_depth(tokens, start, int(self.by_depth.edges[-1]))
             estimates = self.by_depth.profile(depth, len(copy))
@@ -274,6 +301,24 @@ class ContextMatchSource:
             self.by_depth.observe_draft(self._first_depth, outcome, own_nodes)
 
     # --- helpers ------------------------------------------------------------------------------
+
+    def _followed(self, tokens: np.ndarray) -> int:
+        """Where the last draft's occurrence continues now, if every token since followed it; else -1."""
+        if not self.options.follow_copy or self._copy_start < 0:
+            return -1
+        added = tokens.shape[0] - self._copy_context
+        start = self._copy_start + added
+        if added <= 0 or start >= tokens.shape[0]:
+            return -1
+        copied = self._copy(tokens[: self._copy_context], self._copy_start, added)
+        return start if np.array_equal(copied, tokens[self._copy_context :]) else -1
+
+    def _deeper(self, tokens: np.ndarray, followed: int, found: int) -> bool:
+        """Whether the followed occurrence shares a longer history with the present than the index's."""
+        if followed == found:
+            return False
+        cap = tokens.shape[0]
+        return match_depth(tokens, followed, cap) > match_depth(tokens, found, cap)
 
     def _continuation(self, tokens: np.ndarray, start: int, eos: frozenset[int]) -> list[int]:
         """Up to max_continuation tokens copied from ``start``, ending before the first EOS."""

@@ -109,6 +109,22 @@ def test_most_recent_occurrence_by_default_and_first_on_request() -> None:
     assert propose(first, tokens)[:2] == [100, 101]
 
 
+def test_a_copy_in_progress_is_followed_past_an_ambiguous_ngram() -> None:
+    # a quoted passage whose 5-gram [1 2 3 4 5] occurs twice, followed by 50.. the first time, 60.. the second
+    passage = [90, 91, 92, 93, 94, 1, 2, 3, 4, 5, 50, 51, 52, 53, 1, 2, 3, 4, 5, 60, 61, 62, 63, 7, 8, 9]
+    opening = [*passage, 0, 90, 91, 92, 93, 94]  # the output starts quoting it
+    quoted = [1, 2, 3, 4, 5, 50, 51, 52, 53, 1, 2, 3, 4, 5]  # then every drafted token is accepted
+    for follow, expected in ((True, [60, 61, 62, 63]), (False, [50, 51, 52, 53])):
+        source = ContextMatchSource(make_config(context_match={"follow_copy": follow}))
+        assert propose(source, opening)[:len(quoted)] == quoted
+        # the index's latest [1 2 3 4 5] is the output's own first quote (-> 50..); the copy goes on to 60..
+        assert propose(source, opening + quoted)[:4] == expected
+    # a token that left the copy: the index's latest occurrence again (the output's own, 54 included)
+    source = ContextMatchSource(GooseConfig())
+    propose(source, opening)
+    assert propose(source, [*opening, 1, 2, 3, 4, 5, 50, 51, 52, 54, 1, 2, 3, 4, 5])[:4] == [50, 51, 52, 54]
+
+
 def test_continuation_is_capped() -> None:
     tokens = [1, 2, 3, *range(100, 220), 1, 2, 3]
     assert propose(ContextMatchSource(GooseConfig()), tokens) == list(range(100, 100 + CAP))  # the default cap
@@ -384,7 +400,9 @@ def test_incremental_index_equals_brute_force(seed: int, length: int, alphabet: 
                                               eos: frozenset[int]) -> None:
     rng = np.random.default_rng(seed)
     tokens = random_text(rng, length, alphabet)
-    config = make_config(context_match={"ngram_sizes": sizes, "max_continuation": cap, "occurrence": occurrence})
+    # the index alone (follow_copy off: the brute force knows no copy in progress)
+    config = make_config(context_match={"ngram_sizes": sizes, "max_continuation": cap, "occurrence": occurrence,
+                                        "follow_copy": False})
     source = ContextMatchSource(config)
     known = max(1, int(prompt_share * length))
     source.goose_prefill(make_context(tokens[:known], eos=tuple(eos)))
