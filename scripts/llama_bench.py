@@ -98,8 +98,11 @@ def build(method: str, args: argparse.Namespace, n_ctx: int) -> Any:
              if method == "llama_pld" else None)
     threads = args.threads or os.cpu_count() or 1
     # seed: greedy decoding draws nothing, but the value is pinned anyway
-    return Llama(model_path=args.gguf, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, seed=0,
-                 draft_model=draft, verbose=False)
+    # n_batch = n_ctx: with a draft model llama-cpp-python keeps every position's logits, in an array it sizes
+    # by n_batch (its own logits_all argument, not the draft's), so a sequence past n_batch (512 by default)
+    # would overflow it (`could not broadcast ... into shape`)
+    return Llama(model_path=args.gguf, n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads, n_threads_batch=threads,
+                 seed=0, draft_model=draft, verbose=False)
 
 
 def generate(llm: Any, ids: list[int], max_tokens: int, eos_ids: frozenset[int]) -> tuple[list[int], float, float]:
