@@ -439,9 +439,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     model, _ = load_model(args)
     curve = calibration.load_or_measure(model, refresh=args.refresh)
     if args.plot:
-        from goose.bench.plots import write_cost_curve
-
-        write_cost_curve(curve.sizes, curve.seconds, f"{args.model} ({args.dtype}, {args.device})", Path(args.plot))
+        _plot_curve(curve.sizes, curve.seconds, f"{args.model} ({args.dtype}, {args.device})", Path(args.plot))
     if args.json:
         print(json.dumps({"model": args.model, "dtype": args.dtype, "device": args.device, "key": cost.cache_key(model),
                           **curve.to_dict(), "relative": curve.relative()}))
@@ -452,6 +450,25 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     for size, seconds in zip(curve.sizes, curve.seconds, strict=True):
         print(f"{size:>10}  {1000 * seconds:>8.2f}  {seconds / curve.seconds[0]:>11.2f}")
     return 0
+
+
+def _plot_curve(sizes: Sequence[int], seconds: Sequence[float], title: str, path: Path) -> None:
+    """``--plot``: t(n) / t(1) against tree nodes (matplotlib, the ``bench`` extra; Agg: files only)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 4))
+    axes.plot(sizes, [s / seconds[0] for s in seconds], marker="o")
+    axes.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    axes.set_xlabel("tree nodes verified in one pass")
+    axes.set_ylabel("cost over one token")
+    axes.set_title(f"{title}: t(1) = {1000 * seconds[0]:.0f} ms")
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
 
 
 _HELP = {

@@ -206,3 +206,18 @@ def test_one_pass_over_the_budgets_equals_the_optimum_per_budget() -> None:
         rates = [planner.expected_rate(n, p_s, cap, p_t) for n, cap in zip(CANDIDATE_BUDGETS, caps, strict=True)]
         chosen = CANDIDATE_BUDGETS[max(range(len(rates)), key=rates.__getitem__)]
         assert planner.choose(p_s, length, p_t, caps) == chosen
+
+
+@pytest.mark.slow
+def test_goose_calibrate_prints_and_plots_the_curve(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    picture = tmp_path / "curve.png"
+    shown = subprocess.run([sys.executable, "-m", "goose", "calibrate", "--model", "smollm2-135m", "--dtype", "float32",
+                            "--threads", "1", "--json", "--plot", str(picture)],
+                           capture_output=True, text=True, timeout=600, check=True)
+    curve = json.loads(shown.stdout)
+    assert curve["sizes"][0] == 1 and len(curve["sizes"]) == len(curve["seconds"])
+    assert curve["relative"]["1"] == 1.0 and all(s > 0 for s in curve["seconds"])
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

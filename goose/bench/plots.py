@@ -3,8 +3,7 @@
 - ``speedup*.png``: speedup over ``ar`` per dataset, one bar per method;
 - ``tau_topology*.png``: tau of the spine tree against Iso(3)/Iso(5) per dataset;
 - ``acceptance*.png``: per-source acceptance of ``goose`` per dataset, with p_s/p_t annotated;
-- ``sweep*.png``: mean tau and speedup against each swept parameter;
-- ``goose calibrate --plot``: a verify cost curve, t(n) / t(1) against tree nodes.
+- ``sweep*.png``: mean tau and speedup against each swept parameter.
 
 A plot whose methods did not run is skipped. matplotlib is the ``bench`` extra; without it the
 run still writes every other output and says why there are no plots.
@@ -177,18 +176,3 @@ def write_plots(summary: dict[str, Any], out: Path, suffix: str = "") -> list[st
             written.append(file_name)
     return written
 
-
-def write_cost_curve(sizes: Sequence[int], seconds: Sequence[float], title: str, path: Path) -> None:
-    """One verify cost curve: t(n) / t(1) against tree nodes, with t(1) in the title."""
-    plt = _pyplot()
-    figure, axes = plt.subplots(figsize=(6, 4))
-    relative = [s / seconds[0] for s in seconds]
-    axes.plot(sizes, relative, marker="o")
-    axes.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-    axes.set_xlabel("tree nodes verified in one pass")
-    axes.set_ylabel("cost over one token")
-    axes.set_title(f"{title}: t(1) = {1000 * seconds[0]:.0f} ms")
-    axes.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
