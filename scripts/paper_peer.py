@@ -8,12 +8,13 @@ MIT; measured at commit c5c8bb3). Nothing of it is copied here: this script impo
     .venv/bin/python scripts/paper_peer.py --official-root /tmp/official --model smollm2-135m \\
         --datasets humaneval,mbpp,classeval,gsm8k,mt_bench --limit 4 --max-new-tokens 128 --out bench-results/paper-peer
 
-What it measures, per prompt and per side: tau, the tokens committed per verify pass, as
-``(len(output) - 1) / (passes - 1)``: the token the prefill gives and the prefill pass itself are
-left out on both sides (their own ``stats.compression_ratio`` counts both; it is kept as
-``native_tau``). Each side also decodes the prompt autoregressively (theirs ``decode_autoregressive``,
-ours :class:`goose.cycle.decoder.AutoregressiveDecoder`), so every output is checked against its
-own reference; in float32 both decoders are lossless and every output is that reference.
+What it measures, per prompt and per side: tokens per second (prefill included) and tau, the
+tokens committed per verify pass, as ``(len(output) - 1) / (passes - 1)``: the token the prefill
+gives and the prefill pass itself are left out on both sides (their own
+``stats.compression_ratio`` counts both; it is kept as ``native_tau``). Each side also decodes
+the prompt autoregressively (theirs ``decode_autoregressive``, ours
+:class:`goose.cycle.decoder.AutoregressiveDecoder`), so every output is checked against its own
+reference; in float32 both decoders are lossless and every output is that reference.
 
 How:
 
@@ -210,6 +211,15 @@ def _ratio_cell(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}x"
 
 
+def _speed_cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def tokens_per_s(row: dict[str, Any] | None) -> float | None:
+    """A side's decoding speed on one prompt, prefill included (its wall time is the whole ``decode``)."""
+    return round(row["new_tokens"] / row["wall_s"], 4) if row and row["wall_s"] > 0 else None
+
+
 def compare(inputs: list[dict[str, Any]], rows: dict[str, list[dict[str, Any]]],
             settings: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The per-prompt table (markdown) and the summary.
@@ -223,6 +233,8 @@ def compare(inputs: list[dict[str, Any]], rows: dict[str, list[dict[str, Any]]],
     ours = {row["id"]: row for row in rows.get("ours", [])}
     both = "official" in rows and "ours" in rows
     taus: dict[str, list[float]] = {side: [] for side in rows}
+    speed_ratios: list[float] = []
+    over_own_ar: dict[str, list[float]] = {side: [] for side in rows}
     ahead = {"ours": 0, "official": 0, "level": 0}
     identical = {"official_to_ar": 0, "ours_to_ar": 0, "official_to_ours": 0, "ar_to_ar": 0}
     prompts = []
@@ -230,9 +242,12 @@ def compare(inputs: list[dict[str, Any]], rows: dict[str, list[dict[str, Any]]],
         theirs, mine = official.get(record["id"]), ours.get(record["id"])
         their_tau = theirs["tau"] if theirs else None
         my_tau = mine["tau"] if mine else None
+        their_speed, my_speed = tokens_per_s(theirs), tokens_per_s(mine)
         prompt = {
             "id": record["id"], "n_prompt": record["n_prompt"], "official_tau": their_tau, "ours_tau": my_tau,
             "ratio": round(my_tau / their_tau, 4) if my_tau is not None and their_tau else None,
+            "tokens_per_s": [their_speed, my_speed],
+            "speed_ratio": round(my_speed / their_speed, 4) if my_speed and their_speed else None,
             "official_identical_to_ar": theirs["identical_to_ar"] if theirs else None,
             "ours_identical_to_ar": mine["identical_to_ar"] if mine else None,
             "official_identical_to_ours": theirs["new_token_ids"] == mine["new_token_ids"] if theirs and mine else None,
@@ -247,6 +262,10 @@ def compare(inputs: list[dict[str, Any]], rows: dict[str, list[dict[str, Any]]],
         prompt["compared"] = True
         for row in present:
             taus[row["side"]].append(row["tau"])
+            if row["wall_s"] > 0:
+                over_own_ar[row["side"]].append(row["ar_wall_s"] / row["wall_s"])
+        if prompt["speed_ratio"] is not None:
+            speed_ratios.append(prompt["speed_ratio"])
         for key in identical:
             identical[key] += bool(prompt[key.replace("_to_", "_identical_to_")])
         if both:
@@ -265,6 +284,9 @@ def compare(inputs: list[dict[str, Any]], rows: dict[str, list[dict[str, Any]]],
         "ahead": ahead if both else None,
         "identical": {key: identical[key] for key in kept},
         "wall_s": {side: round(sum(row["wall_s"] for row in side_rows), 3) for side, side_rows in rows.items()},
+        # tokens per second: ours over theirs per prompt, and each side over its own autoregressive loop
+        "speed_ratio_mean": round(mean(speed_ratios), 4) if speed_ratios else None,
+        "over_own_ar_mean": {side: round(mean(values), 4) if values else None for side, values in over_own_ar.items()},
         "crop_cache_replaced": (any(row.get("crop_cache_replaced") for row in rows["official"])
                                 if "official" in rows else None),
         "per_prompt": prompts,
@@ -274,17 +296,21 @@ def compare(inputs: list[dict[str, Any]], rows: dict[str, list[dict[str, Any]]],
         return f"{identical[key]}/{compared}" if key in kept else "-"
 
     lines = ["| prompt | prompt tokens | new tokens (official / ours) | passes (official / ours) | official tau "
-             "| ours tau | ours / official | official = its AR | ours = its AR | official = ours |",
-             "|---|---:|---:|---:|---:|---:|---:|:-:|:-:|:-:|"]
+             "| ours tau | ours / official | official tok/s | ours tok/s | ours / official tok/s "
+             "| official = its AR | ours = its AR | official = ours |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:-:|:-:|:-:|"]
     for prompt in prompts:
         tokens = " / ".join("-" if n is None else str(n) for n in prompt["new_tokens"])
         passes = " / ".join("-" if n is None else str(n) for n in prompt["passes"])
+        their_speed, my_speed = prompt["tokens_per_s"]
         lines.append(f"| {prompt['id']} | {prompt['n_prompt']} | {tokens} | {passes} | "
                      f"{_tau_cell(prompt['official_tau'])} | {_tau_cell(prompt['ours_tau'])} | "
-                     f"{_ratio_cell(prompt['ratio'])} | {_flag(prompt['official_identical_to_ar'])} | "
+                     f"{_ratio_cell(prompt['ratio'])} | {_speed_cell(their_speed)} | {_speed_cell(my_speed)} | "
+                     f"{_ratio_cell(prompt['speed_ratio'])} | {_flag(prompt['official_identical_to_ar'])} | "
                      f"{_flag(prompt['ours_identical_to_ar'])} | {_flag(prompt['official_identical_to_ours'])} |")
     lines.append(f"| **mean** ({compared} prompt(s)) |  |  |  | {_tau_cell(means['official'])} | "
-                 f"{_tau_cell(means['ours'])} | {_ratio_cell(ratio_of_means)} | {count('official_to_ar')} | "
+                 f"{_tau_cell(means['ours'])} | {_ratio_cell(ratio_of_means)} |  |  | "
+                 f"{_ratio_cell(summary['speed_ratio_mean'])} | {count('official_to_ar')} | "
                  f"{count('ours_to_ar')} | {count('official_to_ours')} |")
     configs = []
     if "official" in rows:
@@ -303,8 +329,12 @@ def compare(inputs: list[dict[str, Any]], rows: dict[str, list[dict[str, Any]]],
     ]
     if both and compared:
         head += [f"Ours ahead on {ahead['ours']}, theirs on {ahead['official']}, level on {ahead['level']}; "
-                 f"ours over theirs, the ratio of the mean taus: {ratio_of_means:.3f}x; the two autoregressive "
-                 f"references identical on {identical['ar_to_ar']}/{compared}.", ""]
+                 f"ours over theirs, the ratio of the mean taus: {ratio_of_means:.3f}x; in tokens per second "
+                 f"(prefill included), the mean of the per-prompt ratios: {_ratio_cell(summary['speed_ratio_mean'])}; "
+                 f"each side over its own autoregressive loop: theirs "
+                 f"{_ratio_cell(summary['over_own_ar_mean'].get('official'))}, ours "
+                 f"{_ratio_cell(summary['over_own_ar_mean'].get('ours'))}; the two autoregressive references "
+                 f"identical on {identical['ar_to_ar']}/{compared}.", ""]
     return "\n".join(head + lines) + "\n", summary
 
 

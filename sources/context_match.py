@@ -263,7 +263,7 @@ class ContextMatchSource:
             going_on = self._continuation(tokens, followed, context.eos_token_ids)
             if going_on:
                 # the followed copy drafts; the index's matches stay as second opinions (consensus)
-                matches = [(self.last_match_length or max(self.index.sizes), followed), *matches]
+                matches = [(self.last_match_length, followed), *matches]  # the n that started this copy
                 chosen, copy = 0, going_on
         if chosen < 0:
             self.last_match_length = self.last_match_depth = self.last_consensus = 0

@@ -102,6 +102,10 @@ def test_our_side_on_smollm2(tmp_path: Path) -> None:
     assert summary["sides"] == ["ours"] and summary["compared"] == 1
     assert summary["mean_tau"] == {"official": None, "ours": row["tau"]} and summary["ratio_of_means"] is None
     assert summary["identical"] == {"ours_to_ar": 1} and summary["ours_config"] == {"budget": 60}
+    assert summary["speed_ratio_mean"] is None  # one side: nothing to compare its speed with
+    assert summary["over_own_ar_mean"]["ours"] == pytest.approx(row["ar_wall_s"] / row["wall_s"], rel=1e-3)
+    assert summary["per_prompt"][0]["tokens_per_s"] == [None, pytest.approx(row["new_tokens"] / row["wall_s"],
+                                                                           rel=1e-3)]
     table = (tmp_path / "table.md").read_text()
     assert f"| humaneval/0 | {record['n_prompt']} | - / {row['new_tokens']} |" in table
     assert table in run.stdout
@@ -123,3 +127,5 @@ def test_both_sides_on_smollm2(tmp_path: Path) -> None:
     assert summary["identical"]["official_to_ar"] == summary["identical"]["ours_to_ar"] == 1
     assert summary["ratio_of_means"] == pytest.approx(rows["ours"][0]["tau"] / rows["official"][0]["tau"], abs=1e-3)
     assert sum(summary["ahead"].values()) == 1
+    speeds = [row["new_tokens"] / row["wall_s"] for row in (rows["official"][0], rows["ours"][0])]
+    assert summary["speed_ratio_mean"] == pytest.approx(speeds[1] / speeds[0], rel=1e-3)
