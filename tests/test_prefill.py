@@ -22,6 +22,7 @@ def test_harvest_rows_follow_the_setting():
     assert harvest_rows("auto", 100_000, 0.25) == HARVEST_CAP
     assert harvest_rows("auto", 1024, 1.7) < harvest_rows("auto", 1024, 0.25)  # a wider vocabulary harvests less
     assert harvest_rows("auto", 1, 0.25) == 0
+    assert harvest_rows("auto", 4096, 0.5, priced=False) == 4095  # a fixed budget: every row, as the paper
     with pytest.raises(ValueError, match="prefill_harvest"):
         GooseConfig(prefill_harvest=-1)
 
@@ -69,6 +70,19 @@ def test_a_short_prompt_harvests_every_row(smollm2):
     prompt = dataset_prompts("mbpp", 1)[0]
     ids = decoder.encode(prompt)
     assert harvest_rows("auto", len(ids), output_layer_weight(model)) == len(ids) - 1
+    decoder.generate(prompt, 2)
+    table = decoder.sources.instances["bigram_transition"].table
+    assert (table.unigram_tokens[np.asarray(ids[:-1])] >= 0).any(axis=1).all()
+
+
+def test_a_fixed_budget_harvests_every_prompt_row(smollm2):
+    """With a fixed budget (the paper's setting, nothing priced) the automatic harvest is every prompt row but the
+    last: the bigram table knows every prompt token's successors, as the paper's code does."""
+    model, tokenizer = smollm2
+    decoder = GooseDecoder(model, tokenizer, GooseConfig(budget=60))
+    prompt = "\n".join(dataset_prompts("humaneval", 3))  # longer than the automatic harvest's floor
+    ids = decoder.encode(prompt)
+    assert harvest_rows("auto", len(ids), output_layer_weight(model)) < len(ids) - 1  # priced: a share
     decoder.generate(prompt, 2)
     table = decoder.sources.instances["bigram_transition"].table
     assert (table.unigram_tokens[np.asarray(ids[:-1])] >= 0).any(axis=1).all()

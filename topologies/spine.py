@@ -44,6 +44,11 @@ Rules, in order (B = budget, r = ``config.spine_ratio(spine source acceptance)``
    one budget's share a pass (the paper's code grows a confident chain to 100 nodes at B = 60). The
    automatic budget prices the whole tree, spine included, with the device's cost curve, and hands
    no extension.
+7. Room the branches leave unspent (successors below ``config.min_score``, or none known) goes to
+   the spine: it runs on past its share and extension while the draft lasts, so the tree still holds
+   the nodes its budget allows. A long copy whose branches find little to hang is verified deeper
+   in one pass (the paper's code lays 91 spine nodes of a 96-node tree on a confident match), and
+   the automatic budget's price for the tree is not exceeded.
 """
 
 from __future__ import annotations
@@ -94,6 +99,9 @@ class SpineTopology(Planner):
             spine = builder.add_chain(ROOT, tokens[:length], spine_source.source_id, spine=True)
         self._add_branches(pool, builder, pool.branching[0], spine, path_scores[: spine.shape[0]], branch_room,
                            config)
+        if builder.room and config.spine_tokens == "draft" and spine.shape[0] == length:  # rule 7
+            builder.add_chain(int(spine[-1]), tokens[length : length + builder.room], spine_source.source_id,
+                              spine=True)
 
     @goose.hookimpl
     def goose_spine_lengths(

@@ -124,8 +124,11 @@ class RowCycle:
         self.started = 0.0
 
     def harvest_rows(self) -> int:
-        """Prompt rows whose logits the prefill keeps for the sources (``GooseConfig.prefill_harvest``)."""
-        return harvest_rows(self.drafter.config.prefill_harvest, len(self.request.prompt_ids), self.drafter.row_weight)
+        """Prompt rows whose logits the prefill keeps for the sources (``GooseConfig.prefill_harvest``); with a
+        fixed budget nothing is priced, and ``"auto"`` harvests them all."""
+        config = self.drafter.config
+        return harvest_rows(config.prefill_harvest, len(self.request.prompt_ids), self.drafter.row_weight,
+                            priced=config.budget == "auto")
 
     def begin(self, prompt_logits: torch.Tensor) -> None:
         """The sources read the prompt and the top-k of its harvested rows (``prompt_logits`` [h + 1, V])."""

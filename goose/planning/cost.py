@@ -175,17 +175,19 @@ def output_layer_weight(model: torch.nn.Module) -> float:
     return head.numel() / max(1, body)
 
 
-def harvest_rows(setting: int | str | None, prompt_length: int, row_weight: float) -> int:
+def harvest_rows(setting: int | str | None, prompt_length: int, row_weight: float, priced: bool = True) -> int:
     """How many of the last prompt positions the prefill harvests (``GooseConfig.prefill_harvest``).
 
     ``"auto"``: as many as the share ``HARVEST_SHARE`` of the prompt's forward pays for, each
     costing ``row_weight`` tokens' worth (see :func:`output_layer_weight`), or as many as
     ``HARVEST_FLOOR`` tokens' worth pays for when that is more, at most ``HARVEST_CAP``. The floor
     is for short prompts: their harvest costs next to nothing beside the output's passes, and every
-    prompt row the bigram table knows is a cycle with something to draft.
+    prompt row the bigram table knows is a cycle with something to draft. Unless ``priced`` (a
+    fixed budget: the paper's setting, where no row is priced), ``"auto"`` is every row, as the
+    paper's code harvests them.
     The last position is read for the first token in any case, so at most ``prompt_length - 1``.
     """
-    if setting is None:
+    if setting is None or (setting == "auto" and not priced):
         wanted = prompt_length
     elif setting == "auto":
         wanted = min(HARVEST_CAP, int(max(HARVEST_SHARE * prompt_length, HARVEST_FLOOR) / row_weight))
