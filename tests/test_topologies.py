@@ -287,17 +287,21 @@ def test_room_the_branches_leave_goes_to_the_spine() -> None:
     (the draft's next tokens, in order), so the tree holds what its budget allows while the draft lasts."""
     draft = spine_draft(length=90, score=0.9)
     sparse = TransitionTable(first=0.3, decay=0.02, holes=0.5)  # at most one successor above the floor
-    tree = plan("spine", make_pool(draft, 0.5, sparse), 60)
+    fixed = TIERS.model_copy(update={"budget": 60, "spine_extension": 0})
+    tree = plan("spine", make_pool(draft, 0.5, sparse), 60, fixed)
     tier_share = spine_length(60, TIERS.spine_ratio(0.5), 0, 90)
     assert tree.draft_size == 60  # the whole budget is laid
     assert len(spine_of(tree)) == 60 - sum(branch_sizes(tree)) > tier_share
     assert spine_of(tree) == draft.tokens[: len(spine_of(tree))].tolist()  # the draft's own order
     # a rich table fills the branch shares: the spine keeps its share
-    rich = plan("spine", make_pool(draft, 0.5, TransitionTable(first=0.9, decay=0.9)), 60)
+    rich = plan("spine", make_pool(draft, 0.5, TransitionTable(first=0.9, decay=0.9)), 60, fixed)
     assert len(spine_of(rich)) == tier_share and rich.draft_size == 60
     # a draft too short for the room: the spine ends with the draft, the room stays unspent
-    short = plan("spine", make_pool(spine_draft(length=35, score=0.9), 0.5, sparse), 60)
+    short = plan("spine", make_pool(spine_draft(length=35, score=0.9), 0.5, sparse), 60, fixed)
     assert len(spine_of(short)) == 35 and short.draft_size < 60
+    # the automatic budget bought the spine it chose: the room stays unspent
+    auto = plan("spine", make_pool(draft, 0.5, sparse), 60)
+    assert len(spine_of(auto)) == tier_share and auto.draft_size < 60
 
 
 def test_no_branching_source_gives_the_spine_alone() -> None:

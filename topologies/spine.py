@@ -44,11 +44,12 @@ Rules, in order (B = budget, r = ``config.spine_ratio(spine source acceptance)``
    one budget's share a pass (the paper's code grows a confident chain to 100 nodes at B = 60). The
    automatic budget prices the whole tree, spine included, with the device's cost curve, and hands
    no extension.
-7. Room the branches leave unspent (successors below ``config.min_score``, or none known) goes to
-   the spine: it runs on past its share and extension while the draft lasts, so the tree still holds
-   the nodes its budget allows. A long copy whose branches find little to hang is verified deeper
-   in one pass (the paper's code lays 91 spine nodes of a 96-node tree on a confident match), and
-   the automatic budget's price for the tree is not exceeded.
+7. With a fixed budget, room the branches leave unspent (successors below ``config.min_score``, or
+   none known) goes to the spine: it runs on past its share and extension while the draft lasts, so
+   the tree holds the nodes its budget allows. A long copy whose branches find little to hang is
+   verified deeper in one pass (the paper's code lays 91 spine nodes of a 96-node tree on a
+   confident match). The automatic budget has already chosen the spine whose expected yield pays for
+   its rows; more copied tokens past it are rows the cost curve did not buy.
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ class SpineTopology(Planner):
             spine = builder.add_chain(ROOT, tokens[:length], spine_source.source_id, spine=True)
         self._add_branches(pool, builder, pool.branching[0], spine, path_scores[: spine.shape[0]], branch_room,
                            config)
-        if builder.room and config.spine_tokens == "draft" and spine.shape[0] == length:  # rule 7
+        fixed = config.budget != "auto"
+        if fixed and builder.room and config.spine_tokens == "draft" and spine.shape[0] == length:  # rule 7
             builder.add_chain(int(spine[-1]), tokens[length : length + builder.room], spine_source.source_id,
                               spine=True)
 
