@@ -15,7 +15,7 @@ tokens; a lookup is one dict probe per length.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -75,6 +75,13 @@ class ContextMatchOptions(BaseModel):
         "if it shares a longer history with the present than the occurrence the index found (the index keeps one "
         "occurrence per n-gram, the latest: a quoted docstring's second example line would otherwise be drafted from "
         "its first)",
+    )
+    resume_copy: int = Field(
+        default=12, ge=0,
+        description="when a copy that held for at least this many tokens breaks on a token the target wrote in "
+        "place of the copied text (two newlines for three, another literal) and the index finds nothing, draft the "
+        "copy on from where that text ends: copied text usually resumes after a small edit. 12: where a copy's "
+        "acceptance reaches 0.8 a token (depth_prior); a fresh match that broke was chance. 0: never",
     )
     repeat_runs: bool = Field(
         default=True,
@@ -266,6 +273,11 @@ class ContextMatchSource:
                 matches = [(self.last_match_length, followed), *matches]  # the n that started this copy
                 chosen, copy = 0, going_on
         if chosen < 0:
+            resumed = self._resumed(tokens, context.tokenizer)
+            going_on = self._continuation(tokens, resumed, context.eos_token_ids) if resumed >= 0 else []
+            if going_on:
+                matches, chosen, copy = [(self.last_match_length, resumed)], 0, going_on
+        if chosen < 0:
             self.last_match_length = self.last_match_depth = self.last_consensus = 0
             self._first_depth = 0
             self._copy_start = self._copy_context = -1
@@ -278,7 +290,7 @@ class ContextMatchSource:
             profile = without_trailing_repeats(estimates.tolist())
         else:  # the paper's single estimate: the shared one
             depth, estimates, profile = length, np.full(len(copy), acceptance), ()
-        self._first_depth = depth
+        self._first_depth = max(depth, 1)  # a resumed copy shares no history with the present (0 is "none")
         consensus = 0
         # longer lengths than the chosen one copied nothing, so only shorter ones can agree; the
         # draft holds no EOS, so a common run ends before any EOS of the other continuation
@@ -312,6 +324,41 @@ class ContextMatchSource:
             return -1
         copied = self._copy(tokens[: self._copy_context], self._copy_start, added)
         return start if np.array_equal(copied, tokens[self._copy_context :]) else -1
+
+    def _resumed(self, tokens: np.ndarray, tokenizer: Any) -> int:
+        """Where the last draft's occurrence resumes after the target replaced its last token; else -1.
+
+        Every token since the last draft followed its occurrence except the newest, the target's own
+        token where the copy broke. When that token is the occurrence's next one the target skipped a
+        token: resume after it. Otherwise it wrote other text in place of one or more of the
+        occurrence's tokens (two newlines for three; ``' \"\"\"\\n\\n'`` for ``' \"\"\"'`` and
+        ``'\\n\\n\\n'``): resume after the run of the occurrence's tokens whose text is nearest in
+        length to the written token's (after one token without a tokenizer). Only a copy that held
+        for at least ``resume_copy`` tokens is resumed.
+        """
+        if not self.options.resume_copy or self._copy_start < 0:
+            return -1
+        added = tokens.shape[0] - self._copy_context
+        if added <= 0:
+            return -1
+        broke = self._copy_start + added - 1  # the occurrence's token the target did not keep
+        if broke + 2 >= self._copy_context:  # resuming needs the occurrence's next tokens in the context then
+            return -1
+        written = int(tokens[-1])
+        if tokens[broke] == written or not np.array_equal(tokens[self._copy_start : broke],
+                                                           tokens[self._copy_context : -1]):
+            return -1
+        held = self.options.resume_copy
+        if match_depth(tokens[:-1], broke, held) < held:
+            return -1
+        if tokens[broke + 1] == written:
+            return broke + 2
+        spelled = getattr(tokenizer, "convert_ids_to_tokens", None)
+        if spelled is None:
+            return broke + 1
+        replaced = tokens[broke : min(broke + 3, self._copy_context - 1)].tolist()
+        widths = np.cumsum([len(text or "") for text in spelled(replaced)])
+        return broke + 1 + int(np.argmin(np.abs(widths - len(spelled([written])[0] or ""))))
 
     def _deeper(self, tokens: np.ndarray, followed: int, found: int) -> bool:
         """Whether the followed occurrence shares a longer history with the present than the index's."""

@@ -138,7 +138,7 @@ def test_turn_prompts_carry_the_earlier_answer(smollm2) -> None:
 
 def test_method_table_defines_the_papers_methods_as_config() -> None:
     assert set(MAIN_METHODS) == {"ar", "hf_ar", "hf_pld", "pld", "tr", "lookahead", "rest", "iso3", "iso5",
-                                 "goose", "goose3", "goose4"}
+                                 "goose", "goose3", "goose_rest", "goose4"}
     assert METHODS["pld"].fields == {"sources": ["context_match"], "topology": "chain"}
     tr = METHODS["tr"].config()
     assert (tr.sources, tr.topology, tr.options_for("bigram_transition")) == (
@@ -149,6 +149,7 @@ def test_method_table_defines_the_papers_methods_as_config() -> None:
     goose3 = METHODS["goose3"].config()  # the default config and one more source, nothing else changed
     assert goose3 == GooseConfig(sources=[*GooseConfig().sources, "suffix_memory"],
                                  source_options={"suffix_memory": {"search_current": False}})
+    assert METHODS["goose_rest"].config() == GooseConfig(sources=[*GooseConfig().sources, "rest"])
     goose4 = METHODS["goose4"].fields
     assert goose4["topology"] == "multi_spine"
     assert set(goose4["sources"]) == {"context_match", "bigram_transition", "rest", "lookahead"}

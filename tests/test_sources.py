@@ -11,9 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from transformers import AutoTokenizer
 
 from goose import DecodeContext, GooseConfig, Harvest
 from goose.boundary import SourceSet
+from goose.models import pretrained_location
 from goose.plugins import BUILTIN_ORIGIN, registry
 from goose.sources.bigram_transition import (
     EMPTY,
@@ -123,6 +125,48 @@ def test_a_copy_in_progress_is_followed_past_an_ambiguous_ngram() -> None:
     source = ContextMatchSource(GooseConfig())
     propose(source, opening)
     assert propose(source, [*opening, 1, 2, 3, 4, 5, 50, 51, 52, 54, 1, 2, 3, 4, 5])[:4] == [50, 51, 52, 54]
+
+
+def test_a_held_copy_resumes_after_a_one_token_edit() -> None:
+    # a passage quoted back (ClassEval: the model writes two newlines where the class had three, then goes on)
+    lead = list(range(100, 112))  # 12 tokens: the copy has held long enough to be resumed (resume_copy's default)
+    passage = [*lead, 1, 2, 3, 4, 5, 6, 7, 8]
+    opening = [*passage, 0, *lead[:-1]]
+    for resume, edit, expected in ((12, 77, [4, 5, 6, 7, 8]),  # 3 replaced by 77: resume after 3
+                                   (12, 4, [5, 6, 7, 8, 0]),  # 3 skipped: resume after the 4 written
+                                   (0, 77, None),  # the index alone: no n-gram ends in 77
+                                   (20, 77, None)):  # the copy held 14 tokens, fewer than asked
+        source = ContextMatchSource(make_config(context_match={"resume_copy": resume}))
+        assert propose(source, opening)[:4] == [111, 1, 2, 3]
+        # 111 1 2 accepted, then the target's own token where the draft had 3
+        drafted = propose(source, [*opening, 111, 1, 2, edit])
+        assert (drafted if drafted is None else drafted[:5]) == expected
+    # a fresh match that broke is not resumed: it had 8 tokens of history
+    source = ContextMatchSource(GooseConfig())
+    fresh = [*passage, 0, 106, 107, 108, 109, 110, 111]
+    assert propose(source, fresh)[:3] == [1, 2, 3]
+    assert propose(source, [*fresh, 1, 77]) is None
+
+
+def test_a_copy_resumes_where_the_written_tokens_text_ends() -> None:
+    # the target merges two of the occurrence's tokens into one (two newline tokens written as one
+    # two-newline token): the copy resumes after both, found by the tokens' text widths
+    tokenizer = AutoTokenizer.from_pretrained(pretrained_location("smollm2-135m"))
+    newline, two_newlines, three_newlines_indent, two_newlines_indent, quotes = tokenizer.convert_tokens_to_ids(
+        ["Ċ", "ĊĊ", "ĊĊĊĠĠĠ", "ĊĊĠĠĠ", 'Ġ"""'])
+    rest = tokenizer.convert_tokens_to_ids(["Ġdef", "Ġ__", "init", "__("])
+    head = [*range(100, 112), quotes]
+    for between, written in (([newline, newline], two_newlines),  # two tokens written as one
+                             ([three_newlines_indent], two_newlines_indent)):  # one for one
+        passage = [*head, *between, *rest, 7, 8]
+        opening = [*passage, 0, *head[:-2]]
+        source = ContextMatchSource(GooseConfig())
+        assert propose(source, opening)[:2] == [111, quotes]
+        context = make_context([*opening, 111, quotes, written])
+        context = DecodeContext(tokens=context.tokens, prompt_length=context.prompt_length,
+                                vocab_size=tokenizer.vocab_size, eos_token_ids=context.eos_token_ids,
+                                tokenizer=tokenizer)
+        assert source.goose_propose(context, 0.5).tokens[:4].tolist() == rest
 
 
 def test_continuation_is_capped() -> None:
@@ -400,9 +444,9 @@ def test_incremental_index_equals_brute_force(seed: int, length: int, alphabet: 
                                               eos: frozenset[int]) -> None:
     rng = np.random.default_rng(seed)
     tokens = random_text(rng, length, alphabet)
-    # the index alone (follow_copy off: the brute force knows no copy in progress)
+    # the index alone (follow_copy and resume_copy off: the brute force knows no copy in progress)
     config = make_config(context_match={"ngram_sizes": sizes, "max_continuation": cap, "occurrence": occurrence,
-                                        "follow_copy": False})
+                                        "follow_copy": False, "resume_copy": 0})
     source = ContextMatchSource(config)
     known = max(1, int(prompt_share * length))
     source.goose_prefill(make_context(tokens[:known], eos=tuple(eos)))

@@ -87,6 +87,8 @@ METHODS: dict[str, Method] = _table(
     Method("goose", "goose", "Goose: the default GooseConfig (context-match spine, bigram branches)", "goose"),
     Method("goose3", "goose", "Goose with a third source: the default config plus the cross-request suffix memory",
            "goose", study_fields([*_BOTH, "suffix_memory"], "spine", budget=None)),
+    Method("goose_rest", "goose", "Goose with REST beside its two sources: the default config plus retrieval from "
+           "the datastore (default: the Python standard library)", "goose", {"sources": [*_BOTH, "rest"]}),
     Method("goose4", "goose", "Goose with all four paper sources in a multi-level spine tree", "goose",
            {"sources": _ALL_SOURCES, "topology": "multi_spine"}),
 )

@@ -218,7 +218,7 @@ def _topology_table(view: _View) -> str | None:
 
 def _synergy_table(view: _View) -> str | None:
     singles = view.present(STANDALONE_SOURCES)
-    combined = view.present(("goose", "goose3", "goose4"))
+    combined = view.present(("goose", "goose3", "goose_rest", "goose4"))
     if not singles or not combined:
         return None
     header = ["dataset", "best standalone source", *(f"`{m}` tau (gain)" for m in combined)]
