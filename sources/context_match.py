@@ -201,6 +201,11 @@ class ContextMatchSource:
       where the accepted tokens left it, and it wins when it shares a longer history with the
       present (:func:`match_depth`) than the index's choice. The paper's code gets the same effect
       by growing one confident chain to 100 tokens in a single cycle.
+    * **Resuming after an edit.** A quoted class or function often comes back with one small
+      change (two newlines where the prompt had three) and then goes on verbatim. When a copy that
+      held for ``resume_copy`` tokens breaks on the target's own token and the index has nothing
+      (no n-gram ends in the new token), the copy resumes where the written text ends in the
+      occurrence, instead of a pass without a copy until the index finds it again.
     * **Consensus.** Each matched length copies from its own occurrence. ``Draft.consensus`` is
       the longest run of leading draft tokens that the continuation of at least one *other*
       occurrence (another length's) reproduces: two places in the text agreeing on what comes next
@@ -331,10 +336,10 @@ class ContextMatchSource:
         Every token since the last draft followed its occurrence except the newest, the target's own
         token where the copy broke. When that token is the occurrence's next one the target skipped a
         token: resume after it. Otherwise it wrote other text in place of one or more of the
-        occurrence's tokens (two newlines for three; ``' \"\"\"\\n\\n'`` for ``' \"\"\"'`` and
-        ``'\\n\\n\\n'``): resume after the run of the occurrence's tokens whose text is nearest in
-        length to the written token's (after one token without a tokenizer). Only a copy that held
-        for at least ``resume_copy`` tokens is resumed.
+        occurrence's tokens (two newlines for three; one token for a closing quote and the two
+        tokens of newlines after it): resume after the run of the occurrence's tokens whose text is
+        nearest in length to the written token's (after one token without a tokenizer). Only a copy
+        that held for at least ``resume_copy`` tokens is resumed.
         """
         if not self.options.resume_copy or self._copy_start < 0:
             return -1
