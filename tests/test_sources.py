@@ -35,10 +35,10 @@ def make_config(**source_options: dict) -> GooseConfig:
 
 
 def make_context(tokens: list[int] | np.ndarray, vocab_size: int = 1000,
-                 eos: tuple[int, ...] = (EOS,)) -> DecodeContext:
+                 eos: tuple[int, ...] = (EOS,), tokenizer: object = None) -> DecodeContext:
     array = np.asarray(tokens, dtype=np.int64)
     return DecodeContext(tokens=array, prompt_length=array.shape[0], vocab_size=vocab_size,
-                         eos_token_ids=frozenset(eos))
+                         eos_token_ids=frozenset(eos), tokenizer=tokenizer)
 
 
 CAP = ContextMatchOptions().max_continuation  # the default cap of one draft
@@ -162,10 +162,7 @@ def test_a_copy_resumes_where_the_written_tokens_text_ends() -> None:
         opening = [*passage, 0, *head[:-2]]
         source = ContextMatchSource(GooseConfig())
         assert propose(source, opening)[:2] == [111, quotes]
-        context = make_context([*opening, 111, quotes, written])
-        context = DecodeContext(tokens=context.tokens, prompt_length=context.prompt_length,
-                                vocab_size=tokenizer.vocab_size, eos_token_ids=context.eos_token_ids,
-                                tokenizer=tokenizer)
+        context = make_context([*opening, 111, quotes, written], vocab_size=tokenizer.vocab_size, tokenizer=tokenizer)
         assert source.goose_propose(context, 0.5).tokens[:4].tolist() == rest
 
 
