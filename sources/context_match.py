@@ -50,6 +50,26 @@ class ContextMatchOptions(BaseModel):
         description="n-gram lengths matched against the context; the longest that matches drafts, the others "
         "vote for consensus. Stored longest first. (3, 2, 1) behaves like Hugging Face prompt lookup",
     )
+    short_sizes: tuple[int, ...] = Field(
+        default=(2, 1),
+        description="shorter n-gram lengths, tried in the answer's opening (short_window) when no length of "
+        "ngram_sizes matches and no copy goes on, and only where the n-gram occurred exactly once (lengths not "
+        "below ngram_sizes' shortest are ignored). A quoted function's first line follows the output's own "
+        "fence (```python), which the prompt does not have: `def` and its name match only as a 1- or 2-gram. "
+        "() = never",
+    )
+    short_window: int = Field(
+        default=16, ge=0,
+        description="output tokens from the start in which short matches are tried: where an answer quotes the "
+        "prompt's signature after its own preamble; later a quote in progress shares 3-grams, and a short "
+        "match is mostly chance (over the 1.5B's 20 peer prompts, 3 in 40 short matches past the opening "
+        "held for 3 tokens)",
+    )
+    short_prior: float | tuple[float, ...] = Field(
+        default=0.3,
+        description="acceptance each copy-depth bin of a short match starts from (see depth_prior); short "
+        "drafts learn their own estimate",
+    )
     max_continuation: int = Field(
         default=100, ge=1,
         description="most tokens one draft copies (paper: 20; the paper's code extends a confident chain to 100). "
@@ -83,6 +103,14 @@ class ContextMatchOptions(BaseModel):
         "copy on from where that text ends: copied text usually resumes after a small edit. 12: where a copy's "
         "acceptance reaches 0.8 a token (depth_prior); a fresh match that broke was chance. 0: never",
     )
+    rejoin_copy: int = Field(
+        default=16, ge=0,
+        description="for this many tokens after a copy that held for resume_copy tokens breaks, an n-gram that also "
+        "occurs in the copied text within this many tokens past the break copies from there rather than from the "
+        "occurrence the index keeps (the latest), unless the index's shares a longer history with the present: "
+        "quoted code with a typo fixed goes on after the fix, while the same short n-gram's latest occurrence is "
+        "often elsewhere. 0: never",
+    )
     repeat_runs: bool = Field(
         default=True,
         description="a copy that reaches the context's end goes on repeating the copied run (periodic text) "
@@ -101,7 +129,17 @@ class ContextMatchOptions(BaseModel):
     )
 
     _longest_first = field_validator("ngram_sizes")(staticmethod(longest_first))
-    _ladder = field_validator("depth_prior")(staticmethod(probability_ladder))
+    _ladder = field_validator("depth_prior", "short_prior")(staticmethod(probability_ladder))
+
+    @field_validator("short_sizes")
+    @classmethod
+    def _short_longest_first(cls, sizes: tuple[int, ...]) -> tuple[int, ...]:
+        return longest_first(sizes) if sizes else ()
+
+    @property
+    def shorter_sizes(self) -> tuple[int, ...]:
+        """The short lengths in use: those below ngram_sizes' shortest."""
+        return tuple(n for n in self.short_sizes if n < self.ngram_sizes[-1])
     _increasing = field_validator("depth_edges")(staticmethod(increasing_edges))
 
 
@@ -206,6 +244,22 @@ class ContextMatchSource:
       held for ``resume_copy`` tokens breaks on the target's own token and the index has nothing
       (no n-gram ends in the new token), the copy resumes where the written text ends in the
       occurrence, instead of a pass without a copy until the index finds it again.
+    * **Rejoining after a longer edit.** An edit of several tokens (a misspelt name quoted back
+      spelt right) leaves the index nothing until a short n-gram after the edit matches, and the
+      index keeps that n-gram's latest occurrence, often somewhere else in the prompt. For
+      ``rejoin_copy`` tokens after a held copy breaks, an occurrence of the matched n-gram within
+      ``rejoin_copy`` tokens past the break in the copied text wins over the index's unless the
+      index's shares a longer history with the present: near a break, locality is the better
+      prior than recency.
+    * **Short matches.** A quoted function's first line follows the output's own ```` ```python ````
+      fence, which the prompt lacks, so ``def`` and its name match only as a 1-gram, and every pass
+      until a 3-gram forms yields one token. So in the answer's first ``short_window`` tokens, when
+      nothing else drafts, ``short_sizes`` (2- and 1-grams) are tried, and the longest that matches
+      drafts if it occurred exactly once: one occurrence points at the one thing being quoted, many
+      at chance. Anywhere else short matches cost more than they yield: in prose nearly every cycle
+      has one, and its spine takes the budget the transition tree would use. Short drafts keep their
+      own copy-depth estimate (starting at ``short_prior``), so they do not move the trust of
+      fresh 3-gram matches.
     * **Consensus.** Each matched length copies from its own occurrence. ``Draft.consensus`` is
       the longest run of leading draft tokens that the continuation of at least one *other*
       occurrence (another length's) reproduces: two places in the text agreeing on what comes next
@@ -233,12 +287,18 @@ class ContextMatchSource:
 
     def __init__(self, config: GooseConfig) -> None:
         self.options = ContextMatchOptions.model_validate(config.options_for(NAME))
-        self.index = NgramIndex(self.options.ngram_sizes, self.options.occurrence)
+        self.index = NgramIndex(self.options.ngram_sizes + self.options.shorter_sizes, self.options.occurrence)
         self.by_depth = CopyDepthEstimate(self.options.depth_edges, self.options.depth_prior,
                                           self.options.depth_memory) if self.options.depth_edges else None
+        # short matches need per-copy estimates of their own; with depth_edges=() (the paper) none are tried
+        self.short_by_depth = CopyDepthEstimate(self.options.depth_edges, self.options.short_prior,
+                                                self.options.depth_memory) if self.by_depth is not None else None
+        self._estimate = self.by_depth  # the estimate of the last draft's kind (long or short match)
         self._first_depth = 0  # copy depth of this cycle's first draft token; 0: nothing drafted
         # the occurrence the last draft copied: its continuation start and the context length then (-1: none)
         self._copy_start, self._copy_context = -1, -1
+        # where the last held copy broke: the occurrence's token not kept, and the context length there (-1: none)
+        self._broke_at, self._broke_context = -1, -1
         # statistics of the latest proposal, for benchmarks and debugging
         self.last_match_length = 0  # n of the n-gram that drafted; 0 = no match
         self.last_match_depth = 0
@@ -254,34 +314,55 @@ class ContextMatchSource:
         self.last_match_length = self.last_match_depth = self.last_consensus = 0
         self._first_depth = 0
         self._copy_start = self._copy_context = -1
+        self._broke_at = self._broke_context = -1
 
     @goose.hookimpl
     def goose_prefill(self, context: DecodeContext) -> None:
         self.index.clear()  # the prompt starts a new context even if goose_reset was not called
         self.index.catch_up(context.tokens)
         self._copy_start = self._copy_context = -1
+        self._broke_at = self._broke_context = -1
 
     @goose.hookimpl
     def goose_propose(self, context: DecodeContext, acceptance: float) -> Draft | None:
         tokens = context.tokens
         self.index.catch_up(tokens)
         self.proposals += 1
-        matches = self.index.matches(tokens)
+        found = self.index.matches(tokens)
+        shortest = self.options.ngram_sizes[-1]
+        matches = [match for match in found if match[0] >= shortest]
+        short = self._short(tokens, [match for match in found if match[0] < shortest], context.prompt_length)
         # the longest match drafts; one whose continuation starts with EOS yields to the next length
         copies = (self._continuation(tokens, start, context.eos_token_ids) for _, start in matches)
         chosen, copy = next(((i, copy) for i, copy in enumerate(copies) if copy), (-1, []))
         followed = self._followed(tokens)
+        if followed >= 0:
+            self._broke_at = self._broke_context = -1
+        else:
+            self._note_break(tokens)
         if followed >= 0 and (chosen < 0 or self._deeper(tokens, followed, matches[chosen][1])):
             going_on = self._continuation(tokens, followed, context.eos_token_ids)
             if going_on:
                 # the followed copy drafts; the index's matches stay as second opinions (consensus)
                 matches = [(self.last_match_length, followed), *matches]  # the n that started this copy
                 chosen, copy = 0, going_on
+        elif chosen >= 0:
+            rejoined = self._rejoined(tokens, matches[chosen][1])
+            going_on = self._continuation(tokens, rejoined[1], context.eos_token_ids) if rejoined else []
+            if going_on:
+                matches = [rejoined, *matches]  # the index's matches stay as second opinions
+                chosen, copy = 0, going_on
         if chosen < 0:
             resumed = self._resumed(tokens, context.tokenizer)
             going_on = self._continuation(tokens, resumed, context.eos_token_ids) if resumed >= 0 else []
             if going_on:
                 matches, chosen, copy = [(self.last_match_length, resumed)], 0, going_on
+        estimate = self.by_depth
+        if chosen < 0:
+            copies = (self._continuation(tokens, start, context.eos_token_ids) for _, start in short)
+            chosen, copy = next(((i, copy) for i, copy in enumerate(copies) if copy), (-1, []))
+            if chosen >= 0:  # a short match drafts alone: no second opinions, its own estimate
+                matches, chosen, estimate = [short[chosen]], 0, self.short_by_depth
         if chosen < 0:
             self.last_match_length = self.last_match_depth = self.last_consensus = 0
             self._first_depth = 0
@@ -289,9 +370,10 @@ class ContextMatchSource:
             return None
         length, start = matches[chosen]
         self._copy_start, self._copy_context = start, tokens.shape[0]
-        if self.by_depth is not None:
-            depth = match_depth(tokens, start, int(self.by_depth.edges[-1]))
-            estimates = self.by_depth.profile(depth, len(copy))
+        self._estimate = estimate
+        if estimate is not None:
+            depth = match_depth(tokens, start, int(estimate.edges[-1]))
+            estimates = estimate.profile(depth, len(copy))
             profile = without_trailing_repeats(estimates.tolist())
         else:  # the paper's single estimate: the shared one
             depth, estimates, profile = length, np.full(len(copy), acceptance), ()
@@ -314,8 +396,8 @@ class ContextMatchSource:
 
     @goose.hookimpl
     def goose_observe(self, outcome: VerifyOutcome, own_nodes: np.ndarray) -> None:
-        if self.by_depth is not None and self._first_depth:
-            self.by_depth.observe_draft(self._first_depth, outcome, own_nodes)
+        if self._estimate is not None and self._first_depth:
+            self._estimate.observe_draft(self._first_depth, outcome, own_nodes)
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -329,6 +411,60 @@ class ContextMatchSource:
             return -1
         copied = self._copy(tokens[: self._copy_context], self._copy_start, added)
         return start if np.array_equal(copied, tokens[self._copy_context :]) else -1
+
+    def _short(self, tokens: np.ndarray, found: list[tuple[int, int]], prompt_length: int) -> list[tuple[int, int]]:
+        """The longest short match, if the answer is in its opening and its n-gram occurred once; else []."""
+        if self.short_by_depth is None or not found or tokens.shape[0] - prompt_length >= self.options.short_window:
+            return []
+        n = found[0][0]
+        earlier = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)  # the n-grams before each start
+        return found[:1] if int((earlier == tokens[-n:]).all(axis=1).sum()) == 1 else []
+
+    def _note_break(self, tokens: np.ndarray) -> None:
+        """Remember where the last draft's copy broke, if it had held for ``resume_copy`` tokens there."""
+        if not self.options.rejoin_copy or self._copy_start < 0:
+            return
+        added = tokens.shape[0] - self._copy_context
+        if added <= 0:
+            return
+        kept = common_prefix(self._copy(tokens[: self._copy_context], self._copy_start, added),
+                             tokens[self._copy_context :])
+        broke = self._copy_start + kept  # the occurrence's token the target did not keep
+        if kept >= added or broke >= self._copy_context:  # no break, or one inside a repeated run
+            return
+        held = self.options.resume_copy
+        if match_depth(tokens[: self._copy_context + kept], broke, held) >= held:
+            self._broke_at, self._broke_context = broke, self._copy_context + kept
+
+    def _rejoined(self, tokens: np.ndarray, found: int) -> tuple[int, int] | None:
+        """(n, continuation start) of the final n-gram's occurrence nearest past where the copy broke.
+
+        Only within ``rejoin_copy`` tokens of the break on both sides (written since, and past the
+        break in the occurrence), and only when it shares at least as long a history with the
+        present as the index's occurrence ``found``; else None.
+        """
+        if self._broke_at < 0:
+            return None
+        window = self.options.rejoin_copy
+        since = tokens.shape[0] - self._broke_context  # tokens written since the break, its own included
+        if since > window:
+            self._broke_at = self._broke_context = -1
+            return None
+        expected = self._broke_at + since  # where the occurrence would be had nothing been inserted or dropped
+        last = min(expected + window, tokens.shape[0] - 1)  # continuation starts searched: broke + 1 .. last
+        for n in self.options.ngram_sizes:
+            first = self._broke_at + 1
+            if last - first < 0 or first < n:
+                continue
+            windows = np.lib.stride_tricks.sliding_window_view(tokens[first - n : last], n)
+            hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1)) + first
+            if hits.size:
+                start = int(hits[np.argmin(np.abs(hits - expected))])  # the nearest; ties: the earlier
+                if start == found:
+                    return None
+                cap = tokens.shape[0]
+                return (n, start) if match_depth(tokens, start, cap) >= match_depth(tokens, found, cap) else None
+        return None
 
     def _resumed(self, tokens: np.ndarray, tokenizer: Any) -> int:
         """Where the last draft's occurrence resumes after the target replaced its last token; else -1.
