@@ -62,8 +62,7 @@ class ContextMatchOptions(BaseModel):
         default=16, ge=0,
         description="output tokens from the start in which short matches are tried: where an answer quotes the "
         "prompt's signature after its own preamble; later a quote in progress shares 3-grams, and a short "
-        "match is mostly chance (over the 1.5B's 20 peer prompts, 3 in 40 short matches past the opening "
-        "held for 3 tokens)",
+        "match is mostly chance (docs/bench/official-peer/qwen15b-float32-20.md)",
     )
     short_prior: float | tuple[float, ...] = Field(
         default=0.3,
