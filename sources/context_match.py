@@ -135,11 +135,12 @@ class ContextMatchOptions(BaseModel):
     def _short_longest_first(cls, sizes: tuple[int, ...]) -> tuple[int, ...]:
         return longest_first(sizes) if sizes else ()
 
+    _increasing = field_validator("depth_edges")(staticmethod(increasing_edges))
+
     @property
     def shorter_sizes(self) -> tuple[int, ...]:
         """The short lengths in use: those below ngram_sizes' shortest."""
         return tuple(n for n in self.short_sizes if n < self.ngram_sizes[-1])
-    _increasing = field_validator("depth_edges")(staticmethod(increasing_edges))
 
 
 class NgramIndex:
@@ -219,6 +220,15 @@ def match_depth(tokens: np.ndarray, start: int, cap: int) -> int:
     return int(differ[0]) if differ.size else span
 
 
+def ngram_starts(tokens: np.ndarray, n: int, first: int, last: int) -> np.ndarray:
+    """Continuation starts ``c`` in ``first..last`` whose n tokens before equal the context's last n, ascending."""
+    first = max(first, n)
+    if n >= tokens.shape[0] or last < first:
+        return np.empty(0, dtype=np.int64)
+    windows = np.lib.stride_tricks.sliding_window_view(tokens[first - n : last], n)  # the n-grams ending at each start
+    return np.flatnonzero((windows == tokens[-n:]).all(axis=1)) + first
+
+
 class ContextMatchSource:
     """Prompt-lookup drafts from an incremental n-gram index; one instance per decoder.
 
@@ -286,7 +296,7 @@ class ContextMatchSource:
 
     def __init__(self, config: GooseConfig) -> None:
         self.options = ContextMatchOptions.model_validate(config.options_for(NAME))
-        self.index = NgramIndex(self.options.ngram_sizes + self.options.shorter_sizes, self.options.occurrence)
+        self.index = NgramIndex(self.options.ngram_sizes, self.options.occurrence)
         self.by_depth = CopyDepthEstimate(self.options.depth_edges, self.options.depth_prior,
                                           self.options.depth_memory) if self.options.depth_edges else None
         # short matches need per-copy estimates of their own; with depth_edges=() (the paper) none are tried
@@ -327,10 +337,7 @@ class ContextMatchSource:
         tokens = context.tokens
         self.index.catch_up(tokens)
         self.proposals += 1
-        found = self.index.matches(tokens)
-        shortest = self.options.ngram_sizes[-1]
-        matches = [match for match in found if match[0] >= shortest]
-        short = self._short(tokens, [match for match in found if match[0] < shortest], context.prompt_length)
+        matches = self.index.matches(tokens)
         # the longest match drafts; one whose continuation starts with EOS yields to the next length
         copies = (self._continuation(tokens, start, context.eos_token_ids) for _, start in matches)
         chosen, copy = next(((i, copy) for i, copy in enumerate(copies) if copy), (-1, []))
@@ -358,10 +365,10 @@ class ContextMatchSource:
                 matches, chosen, copy = [(self.last_match_length, resumed)], 0, going_on
         estimate = self.by_depth
         if chosen < 0:
-            copies = (self._continuation(tokens, start, context.eos_token_ids) for _, start in short)
-            chosen, copy = next(((i, copy) for i, copy in enumerate(copies) if copy), (-1, []))
-            if chosen >= 0:  # a short match drafts alone: no second opinions, its own estimate
-                matches, chosen, estimate = [short[chosen]], 0, self.short_by_depth
+            short = self._short(tokens, context.prompt_length)
+            going_on = self._continuation(tokens, short[1], context.eos_token_ids) if short else []
+            if going_on:  # a short match drafts alone: no second opinions, its own estimate
+                matches, chosen, copy, estimate = [short], 0, going_on, self.short_by_depth
         if chosen < 0:
             self.last_match_length = self.last_match_depth = self.last_consensus = 0
             self._first_depth = 0
@@ -411,13 +418,16 @@ class ContextMatchSource:
         copied = self._copy(tokens[: self._copy_context], self._copy_start, added)
         return start if np.array_equal(copied, tokens[self._copy_context :]) else -1
 
-    def _short(self, tokens: np.ndarray, found: list[tuple[int, int]], prompt_length: int) -> list[tuple[int, int]]:
-        """The longest short match, if the answer is in its opening and its n-gram occurred once; else []."""
-        if self.short_by_depth is None or not found or tokens.shape[0] - prompt_length >= self.options.short_window:
-            return []
-        n = found[0][0]
-        earlier = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)  # the n-grams before each start
-        return found[:1] if int((earlier == tokens[-n:]).all(axis=1).sum()) == 1 else []
+    def _short(self, tokens: np.ndarray, prompt_length: int) -> tuple[int, int] | None:
+        """(n, continuation start) of the longest short length that matches, if the answer is in its opening
+        and that n-gram occurred once; else None. A scan, not the index: it runs only in the opening."""
+        if self.short_by_depth is None or tokens.shape[0] - prompt_length >= self.options.short_window:
+            return None
+        for n in self.options.shorter_sizes:
+            starts = ngram_starts(tokens, n, n, tokens.shape[0] - 1)
+            if starts.size:
+                return (n, int(starts[0])) if starts.size == 1 else None
+        return None
 
     def _note_break(self, tokens: np.ndarray) -> None:
         """Remember where the last draft's copy broke, if it had held for ``resume_copy`` tokens there."""
@@ -450,13 +460,9 @@ class ContextMatchSource:
             self._broke_at = self._broke_context = -1
             return None
         expected = self._broke_at + since  # where the occurrence would be had nothing been inserted or dropped
-        last = min(expected + window, tokens.shape[0] - 1)  # continuation starts searched: broke + 1 .. last
+        first, last = self._broke_at + 1, min(expected + window, tokens.shape[0] - 1)  # continuation starts searched
         for n in self.options.ngram_sizes:
-            first = self._broke_at + 1
-            if last - first < 0 or first < n:
-                continue
-            windows = np.lib.stride_tricks.sliding_window_view(tokens[first - n : last], n)
-            hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1)) + first
+            hits = ngram_starts(tokens, n, first, last)
             if hits.size:
                 start = int(hits[np.argmin(np.abs(hits - expected))])  # the nearest; ties: the earlier
                 if start == found:
