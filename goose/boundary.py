@@ -118,14 +118,17 @@ class SourceSet:
         for implementation in self._hooks["goose_prefill"]:
             self._call("goose_prefill", implementation, context=context, harvest=harvest)
 
-    def propose(self, context: DecodeContext) -> tuple[CandidatePool, list[tuple[str, AuxiliaryRows]]]:
-        """Every source's checked draft, ranked by acceptance, and the auxiliary rows that asked to ride along."""
+    def propose(self, context: DecodeContext, depth: int | None = None
+                ) -> tuple[CandidatePool, list[tuple[str, AuxiliaryRows]]]:
+        """Every source's checked draft, ranked by acceptance, and the auxiliary rows that asked to ride along;
+        ``depth``: the most draft tokens a path may keep (the tokens the request has left), deeper nodes cut."""
         drafts: dict[str, Draft | None] = {}
         for implementation in self._hooks["goose_propose"]:
             name = implementation[0]
             rate = self.estimates[name].rate
             answer = self._call("goose_propose", implementation, context=context, acceptance=rate)
-            drafts[name] = self._checked_draft(name, answer, rate)
+            draft = self._checked_draft(name, answer, rate)
+            drafts[name] = draft.within_depth(depth) if draft is not None and depth is not None else draft
         auxiliary: list[tuple[str, AuxiliaryRows]] = []
         for implementation in self._hooks["goose_auxiliary_rows"]:
             answer = self._call("goose_auxiliary_rows", implementation, context=context)

@@ -205,8 +205,10 @@ def goose_propose(context: DecodeContext, acceptance: float) -> Draft | None:
     module docstring). A source that knows how far this very draft is trusted per depth (context
     match: by how long the copied text has matched) says so with ``Draft.depth_acceptance``;
     the draft is then ranked by those numbers instead of the decoder's estimate, and the automatic
-    budget sizes the spine by them (module docstring, "Ranking"). Called once per cycle; keep it
-    fast (vectorised or incremental, never a scan of the whole context in Python).
+    budget sizes the spine by them (module docstring, "Ranking"). Nodes deeper than the tokens the
+    request has left are cut before planners see the draft, so a long draft costs nothing near the
+    end of ``max_new_tokens``. Called once per cycle; keep it fast (vectorised or incremental, never
+    a scan of the whole context in Python).
     """
 
 

@@ -201,3 +201,30 @@ def test_the_example_line_source_is_short_drafts_and_stays_lossless(smollm2) -> 
     reference = AutoregressiveDecoder(model, tokenizer, chat=False).generate(prompt, 24)
     assert result.new_token_ids == reference.new_token_ids
     assert result.stats.source_tested["line"] > 0  # it drafted, and the target tested its tokens
+
+
+def test_a_draft_within_a_depth_keeps_its_shallow_nodes() -> None:
+    """A chain keeps its first tokens; a trie every node at most that deep, re-indexed with its parents."""
+    chain = Draft.chain([10, 11, 12, 13, 14], [0.9, 0.8, 0.7, 0.6, 0.5], consensus=4, depth_acceptance=(0.9, 0.8))
+    cut = chain.within_depth(2)
+    assert cut.tokens.tolist() == [10, 11] and cut.parents.tolist() == [-1, 0]
+    assert cut.scores.tolist() == [0.9, 0.8] and cut.consensus == 2 and cut.depth_acceptance == (0.9, 0.8)
+    assert chain.within_depth(5) is chain
+    trie = Draft.trie([[1, 2, 3], [1, 4], [5, 6, 7, 8]], [2.0, 1.0, 1.0], 0.5)
+    assert trie is not None
+    shallow = trie.within_depth(2)
+    assert shallow.tokens.tolist() == [1, 2, 4, 5, 6]
+    assert shallow.parents.tolist() == [-1, 0, 0, -1, 3]
+    assert np.allclose(shallow.scores, trie.scores[[0, 1, 3, 4, 5]])
+
+
+def test_no_draft_goes_deeper_than_the_tokens_a_request_has_left(smollm2) -> None:
+    """The output itself as the prediction, 4 tokens asked for: the prefill gives the first, so the first pass's
+    chain holds the 3 left, however long the prediction and the budget (rows no token of which could be kept)."""
+    model, tokenizer = smollm2
+    prompt = "def add(a, b):"
+    reference = AutoregressiveDecoder(model, tokenizer).generate(prompt, 24)
+    decoder = GooseDecoder(model, tokenizer, GooseConfig(topology="chain", budget=32))
+    result = decoder.generate(prompt, 4, prediction=list(reference.new_token_ids))
+    assert result.new_token_ids == reference.new_token_ids[:4]
+    assert result.stats.tree_sizes == [4]  # the anchor and three of the prediction's 23 tokens still to come

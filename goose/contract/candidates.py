@@ -136,6 +136,16 @@ class Draft:
         return int(self.tokens.shape[0])
 
     @cached_property
+    def is_chain(self) -> bool:
+        """Whether every token hangs off the one before it (a linear draft)."""
+        return bool((self.parents == np.arange(-1, len(self) - 1)).all())
+
+    @cached_property
+    def ancestors(self) -> np.ndarray:
+        """bool [m, m]: row i marks node i and its ancestors among the draft's nodes (the anchor left out)."""
+        return ancestor_matrix(np.concatenate([[-1], self.parents + 1]), len(self))[1:, 1:]
+
+    @cached_property
     def best_path(self) -> tuple[np.ndarray, np.ndarray]:
         """Tokens [L] and path scores [L] of the most valuable root path, in depth order (computed once).
 
@@ -146,13 +156,30 @@ class Draft:
         Needs scores (the decoder fills them in before planners see the draft).
         """
         scores = np.clip(np.asarray(self.scores, dtype=np.float64), 0.0, 1.0)
-        if (self.parents == np.arange(-1, len(self) - 1)).all():
+        if self.is_chain:
             return self.tokens, np.cumprod(scores)
-        ancestors = ancestor_matrix(np.concatenate([[-1], self.parents + 1]), len(self))[1:, 1:].astype(np.float64)
+        ancestors = self.ancestors.astype(np.float64)
         path_scores = np.exp(ancestors @ np.log(np.maximum(scores, 1e-12)))
         path_value = ancestors @ path_scores  # expected accepted tokens along the path to each node
         members = np.flatnonzero(ancestors[int(path_value.argmax())])  # parents precede children
         return self.tokens[members], path_scores[members]
+
+    def within_depth(self, depth: int) -> Draft:
+        """This draft without its nodes deeper than ``depth`` (a child of the anchor is at depth 1).
+
+        A request that may keep only ``depth`` more tokens cannot use a deeper draft token, and a
+        planner that saw one would buy rows for it: a trusted copy running past ``max_new_tokens``
+        would otherwise be verified a hundred rows deep for the last few tokens.
+        """
+        if len(self) <= depth:
+            return self
+        # a node's depth is the count of its ancestors-or-self; a chain's are its positions
+        keep = np.arange(len(self)) < depth if self.is_chain else self.ancestors.sum(axis=1) <= depth
+        index = np.cumsum(keep) - 1  # a kept node's new index; its parent, shallower, is kept too
+        parents = np.where(self.parents >= 0, index[np.maximum(self.parents, 0)], -1)[keep]
+        scores = None if self.scores is None else np.asarray(self.scores)[keep]
+        return Draft(self.tokens[keep], parents.astype(np.int64), scores, min(self.consensus, depth),
+                     self.depth_acceptance)
 
     def validated(self, vocab_size: int, default_score: float) -> Draft:
         """This draft as clean arrays (scores filled with ``default_score`` when None); CandidateError if malformed."""

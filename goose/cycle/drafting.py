@@ -151,7 +151,8 @@ class RowCycle:
         """1. Every source drafts; the pool ranks them by acceptance; auxiliary rows that fit the pass's
         ``room`` and pay may ride."""
         self.started = self.clock.start()
-        self.pool, offered = self.sources.propose(self.context())
+        left = self.request.max_new_tokens - self.request.produced  # a deeper draft token could not be kept
+        self.pool, offered = self.sources.propose(self.context(), left)
         self.auxiliary = self._rows_that_pay(_fitting(offered, room), planner)
         self.clock.lap("draft")
 
