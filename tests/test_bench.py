@@ -463,9 +463,14 @@ def test_bench_concurrency_on_smollm2(tmp_path: Path) -> None:
     assert found == {("ar_single", 1), ("goose_single", 1), *((m, c) for m in ("ar", "goose", "hf_ar") for c in (1, 2))}
     for row in rows:
         assert row["requests"] == 4 and row["tokens_per_s"] > 0 and row["latency_p95_s"] >= row["latency_p50_s"]
+        # every request's own latency and tau, in prompt order: the p95 is one of them
+        assert len(row["latencies_s"]) == len(row["taus"]) == 4 and max(row["latencies_s"]) >= row["latency_p95_s"]
+        assert all(tau >= 1.0 for tau in row["taus"])
         if row["method"] != "hf_ar":  # our engines are exact in float32; HF's padded batches are reported as they are
             assert row["identical_to_ar"] == 1.0, row
-    assert "| goose | 2 |" in (tmp_path / "concurrency.md").read_text()
+    report = (tmp_path / "concurrency.md").read_text()
+    assert "| goose | 2 |" in report
+    assert "- goose at concurrency 2: the slowest request (prompt " in report and "batched ar took " in report
     assert (tmp_path / "concurrency.png").stat().st_size > 0
 
 
@@ -537,7 +542,8 @@ def test_vllm_rows_from_vllm_bench_results(vllm_bench_script: Any, tmp_path: Pat
     saved = json.loads((tmp_path / "out" / "concurrency.json").read_text())
     assert saved[-1] == {"model": "smollm2-135m", "method": "vllm_ngram", "concurrency": 2, "requests": 2,
                          "tokens": 4, "wall_s": 0.5, "tokens_per_s": 8.0, "latency_p50_s": None,
-                         "latency_p95_s": None, "tau": 1.333, "identical_to_ar": 0.5}
+                         "latency_p95_s": None, "tau": 1.333, "identical_to_ar": 0.5, "latencies_s": None,
+                         "taus": None}
     assert tmp_path / "out" / "concurrency.png" in written
 
 

@@ -53,6 +53,9 @@ class ConcurrencyRow:
     latency_p95_s: float | None
     tau: float
     identical_to_ar: float | None  # share of requests token-identical to their own single-request AR run
+    # per request, in prompt order (None for vLLM's rows, given every prompt at once): what a percentile hides
+    latencies_s: list[float] | None = None
+    taus: list[float] | None = None
 
 
 @dataclass
@@ -176,7 +179,8 @@ def _row(model: str, method: str, concurrency: int, run: _Run, reference: _Run) 
     return ConcurrencyRow(model, method, concurrency, len(run.outputs), tokens, round(run.wall_s, 3),
                           round(tokens / run.wall_s, 2), latency_percentile(run.latencies, 50),
                           latency_percentile(run.latencies, 95), round(float(np.mean(run.taus)), 3),
-                          round(same / len(run.outputs), 3))
+                          round(same / len(run.outputs), 3), [round(s, 3) for s in run.latencies],
+                          [round(float(t), 3) for t in run.taus])
 
 
 def latency_percentile(seconds: Sequence[float], q: float) -> float | None:
@@ -204,6 +208,8 @@ def write_concurrency(rows: Sequence[ConcurrencyRow], out: Path,
                          f"{_cell(row.identical_to_ar, '.0%')} |")
         versus_ngram = _goose_over_vllm_ngram(mine)
         lines += ["", *versus_ngram] if versus_ngram else []
+        slowest = _slowest_requests(mine)
+        lines += ["", *slowest] if slowest else []
         lines += ["", *notes[model]] if notes and notes.get(model) else []
         lines.append("")
     written[1].write_text("\n".join(lines))
@@ -228,6 +234,25 @@ def _goose_over_vllm_ngram(rows: Sequence[ConcurrencyRow]) -> list[str]:
         best = max(ours, key=lambda row: row.tokens_per_s)
         lines.append(f"- concurrency {concurrency}: batched {best.method} {best.tokens_per_s:.1f} tok/s over "
                      f"vllm_ngram {ngram.tokens_per_s:.1f} tok/s = {best.tokens_per_s / ngram.tokens_per_s:.2f}x")
+    return lines
+
+
+def _slowest_requests(rows: Sequence[ConcurrencyRow]) -> list[str]:
+    """One line per batched goose row: its slowest request's latency and tau, beside the same prompt under
+    batched ar at that concurrency (whether a slow tail is a request the trees do not help, riding wider passes)."""
+    ar = {row.concurrency: row for row in rows if row.method == "ar" and row.latencies_s}
+    lines = []
+    for row in rows:
+        if row.method not in BATCHED_GOOSE_METHODS or not row.latencies_s or not row.taus:
+            continue
+        index = int(np.argmax(row.latencies_s))
+        line = (f"- {row.method} at concurrency {row.concurrency}: the slowest request (prompt {index}) took "
+                f"{row.latencies_s[index]:.1f} s at tau {row.taus[index]:.2f} (requests' median tau "
+                f"{float(np.median(row.taus)):.2f})")
+        same = ar.get(row.concurrency)
+        if same is not None and same.latencies_s is not None and len(same.latencies_s) == len(row.latencies_s):
+            line += f"; batched ar took {same.latencies_s[index]:.1f} s on it"
+        lines.append(line)
     return lines
 
 
