@@ -40,19 +40,19 @@ def median_seconds(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def kernels(n_out: int, n_in: int, rows: int) -> dict[str, Callable[[], object]]:
-    """The three ways to multiply `rows` activations by one (n_out, n_in) weight."""
-    x = torch.randn(rows, n_in, dtype=torch.bfloat16)
+def kernels(n_out: int, n_in: int) -> dict[str, Callable[[torch.Tensor], object]]:
+    """The three ways to multiply activations [rows, n_in] by one (n_out, n_in) weight, its forms built once."""
     weight = torch.randn(n_out, n_in, dtype=torch.bfloat16)
     nibbles = torch.randint(0, 16, (n_out, n_in), dtype=torch.int32)
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(nibbles, 8)
+    del nibbles
     scales_and_zeros = torch.randn(n_in // GROUP, n_out, 2, dtype=torch.bfloat16)
     int8 = torch.randint(-127, 128, (n_out, n_in), dtype=torch.int8)
     channel_scales = torch.rand(n_out, dtype=torch.bfloat16)
     return {
-        "bf16": lambda: torch.nn.functional.linear(x, weight),
-        "int4": lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, GROUP, scales_and_zeros),
-        "int8": lambda: torch.ops.aten._weight_int8pack_mm(x, int8, channel_scales),
+        "bf16": lambda x: torch.nn.functional.linear(x, weight),
+        "int4": lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, GROUP, scales_and_zeros),
+        "int8": lambda x: torch.ops.aten._weight_int8pack_mm(x, int8, channel_scales),
     }
 
 
@@ -77,17 +77,16 @@ def main() -> None:
     head = (config.vocab_size, hidden)
     rows = [int(r) for r in args.rows.split(",")]
 
-    table: dict[str, dict[int, float]] = {"bf16": {}, "int4": {}, "int8": {}}
-    for n in rows:
-        totals = dict.fromkeys(table, 0.0)
-        for n_out, n_in in layer:
-            for name, fn in kernels(n_out, n_in, n).items():
-                totals[name] += config.num_hidden_layers * median_seconds(fn, args.repeats)
-        for name, fn in kernels(*head, n).items():
-            totals[name] += median_seconds(fn, max(3, args.repeats // 2))
-        for name, seconds in totals.items():
-            table[name][n] = seconds
-        print(f"{n:>3} rows: " + "  ".join(f"{k} {v * 1e3:7.1f} ms" for k, v in totals.items()), flush=True)
+    # every shape's weights built once (the output layer's are the size of the vocabulary), timed at every row count
+    table: dict[str, dict[int, float]] = {name: dict.fromkeys(rows, 0.0) for name in ("bf16", "int4", "int8")}
+    shapes = [(shape, config.num_hidden_layers, args.repeats) for shape in layer]
+    shapes.append((head, 1, max(3, args.repeats // 2)))
+    for (n_out, n_in), count, repeats in shapes:
+        for name, fn in kernels(n_out, n_in).items():
+            for n in rows:
+                x = torch.randn(n, n_in, dtype=torch.bfloat16)
+                table[name][n] += count * median_seconds(lambda fn=fn, x=x: fn(x), repeats)
+        print(f"  ({n_out}, {n_in}) x {count}: timed at {args.rows} rows", flush=True)
 
     print(f"\nmatmul time of one pass, {args.model}, {args.threads} threads; relative to the same kernel at one row")
     print("| rows | " + " | ".join(table) + " |")

@@ -240,7 +240,7 @@ def _goose_over_vllm_ngram(rows: Sequence[ConcurrencyRow]) -> list[str]:
 def _slowest_requests(rows: Sequence[ConcurrencyRow]) -> list[str]:
     """One line per batched goose row: its slowest request's latency and tau, beside the same prompt under
     batched ar at that concurrency (whether a slow tail is a request the trees do not help, riding wider passes)."""
-    ar = {row.concurrency: row for row in rows if row.method == "ar" and row.latencies_s}
+    ar = {row.concurrency: row.latencies_s for row in rows if row.method == "ar" and row.latencies_s}
     lines = []
     for row in rows:
         if row.method not in BATCHED_GOOSE_METHODS or not row.latencies_s or not row.taus:
@@ -250,8 +250,8 @@ def _slowest_requests(rows: Sequence[ConcurrencyRow]) -> list[str]:
                 f"{row.latencies_s[index]:.1f} s at tau {row.taus[index]:.2f} (requests' median tau "
                 f"{float(np.median(row.taus)):.2f})")
         same = ar.get(row.concurrency)
-        if same is not None and same.latencies_s is not None and len(same.latencies_s) == len(row.latencies_s):
-            line += f"; batched ar took {same.latencies_s[index]:.1f} s on it"
+        if same is not None and len(same) == len(row.latencies_s):
+            line += f"; batched ar took {same[index]:.1f} s on it"
         lines.append(line)
     return lines
 

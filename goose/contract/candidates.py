@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from goose.contract.acceptance import clamp_probabilities
-from goose.contract.tree import TreeBuilder, ancestor_matrix
+from goose.contract.tree import TreeBuilder, ancestor_matrix, kept_parents
 
 # (previous tokens int64 [m], tokens int64 [m], k) -> (successors int64 [m, k'] (-1 = none), scores float [m, k'])
 SuccessorFn = Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, np.ndarray]]
@@ -175,11 +175,9 @@ class Draft:
             return self
         # a node's depth is the count of its ancestors-or-self; a chain's are its positions
         keep = np.arange(len(self)) < depth if self.is_chain else self.ancestors.sum(axis=1) <= depth
-        index = np.cumsum(keep) - 1  # a kept node's new index; its parent, shallower, is kept too
-        parents = np.where(self.parents >= 0, index[np.maximum(self.parents, 0)], -1)[keep]
         scores = None if self.scores is None else np.asarray(self.scores)[keep]
-        return Draft(self.tokens[keep], parents.astype(np.int64), scores, min(self.consensus, depth),
-                     self.depth_acceptance)
+        return Draft(self.tokens[keep], kept_parents(self.parents, keep), scores, min(self.consensus, depth),
+                     self.depth_acceptance)  # a kept node's parent, shallower, is kept too
 
     def validated(self, vocab_size: int, default_score: float) -> Draft:
         """This draft as clean arrays (scores filled with ``default_score`` when None); CandidateError if malformed."""

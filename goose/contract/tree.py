@@ -22,6 +22,13 @@ NO_PARENT = -1
 NO_SOURCE = -1
 
 
+def kept_parents(parents: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """The parents of the nodes where ``keep`` is True, re-indexed among them (a root stays -1); every kept
+    node's parent must be kept too."""
+    index = np.cumsum(keep) - 1  # a kept node's new index
+    return np.where(parents >= 0, index[np.maximum(parents, 0)], NO_PARENT)[keep].astype(np.int64)
+
+
 def ancestor_matrix(parents: np.ndarray, max_depth: int) -> np.ndarray:
     """bool [n, n] ancestor-or-self matrix by pointer jumping: ceil(log2(depth + 1)) array steps."""
     n = parents.shape[0]
@@ -86,12 +93,10 @@ class DraftTree:
     def keeping(self, keep: np.ndarray) -> DraftTree:
         """The tree of the nodes where ``keep`` (bool [n]) is True, in their order; ``keep`` must hold the anchor
         and every kept node's parent (a node cut takes its subtree with it)."""
-        index = np.cumsum(keep) - 1  # a kept node's new index
-        parents = self.parents[keep]
         depths = self.depths[keep]
         return DraftTree(
-            tokens=self.tokens[keep], parents=np.where(parents >= 0, index[np.maximum(parents, 0)], NO_PARENT),
-            depths=depths, source_ids=self.source_ids[keep], on_spine=self.on_spine[keep],
+            tokens=self.tokens[keep], parents=kept_parents(self.parents, keep), depths=depths,
+            source_ids=self.source_ids[keep], on_spine=self.on_spine[keep],
             source_names=self.source_names, max_depth=int(depths.max()),
         )
 
