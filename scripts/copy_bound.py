@@ -1,13 +1,15 @@
 """How far copying can take greedy decoding on this device: the copy oracle's ceiling, and Goose's missed copies.
 
 A pass that starts after n tokens of a decoded text can accept at most L(n) drafted tokens from any
-drafter that copies the request's own text (context match, prompt lookup, Hugging Face's
-``prompt_lookup_num_tokens``): the longest run ``out[n:n+L]`` found anywhere earlier in prompt +
-output (it may overlap its own start, as an LZ77 copy does). The *copy oracle* drafts exactly that
-run as a chain every pass and pays the device's cost curve for it, t(L + 1) for L + 1 tokens. On
-``ar``'s text of a prompt that is the fastest any copying drafter can decode it here; a target above
-that needs drafts of text the request has not shown (the model's own knowledge, as the bigram
-source's harvested top-k gives in part).
+drafter that copies the request's own text: the longest run ``out[n:n+L]`` found earlier in prompt +
+output (it may overlap its own start, as an LZ77 copy does). *Free*: found anywhere; *anchored*:
+found where the token before ``out[n]`` leads, all that a lookup keyed on the text just written can
+find (context match, prompt lookup, Hugging Face's ``prompt_lookup_num_tokens``, vLLM's ``ngram``,
+llama.cpp's lookup). The *copy oracle* drafts exactly that run as a chain every pass and pays the
+device's cost curve for it, t(L + 1) for L + 1 tokens. On ``ar``'s text of a prompt that is the
+fastest any such drafter can decode it here; a target above the anchored one needs drafts of text
+the request has not led to (the model's own knowledge, which the bigram source's harvested top-k
+gives in part).
 
 It reads a ``goose bench`` results file with ``ar``, ``goose`` and ``hf_pld`` records (``--repeats``
 runs keep the median-time run) and a cost curve (``goose calibrate``), and prints per prompt:
@@ -19,7 +21,8 @@ runs keep the median-time run) and a cost curve (``goose calibrate``), and print
 - the measured Goose ratios beside it;
 - Goose's passes walked along its own text: passes that accepted nothing though a copy of two or
   more tokens was there (missed), passes that accepted some but four or more fewer than the copy
-  (short), and the tokens accepted beyond any copy (from the bigram source's model knowledge).
+  (short), and the drafts accepted beyond any anchored copy (the bigram source's model knowledge,
+  context match's rejoin after an edit).
 
     python scripts/copy_bound.py docs/bench/qwen15b/greedy-256-x3/results.jsonl.gz \\
         --curve docs/bench/qwen15b/cost-curve-bfloat16.json
