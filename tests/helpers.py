@@ -27,40 +27,21 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from goose import CandidatePool, Draft, DraftTree, Harvest, PathKind, TreeBuilder, VerifyOutcome
+from goose.bench.prompts import PACKAGED_DATA, load_samples
 from goose.cycle.decoder import AutoregressiveDecoder, GenerationResult
 from goose.cycle.logprobs import TokenLogprob
 from goose.models import encode_chat, encode_prompt
 
 # GOOSE_TEST_DEVICE=cuda runs the model tests on a GPU (the device check); CI stays on the CPU
 DEVICE = os.environ.get("GOOSE_TEST_DEVICE", "cpu")
-DATA_DIR = Path(os.environ.get("GOOSE_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
 # --- benchmark prompts -------------------------------------------------------------------------------
 
 
 def dataset_prompts(name: str, limit: int) -> list[str]:
-    """The first ``limit`` prompts of a benchmark file in ../shared/data, as plain text."""
-    path = DATA_DIR / f"{name}.jsonl"
-    if not path.exists():
-        pytest.fail(f"benchmark data missing: {path} (set GOOSE_DATA to the shared/data folder)")
-    prompts = []
-    with path.open() as lines:
-        for line in lines:
-            record = json.loads(line)
-            if name == "humaneval":
-                prompts.append("Complete this Python function:\n" + record["prompt"])
-            elif name == "gsm8k":
-                prompts.append(record["question"] + "\nLet's think step by step.")
-            elif name in ("mt_bench", "spec_bench"):
-                prompts.append(record["turns"][0])
-            elif name == "mbpp":
-                prompts.append(record["text"] + "\n" + record["test_list"][0])
-            else:
-                raise ValueError(name)
-            if len(prompts) == limit:
-                break
-    return prompts
+    """The first ``limit`` prompts of a benchmark the project ships (goose/bench/data), first turns, as text."""
+    return [sample.turns[0] for sample in load_samples(name, PACKAGED_DATA, limit)]
 
 
 # the lossless suite's prompts and lengths, which the batched and four-source tests reuse

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 import goose.bench.cli  # registers the `bench` command
+import goose.bench.prompts
 from goose import cli, models
 from goose.bench.aggregate import ALL, build_summary, lookup, summarize
 from goose.bench.concurrency import ConcurrencyRow, write_concurrency
@@ -29,7 +31,7 @@ from goose.bench.methods import (
     unavailable_reason,
 )
 from goose.bench.outputs import write_outputs
-from goose.bench.prompts import KNOWN_DATASETS, DatasetError, Sample, load_samples
+from goose.bench.prompts import KNOWN_DATASETS, PAPER_DATASETS, DatasetError, Sample, default_data_dir, load_samples
 from goose.bench.records import build_record, compare
 from goose.bench.report import build_report
 from goose.bench.study import H200_BF16, predicted_speedup, study_configs, study_rows, tokens_lost_without
@@ -44,13 +46,13 @@ from goose.bench.vllm_peer import (
 )
 from goose.config import GooseConfig
 from goose.planning.cost import CostCurve
-from tests.helpers import DATA_DIR
+from tests.helpers import PACKAGED_DATA
 
 assert goose.bench.cli  # imported for its side effect
 
 
 def _raw(name: str, limit: int) -> list[dict]:
-    with (DATA_DIR / f"{name}.jsonl").open() as lines:
+    with (PACKAGED_DATA / f"{name}.jsonl").open() as lines:
         return [json.loads(line) for _, line in zip(range(limit), lines, strict=False)]
 
 
@@ -66,22 +68,36 @@ def test_prompt_formats_follow_the_paper_per_dataset() -> None:
         "gsm8k": [(r["question"] + "\nLet's think step by step.",) for r in gs],
     }
     for name, turns in expected.items():
-        samples = load_samples(name, DATA_DIR, limit=2)
+        samples = load_samples(name, PACKAGED_DATA, limit=2)
         assert [s.turns for s in samples] == turns
         assert all(s.dataset == name for s in samples)
-    assert [s.question_id for s in load_samples("humaneval", DATA_DIR, 2)] == ["HumanEval/0", "HumanEval/1"]
-    assert load_samples("mbpp", DATA_DIR, 1)[0].question_id == 11
+    assert [s.question_id for s in load_samples("humaneval", PACKAGED_DATA, 2)] == ["HumanEval/0", "HumanEval/1"]
+    assert load_samples("mbpp", PACKAGED_DATA, 1)[0].question_id == 11
+
+
+def test_the_project_ships_its_prompts_with_licenses_and_no_answers(monkeypatch) -> None:
+    monkeypatch.delenv("GOOSE_DATA", raising=False)
+    assert default_data_dir() == PACKAGED_DATA and PACKAGED_DATA.parent == Path(goose.bench.prompts.__file__).parent
+    readme = (PACKAGED_DATA / "README.md").read_text()
+    answers = {"canonical_solution", "test", "code", "solution_code", "answer", "reference", "challenge_test_list"}
+    for name in (*PAPER_DATASETS, "spec_bench"):
+        assert load_samples(name, limit=1), name  # no data folder given: the shipped one
+        records = [json.loads(line) for line in (PACKAGED_DATA / f"{name}.jsonl").read_text().splitlines()]
+        assert not answers & set().union(*records), name  # nothing a datastore or memory could copy an answer from
+        assert f"`{name}.jsonl`" in readme
+    for license_file in re.findall(r"`licenses/([^`]+)`", readme):
+        assert (PACKAGED_DATA / "licenses" / license_file).is_file(), license_file
 
 
 def test_multi_turn_datasets_keep_both_turns_and_categories() -> None:
-    mt = load_samples("mt_bench", DATA_DIR, limit=3)
+    mt = load_samples("mt_bench", PACKAGED_DATA, limit=3)
     assert [len(s.turns) for s in mt] == [2, 2, 2]
     assert mt[0].turns == tuple(_raw("mt_bench", 1)[0]["turns"])
     assert (mt[0].question_id, mt[0].category) == (81, "writing")
-    spec = load_samples("spec_bench", DATA_DIR, limit=None)
+    spec = load_samples("spec_bench", PACKAGED_DATA, limit=None)
     assert len(spec) == 480
     assert {len(s.turns) for s in spec if s.category == "qa"} == {1}
-    assert all(len(load_samples(name, DATA_DIR, limit=1)) == 1 for name in KNOWN_DATASETS)
+    assert all(len(load_samples(name, PACKAGED_DATA, limit=1)) == 1 for name in KNOWN_DATASETS)
 
 
 def test_custom_jsonl_prompt_or_turns(tmp_path: Path) -> None:
@@ -114,7 +130,7 @@ def test_custom_jsonl_errors_say_where(tmp_path: Path, content: str, message: st
 
 def test_unknown_dataset_and_missing_file(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="unknown dataset 'humaneavl'"):
-        load_samples("humaneavl", DATA_DIR)
+        load_samples("humaneavl", PACKAGED_DATA)
     with pytest.raises(DatasetError, match="not found"):
         load_samples("gsm8k", tmp_path)
 

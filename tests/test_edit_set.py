@@ -12,7 +12,7 @@ import pytest
 from goose.bench import edit_set
 from goose.bench.edit_set import EXCLUDED, KINDS, MAX_LINES, MIN_LINES, PACKAGES, build, main
 from goose.bench.prompts import load_samples
-from tests.helpers import DATA_DIR
+from tests.helpers import PACKAGED_DATA
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_a_bugfix_shows_a_flipped_comparison_and_names_the_fix(tasks):
 
 def test_rag_and_summarization_are_spec_bench_categories():
     for name in ("rag", "summarization"):
-        samples = load_samples(name, DATA_DIR)
+        samples = load_samples(name, PACKAGED_DATA)
         assert len(samples) == 80 and {s.category for s in samples} == {name} and {s.dataset for s in samples} == {name}
         assert all(s.prediction is None for s in samples)
 

@@ -1,6 +1,6 @@
 """The contract: in float32, Goose's output is token-identical to the autoregressive greedy loop.
 
-Real models, real prompts from ../shared/data, 48 new tokens each on SmolLM2 and 40 on Gemma 3 (some
+Real models, real prompts (the benchmark prompts goose ships), 48 new tokens each on SmolLM2 and 40 on Gemma 3 (some
 15-25 verify passes a run), every built-in topology (and the spine with the paper's spine-ratio tiers).
 The autoregressive reference runs once per prompt and test run (the ``ar_reference`` fixture; other
 test files reuse it). The default

@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 from goose.bench.conversation import turn_prompt_ids
 from goose.bench.prompts import load_samples
 from goose.models import pretrained_location
-from tests.helpers import DATA_DIR, REPO
+from tests.helpers import PACKAGED_DATA, REPO
 
 SCRIPT = REPO / "scripts" / "paper_peer.py"
 EXPECTED = "a checkout of https://github.com/2kinto/GOOSE_Speculative_Decoding"
@@ -27,7 +27,7 @@ SMALL_RUN = ["--model", "smollm2-135m", "--datasets", "humaneval", "--limit", "1
 
 def paper_peer(*flags: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(SCRIPT), *flags], capture_output=True, text=True, cwd=REPO,
-                          timeout=timeout, env={**os.environ, "GOOSE_DATA": str(DATA_DIR)})
+                          timeout=timeout, env={**os.environ, "GOOSE_DATA": str(PACKAGED_DATA)})
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -87,7 +87,7 @@ def test_our_side_on_smollm2(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     [record] = read_rows(tmp_path / "inputs.jsonl")
     tokenizer = AutoTokenizer.from_pretrained(pretrained_location("smollm2-135m"))
-    sample = load_samples("humaneval", DATA_DIR, 1)[0]
+    sample = load_samples("humaneval", PACKAGED_DATA, 1)[0]
     assert record["input_ids"] == turn_prompt_ids(tokenizer, sample.turns[:1], [], chat=True)
     assert record["id"] == "humaneval/0" and record["n_prompt"] == len(record["input_ids"])
 

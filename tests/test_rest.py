@@ -22,7 +22,7 @@ from goose.sources.rest.corpus import build, default_datastore, default_datastor
 from goose.sources.rest.datastore import Datastore
 from goose.sources.rest.suffix_index import SEPARATOR, DatastoreError, SuffixIndex, suffix_array
 from goose.sources.toolkit import frequency_trie
-from tests.helpers import DATA_DIR, SMALL_CORPUS, SMOLLM2_TOKENS, dataset_prompts, stdlib_sample
+from tests.helpers import PACKAGED_DATA, SMALL_CORPUS, SMOLLM2_TOKENS, dataset_prompts, stdlib_sample
 
 assert goose.bench.cli  # imported for its side effect
 
@@ -255,7 +255,7 @@ def test_jsonl_fields_and_benchmark_guard(tmp_path: Path, smollm2) -> None:
     assert store.tokens[: len(first) + 1].tolist() == [*first, SEPARATOR]
     assert "not indexed" not in tokenizer.decode([t for t in store.tokens.tolist() if t >= 0])
     # benchmark files (their items carry task ids, reference answers, tests) are refused
-    humaneval = DATA_DIR / "humaneval.jsonl"
+    humaneval = PACKAGED_DATA / "humaneval.jsonl"
     with pytest.raises(DatastoreError, match="benchmark"):
         build(tokenizer, [humaneval], tmp_path / "contaminated", progress=False)
     assert not (tmp_path / "contaminated").exists()

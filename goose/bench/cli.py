@@ -51,8 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_sampling_arguments(parser)
     parser.set_defaults(seed=0)  # sampled runs: sample i of the run draws with seed + i, for every method
     parser.add_argument("--data-dir", default=None,
-                        help="folder of the benchmark JSONL files (default $GOOSE_DATA, else ../shared/data "
-                             "next to the repository)")
+                        help="folder of benchmark JSONL files in the upstream formats (default $GOOSE_DATA, else "
+                             "the prompts goose ships, answers left out: goose/bench/data/README.md)")
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke run: the paper's five datasets, {QUICK_LIMIT} prompts each, "
                              f"{QUICK_MAX_NEW_TOKENS} tokens, methods ar,pld,goose,hf_pld (explicit flags win)")

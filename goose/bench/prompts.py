@@ -52,13 +52,14 @@ class DatasetError(ValueError):
     """A dataset file is missing or a line cannot be read as a sample (one line, says where)."""
 
 
+# the prompts the project ships (answers left out; licenses and provenance in its README.md)
+PACKAGED_DATA = Path(__file__).resolve().parent / "data"
+
+
 def default_data_dir() -> Path:
-    """``$GOOSE_DATA``, else ``../shared/data`` next to the repository root."""
+    """``$GOOSE_DATA``, else the prompts shipped with goose (``goose/bench/data``)."""
     env = os.environ.get("GOOSE_DATA", "").strip()
-    if env:
-        return Path(env).expanduser()
-    # goose/bench/prompts.py -> parents[2] is the repository root
-    return Path(__file__).resolve().parents[2].parent / "shared" / "data"
+    return Path(env).expanduser() if env else PACKAGED_DATA
 
 
 def _humaneval(record: dict[str, Any]) -> list[str]:
