@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 import pluggy
+from pydantic import ValidationError
 
-from goose.config import GooseConfig
+from goose.config import GooseConfig, first_error
 from goose.contract.acceptance import AcceptanceEstimate
 from goose.contract.candidates import (
     CandidateError,
@@ -39,7 +40,7 @@ from goose.contract.candidates import (
 )
 from goose.contract.outcome import AuxiliaryRows, Harvest, VerifyOutcome
 from goose.contract.tree import DraftTree
-from goose.plugins import PluginError, Registry, plugin_manager, registry
+from goose.plugins import PluginError, Registration, Registry, plugin_manager, registry
 
 logger = logging.getLogger("goose.plugins")
 
@@ -66,6 +67,16 @@ def _implementations(manager: pluggy.PluginManager, hook: str, order: tuple[str,
     return [found[name] for name in order if name in found]
 
 
+def made(registration: Registration, config: GooseConfig) -> Any:
+    """A plugin's instance; what its constructor raises comes back as a PluginError naming the plugin."""
+    try:
+        return registration.factory(config)
+    except Exception as error:
+        detail = first_error(error, "options") if isinstance(error, ValidationError) else str(error)
+        raise PluginError(f"{registration.kind} {registration.name!r} could not be made: {type(error).__name__}: "
+                          f"{detail}") from error
+
+
 class SourceSet:
     """One decoder's live sources: their instances, their acceptance estimates, and guarded calls into them."""
 
@@ -81,10 +92,14 @@ class SourceSet:
         self.faults = faults or FaultLog()
         self.instances: dict[str, Any] = {}
         self.estimates = estimates if estimates is not None else {}
+        unknown = sorted(set(config.source_options) - set(known.sources))
+        if unknown:  # options for a source nobody registered would be ignored without a word
+            raise PluginError(f"source_options names {', '.join(map(repr, unknown))}, not a registered source; "
+                              f"registered sources: {', '.join(sorted(known.sources))}")
         for name in self.names:
             registration = known.source(name)
             shared = (instances or {}).get(name)
-            self.instances[name] = shared if shared is not None else registration.factory(config)
+            self.instances[name] = shared if shared is not None else made(registration, config)
             if name not in self.estimates:
                 initial = config.initial_acceptance.get(name, registration.initial_acceptance)
                 self.estimates[name] = AcceptanceEstimate(name, initial, config.ema)
@@ -229,7 +244,7 @@ class TopologyPlanner:
         self.config = config
         self.vocab_size = vocab_size
         self.faults = faults or FaultLog()
-        self.instance = known.topology(name).factory(config)
+        self.instance = made(known.topology(name), config)
         manager = plugin_manager({name: self.instance}, "topology")  # PluginError on a misspelled or unmarked hook
         plans = _implementations(manager, "goose_plan_tree", (name,))
         if not plans:

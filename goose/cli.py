@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from goose.config import first_error
 from goose.plugins import PluginError, registry
 
 logger = logging.getLogger("goose")
@@ -38,13 +39,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("goose: interrupted", file=sys.stderr)
         return 130
     return 2
-
-
-def first_error(error: ValidationError, what: str = "config") -> str:
-    """A pydantic validation error as one line: where (the field path) and what is wrong."""
-    first = error.errors()[0]
-    where = ".".join(str(p) for p in first.get("loc", ())) or what
-    return f"{where}: {first['msg']}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -401,7 +395,9 @@ def _run_plugins(args: argparse.Namespace) -> int:
                    else "available"),
          "description": r.description,
          **({"initial_acceptance": r.initial_acceptance, "shareable": r.shareable} if r.kind == "source" else {}),
-         "hooks": list(known.hooks(r))}  # empty for a factory function: its hooks are known once it made one
+         # empty for a factory function: its hooks are known once it has made an instance
+         "hooks": list(signatures := known.signatures(r)),
+         "hook_arguments": {hook: list(arguments) for hook, arguments in signatures.items()}}
         for table in (known.sources, known.topologies) for r in table.values()
     ]
     if args.json:
@@ -413,7 +409,8 @@ def _run_plugins(args: argparse.Namespace) -> int:
         print(f"{row['name']:<{name_width}}  {row['kind']:<8}  {row['state']:<9}  {row['origin']:<{origin_width}}  "
               f"{row['description']}")
         if args.hooks:
-            hooks = ", ".join(hook.removeprefix("goose_") for hook in row["hooks"]) or "(made by a function)"
+            hooks = ", ".join(f"{hook.removeprefix('goose_')}({', '.join(arguments)})"
+                              for hook, arguments in row["hook_arguments"].items()) or "(made by a function)"
             print(f"{'':<{name_width}}  hooks: {hooks}")
     for problem in known.load_errors:
         print(f"! {problem}", file=sys.stderr)

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+def first_error(error: ValidationError, what: str = "config") -> str:
+    """A pydantic validation error as one line: where (the field path) and what is wrong."""
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ())) or what
+    return f"{where}: {first['msg']}"
 
 
 class Sampling(BaseModel):

@@ -54,10 +54,16 @@ _MARK = f"{hookspecs.PROJECT}_impl"  # the attribute @goose.hookimpl sets on a f
 
 def check_hooks(plugin: object, kind: str, name: str) -> tuple[str, ...]:
     """The hooks ``plugin`` (a class, an instance or a module) implements as a ``kind`` plugin; PluginError if
-    it has a ``goose_*`` attribute that is not one of them, a hook without ``@goose.hookimpl``, or a pluggy
-    option the boundary ignores (``tryfirst``, ``trylast``, ``hookwrapper``, ``wrapper``, ``optionalhook``)."""
+    it has a ``goose_*`` attribute that is not one of them, a hook without ``@goose.hookimpl``, an argument its
+    hook does not pass, or a pluggy option the boundary ignores (``tryfirst``, ``trylast``, ``hookwrapper``,
+    ``wrapper``, ``optionalhook``)."""
+    return tuple(hook_signatures(plugin, kind, name))
+
+
+def hook_signatures(plugin: object, kind: str, name: str) -> dict[str, tuple[str, ...]]:
+    """:func:`check_hooks`, with the arguments each hook implementation asks for (hooks in the spec's order)."""
     allowed = HOOKS[kind]
-    found: list[str] = []
+    found: dict[str, tuple[str, ...]] = {}
     for attribute in dir(plugin):
         value = inspect.getattr_static(plugin, attribute, None)
         function = value.__func__ if isinstance(value, staticmethod | classmethod) else value
@@ -81,8 +87,26 @@ def check_hooks(plugin: object, kind: str, name: str) -> tuple[str, ...]:
         if ignored:
             raise PluginError(f"{where} uses @goose.hookimpl({'=True, '.join(ignored)}=True), which Goose ignores: "
                               f"it calls every {kind}'s hook itself, in its own order; drop the option")
-        found.append(hook)
-    return tuple(hook for hook in allowed if hook in found)
+        # called bound: a plain method of a class or instance (not a module's function, not a staticmethod)
+        bound = not inspect.ismodule(plugin) and not isinstance(value, staticmethod)
+        found[hook] = _checked_arguments(function, hook, where, bound)
+    return {hook: found[hook] for hook in allowed if hook in found}
+
+
+def _checked_arguments(function: Callable[..., Any], hook: str, where: str, bound: bool) -> tuple[str, ...]:
+    """The arguments a hook implementation asks for, as pluggy reads them (parameters without defaults, ``self``
+    left out); PluginError for one its hook does not pass (a misspelling, say)."""
+    parameters = [p for p in inspect.signature(function).parameters.values()
+                  if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    asked = tuple(p.name for p in parameters[1 if bound else 0:])
+    passed = tuple(inspect.signature(getattr(hookspecs, hook)).parameters)
+    unknown = [argument for argument in asked if argument not in passed]
+    if unknown:
+        hints = [f"{argument!r} -> {near[0]!r}" for argument in unknown
+                 for near in [difflib.get_close_matches(argument, passed, n=1)] if near]
+        raise PluginError(f"{where} asks for {', '.join(map(repr, unknown))}, which {hook} does not pass (it passes "
+                          f"{', '.join(passed)})" + (f"; did you mean {', '.join(hints)}?" if hints else ""))
+    return asked
 
 
 def plugin_manager(plugins: dict[str, object], kind: str) -> pluggy.PluginManager:
@@ -177,6 +201,12 @@ class Registry:
             return ()
         return check_hooks(registration.factory, registration.kind, registration.name)
 
+    def signatures(self, registration: Registration) -> dict[str, tuple[str, ...]]:
+        """Each hook a registration's class implements -> the arguments it asks for; {} for a factory function."""
+        if not inspect.isclass(registration.factory):
+            return {}
+        return hook_signatures(registration.factory, registration.kind, registration.name)
+
     def source(self, name: str) -> Registration:
         return self._lookup(name, self.sources, "source")
 
@@ -186,7 +216,8 @@ class Registry:
     def _lookup(self, name: str, table: dict[str, Registration], kind: str) -> Registration:
         if name not in table:
             known = ", ".join(sorted(table)) or "none (is goose installed? run `pip install -e .`)"
-            raise PluginError(f"unknown {kind} {name!r}; registered {kind}s: {known}")
+            plural = "topologies" if kind == "topology" else f"{kind}s"
+            raise PluginError(f"unknown {kind} {name!r}; registered {plural}: {known}")
         return table[name]
 
 

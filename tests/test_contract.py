@@ -56,6 +56,20 @@ class TriesFirst:
         return None
 
 
+class MisnamedArguments:
+    def __init__(self, config: GooseConfig) -> None:
+        pass
+
+    @goose.hookimpl
+    def goose_propose(self, ctx: DecodeContext, acceptence: float) -> Draft | None:  # pluggy would refuse it late
+        return None
+
+
+class BrokenConstructor:
+    def __init__(self, config: GooseConfig) -> None:
+        raise RuntimeError("no phrase file")
+
+
 def registry_with(name: str, factory: object, kind: str = "source") -> plugins.Registry:
     """A registry of its own holding one plugin, so that no test touches the process-wide one."""
     known = plugins.Registry()
@@ -68,6 +82,8 @@ def registry_with(name: str, factory: object, kind: str = "source") -> plugins.R
     (Misspelled, r"source 'bad': goose_proposee is not a Goose hook \(did you mean goose_propose\?\)"),
     (Unmarked, r"source 'bad': goose_propose is not marked @goose.hookimpl"),
     (TriesFirst, r"source 'bad': goose_propose uses @goose.hookimpl\(tryfirst=True\), which Goose ignores"),
+    (MisnamedArguments, r"source 'bad': goose_propose asks for 'ctx', 'acceptence', which goose_propose does not pass "
+                        r"\(it passes context, acceptance\); did you mean .*'acceptence' -> 'acceptance'"),
 ])
 def test_a_broken_hook_is_refused_at_registration_and_at_construction(factory: type, message: str) -> None:
     with pytest.raises(plugins.PluginError, match=message):  # the class, when it registers
@@ -76,6 +92,20 @@ def test_a_broken_hook_is_refused_at_registration_and_at_construction(factory: t
     known = registry_with("bad", lambda config: factory(config))  # a factory function: checked when it makes one
     with pytest.raises(plugins.PluginError, match=message):
         SourceSet(["bad"], GooseConfig(), VOCAB, known=known)
+
+
+def test_options_for_an_unregistered_source_and_a_failing_constructor_are_named() -> None:
+    with pytest.raises(plugins.PluginError, match=r"source_options names 'context_matcher', not a registered source; "
+                                                  r"registered sources: .*context_match"):
+        SourceSet(["context_match"], GooseConfig(source_options={"context_matcher": {"max_continuation": 4}}), VOCAB)
+    known = registry_with("phrases", BrokenConstructor)
+    with pytest.raises(plugins.PluginError, match="source 'phrases' could not be made: RuntimeError: no phrase file"):
+        SourceSet(["phrases"], GooseConfig(), VOCAB, known=known)
+    with pytest.raises(plugins.PluginError, match=r"source 'context_match' could not be made: ValidationError: "
+                                                  r"max_continuation: Input should be"):
+        SourceSet(["context_match"], GooseConfig(source_options={"context_match": {"max_continuation": "x"}}), VOCAB)
+    with pytest.raises(plugins.PluginError, match="unknown topology 'spin'; registered topologies: "):
+        TopologyPlanner("spin", GooseConfig(), VOCAB)
 
 
 def test_a_topology_hook_on_a_source_is_refused() -> None:
@@ -124,12 +154,16 @@ def test_goose_plugins_lists_every_plugins_hooks(capsys) -> None:
     assert main(["plugins", "--hooks"]) == 0
     lines = capsys.readouterr().out.splitlines()
     opening = next(i for i, line in enumerate(lines) if line.startswith("context_match "))
-    assert lines[opening + 1].split() == ["hooks:", "reset,", "prefill,", "propose,", "observe"]
+    # every hook with the arguments it asks for (checked against the spec when the class registered)
+    assert lines[opening + 1].split() == ["hooks:", "reset(),", "prefill(context),", "propose(context,",
+                                          "acceptance),", "observe(outcome,", "own_nodes)"]
     spine = next(i for i, line in enumerate(lines) if line.startswith("spine "))
-    assert lines[spine + 1].split() == ["hooks:", "plan_tree,", "spine_lengths"]
+    assert lines[spine + 1].split() == ["hooks:", "plan_tree(pool,", "budget,", "config),",
+                                        "spine_lengths(pool,", "budgets,", "config)"]
     assert main(["plugins", "--json"]) == 0
     rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)["plugins"]}
     assert rows["bigram_transition"]["hooks"] == ["goose_reset", "goose_prefill", "goose_successors", "goose_observe"]
+    assert rows["bigram_transition"]["hook_arguments"]["goose_successors"] == ["previous", "tokens", "k"]
     # one bigram table may serve every row of a batch; context match reads each request's own context
     assert rows["bigram_transition"]["shareable"] is True and rows["context_match"]["shareable"] is False
     assert main(["plugins"]) == 0  # the plain listing: one line per plugin, no hooks

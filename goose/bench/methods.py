@@ -20,8 +20,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from goose.bench.study import study_configs, study_fields
-from goose.cli import first_error
-from goose.config import GooseConfig
+from goose.config import GooseConfig, first_error
 from goose.plugins import PluginError, registry
 
 Kind = Literal["ar", "goose", "hf"]
