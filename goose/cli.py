@@ -91,7 +91,7 @@ def decoding_config(args: argparse.Namespace) -> Any:
     if args.topology is not None:
         fields["topology"] = args.topology
     if args.budget is not None:
-        fields["budget"] = args.budget if args.budget == "auto" else _int(args.budget, "--budget")
+        fields["budget"] = parse_budget(args.budget)
     for name in ("temperature", "top_p", "top_k", "seed"):
         if getattr(args, name, None) is not None:
             fields[name] = getattr(args, name)
@@ -120,11 +120,14 @@ def load_model(args: argparse.Namespace) -> tuple[Any, Any]:
     return models.load(args.model, dtype=args.dtype, device=device)
 
 
-def _int(text: str, flag: str) -> int:
+def parse_budget(text: str | None) -> int | str | None:
+    """``--budget``: a node count or 'auto' (None: not given)."""
+    if text is None or text == "auto":
+        return text
     try:
         return int(text)
     except ValueError:
-        raise ValueError(f"{flag} must be an integer or 'auto', got {text!r}") from None
+        raise ValueError(f"--budget must be an integer or 'auto', got {text!r}") from None
 
 
 # --- goose generate -----------------------------------------------------------------------------
@@ -242,17 +245,22 @@ def _run_generate(args: argparse.Namespace) -> int:
                        "speedup": round(report["tokens_per_s"] / ar.stats.tokens_per_s, 3)
                        if ar.stats.tokens_per_s else None,
                        "identical_to_ar": ar.new_token_ids == report["new_token_ids"]}
+    def described(request: dict[str, Any]) -> dict[str, Any]:  # the configuration a report row came from
+        return {"model": args.model, "dtype": args.dtype,
+                "sources": list(goose.source_names(with_prediction="prediction" in request)),
+                "topology": config.topology, "budget": config.budget, "source_options": config.source_options,
+                "changed": config.digest()["changed"], "temperature": config.temperature, "top_p": config.top_p,
+                "top_k": config.top_k}
+
     if args.prompts is None:
-        report = {"model": args.model, "dtype": args.dtype,
-                  "sources": list(goose.source_names(with_prediction="prediction" in requests[0])),
-                  "topology": config.topology, "budget": config.budget, "temperature": config.temperature,
-                  "top_p": config.top_p, "top_k": config.top_k, **reports[0]}
+        report = {**described(requests[0]), **reports[0]}
         print(json.dumps(report) if args.json else "" if live else reports[0]["text"])
         if not args.json:
             print(_stats_line(report), file=sys.stderr)
         return 0
     for index, report in enumerate(reports):
-        print(json.dumps({"index": index, **report}) if args.json else f"--- [{index}] ---\n{report['text']}")
+        print(json.dumps({"index": index, **described(requests[index]), **report}) if args.json
+              else f"--- [{index}] ---\n{report['text']}")
     tokens = sum(report["new_tokens"] for report in reports)
     line = (f"[goose] {len(reports)} prompts, up to {session.max_batch} at once: {tokens} tokens in {wall_s:.2f} s "
             f"({tokens / wall_s:.1f} tok/s in all), mean rows per pass "

@@ -191,6 +191,14 @@ class GooseConfig(Sampling):
         assert self.budget != "auto"
         return int(self.budget) + self.spine_extension
 
+    def digest(self) -> dict[str, Any]:
+        """What defines this configuration in a result row: its sources, topology, budget and per-source options,
+        and every other field that differs from the default (``changed``)."""
+        mine, defaults = self.model_dump(mode="json"), GooseConfig().model_dump(mode="json")
+        named = ("sources", "topology", "budget", "source_options")
+        return {**{key: mine[key] for key in named},
+                "changed": {key: value for key, value in mine.items() if key not in named and value != defaults[key]}}
+
     def options_for(self, source: str) -> dict[str, Any]:
         return dict(self.source_options.get(source, {}))
 

@@ -186,8 +186,9 @@ class Registry:
             except PluginError as error:
                 if strict:
                     raise
-                logger.error("%s", error)
-                self.load_errors.append(str(error))
+                message = f"{error} (from {origin}: not registered)"
+                logger.error("%s", message)
+                self.load_errors.append(message)
                 return
             table[name] = Registration(name, kind, factory, origin, description, float(initial_acceptance),
                                        shareable)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import goose.bench.cli  # registers the `bench` command
 from goose import cli
-from goose.bench.methods import ALL_METHODS, with_datastore
+from goose.bench.methods import ALL_METHODS, method_named, with_datastore
 from goose.config import GooseConfig
 from goose.contract.candidates import DecodeContext
 from goose.cycle.decoder import GooseDecoder
@@ -372,9 +372,10 @@ def test_default_stdlib_datastore_builds_once(tmp_path: Path, smollm2) -> None:
 def test_bench_drafts_from_the_datastore_given(small_store: Datastore, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     """`goose bench --datastore` puts the folder into every REST method (and only those), checks it first."""
-    method = with_datastore(ALL_METHODS["cm+bt+rest@spine"], small_store.path)
+    composed_rest = method_named("cm+bt+rest@spine")
+    method = with_datastore(composed_rest, small_store.path)
     assert method.config().source_options["rest"]["datastore"] == str(small_store.path)
-    assert method.config().budget == ALL_METHODS["cm+bt+rest@spine"].config().budget  # nothing else changes
+    assert method.config().budget == composed_rest.config().budget  # nothing else changes
     assert with_datastore(ALL_METHODS["goose"], small_store.path) is ALL_METHODS["goose"]
     out = tmp_path / "bench"
     assert cli.main(["bench", "--model", "smollm2-135m", "--datasets", "humaneval", "--limit", "1",

@@ -3,12 +3,19 @@
 Per (method, dataset):
 
 - ``speedup``: the mean of per-sample speedups (each sample's tokens/s over ``ar``'s on the same
-  prompt, in the same run), so a long sample does not outweigh a short one;
+  prompt, in the same run), so a long sample does not outweigh a short one; beside it
+  ``speedup_spread`` (min, median, max over the prompts), ``speedup_of_sums`` (the summed tokens/s
+  over ``ar``'s summed on the same prompts) and ``ratios_disagree`` (the two fall on different
+  sides of 1x or more than 10% apart: a few prompts carry the mean);
+- ``repeat_spread``: with ``--repeats``, the median and the largest (slowest run / fastest run - 1)
+  of one method on one prompt;
+- ``estimated_speedup`` (``--cost-curve``): the mean of per-sample estimates (goose.bench.estimate);
 - ``tau``: accepted tokens per verification call pooled over the dataset's steps (Spec-Bench's
   mean of ``accept_lengths``); None for methods that do not report steps (the HF peers);
 - ``tokens_per_s``: the mean of per-sample tokens/s;
 - ``identical_to_ar``: the fraction of samples whose token ids equal ``ar``'s (1.0 = lossless);
-- ``source_acceptance``: per source, accepted / tested draft nodes pooled over the dataset;
+- ``source_acceptance``: per source, accepted / tested draft nodes pooled over the dataset, the counts
+  in ``source_accepted`` and ``source_tested``;
 - ``path_kinds``: the share of verification steps of each accepted-path kind;
 - ``speedup_vs_hf_pld``: the mean of per-sample speedups over Hugging Face's prompt lookup (where
   ``hf_pld`` ran), with ``speedup_vs_hf_pld_range`` their [min, max];
@@ -16,9 +23,10 @@ Per (method, dataset):
   sample's first turn; the ``all`` row's median is over every sample).
 
 The ``all`` row of a method is the mean over its datasets of ``speedup``, ``tau``,
-``tokens_per_s``, ``speedup_vs_hf_ar`` and ``speedup_vs_hf_pld`` (each dataset weighs the same, as in the paper's "mean"
-column); ``samples``, ``identical_to_ar``, ``source_acceptance`` and ``path_kinds`` are pooled
-over every sample.
+``tokens_per_s``, ``speedup_vs_hf_ar``, ``speedup_vs_hf_pld`` and ``estimated_speedup`` (each dataset weighs the
+same, as in the paper's "mean" column); the counts, spreads, ``speedup_of_sums``, ``identical_to_ar`` and
+``path_kinds`` are pooled over every sample. Every row carries its method's ``config`` (sources,
+topology, budget, options, other changed fields).
 """
 
 from __future__ import annotations
@@ -49,6 +57,32 @@ def _range(values: Iterable[float | None]) -> list[float] | None:
     return [min(present), max(present)] if present else None
 
 
+def _spread(values: Iterable[float | None]) -> list[float] | None:
+    """[min, median, max]."""
+    present = [v for v in values if v is not None]
+    return [min(present), median(present), max(present)] if present else None
+
+
+DISAGREEMENT = 0.10  # the mean of ratios and the ratio of sums this far apart (or either side of 1x): flagged
+
+
+def _honest(records: Sequence[Record]) -> Row:
+    """The spreads and the ratio of sums beside the mean of per-prompt ratios."""
+    paired = [r for r in records if r.get("speedup") is not None and r.get("ar_tokens_per_s")]
+    of_sums = (sum(r["tokens_per_s"] for r in paired) / sum(r["ar_tokens_per_s"] for r in paired)) if paired else None
+    mean = _mean(r["speedup"] for r in paired)
+    runs = [max(r["wall_s_runs"]) / min(r["wall_s_runs"]) - 1 for r in records
+            if len(r.get("wall_s_runs") or ()) > 1 and min(r["wall_s_runs"]) > 0]
+    return {
+        "speedup_spread": _spread(r.get("speedup") for r in records),
+        "tokens_per_s_spread": _spread(r["tokens_per_s"] for r in records),
+        "speedup_of_sums": of_sums,
+        "ratios_disagree": bool(mean is not None and of_sums is not None
+                                and ((mean - 1) * (of_sums - 1) < 0 or abs(mean / of_sums - 1) > DISAGREEMENT)),
+        "repeat_spread": [median(runs), max(runs)] if runs else None,
+    }
+
+
 def _pooled(records: Sequence[Record]) -> Row:
     """The fields every aggregate pools over samples, whatever their dataset."""
     tested: Counter[str] = Counter()
@@ -64,7 +98,10 @@ def _pooled(records: Sequence[Record]) -> Row:
         "samples": len(records),
         "identical_to_ar": (sum(bool(c) for c in compared) / len(compared)) if compared else None,
         "source_acceptance": {name: accepted[name] / n for name, n in sorted(tested.items()) if n},
+        "source_accepted": {name: accepted[name] for name in sorted(tested)},
+        "source_tested": dict(sorted(tested.items())),
         "path_kinds": {kind: count / steps for kind, count in kinds.items()} if steps else {},
+        **_honest(records),
     }
 
 
@@ -80,6 +117,7 @@ def _dataset_row(method: str, dataset: str, records: Sequence[Record]) -> Row:
         "speedup_vs_hf_ar": _mean(r.get("speedup_vs_hf_ar") for r in records),
         "speedup_vs_hf_pld": _mean(r.get("speedup_vs_hf_pld") for r in records),
         "speedup_vs_hf_pld_range": _range(r.get("speedup_vs_hf_pld") for r in records),
+        "estimated_speedup": _mean(r.get("estimated_speedup") for r in records),
         "tau": accepted / steps if steps else None,
         "tokens_per_s": _mean(r["tokens_per_s"] for r in records),
         "new_tokens": _mean(r["new_tokens"] for r in records),
@@ -93,7 +131,8 @@ def _all_row(method: str, rows: Sequence[Row], records: Sequence[Record]) -> Row
         "dataset": ALL,
         **_pooled(records),
         **{key: _mean(row[key] for row in rows)
-           for key in ("speedup", "speedup_vs_hf_ar", "speedup_vs_hf_pld", "tau", "tokens_per_s", "new_tokens")},
+           for key in ("speedup", "speedup_vs_hf_ar", "speedup_vs_hf_pld", "estimated_speedup", "tau", "tokens_per_s",
+                       "new_tokens")},
         "speedup_vs_hf_pld_range": _range(r.get("speedup_vs_hf_pld") for r in records),
         "first_token_s": _median(r.get("first_token_s") for r in records),
     }
@@ -149,13 +188,17 @@ def build_summary(
     groups its tables by it); ``unavailable``: name -> why it did not run; ``settings``: how the run
     was made (max_new_tokens, threads, versions...).
     """
+    methods = methods or {}
+    rows = summarize(records)
+    for row in rows:
+        row["config"] = methods.get(row["method"], {}).get("digest")
     return {
         "model": model,
         "device": device,
         "dtype": dtype,
         "settings": settings or {},
-        "methods": methods or {},
+        "methods": methods,
         "unavailable": unavailable or {},
-        "results": summarize(records),
+        "results": rows,
         "categories": summarize_categories(records),
     }

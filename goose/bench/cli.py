@@ -7,10 +7,13 @@ torch and matplotlib load when the command runs).
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from goose.cli import add_model_arguments, add_sampling_arguments, register_command
+
+SUITE_NAMES = ("ablation", "synergy", "three-source", "sweep")  # goose.bench.methods.suite_methods
 
 if TYPE_CHECKING:
     from goose.bench.peer_script import PeerScript
@@ -38,12 +41,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "or paths of JSONL files whose lines hold a 'prompt' string or a 'turns' list, and "
                              "optionally a 'prediction' (default: the paper's five)")
     parser.add_argument("--methods", default=None,
-                        help="comma-separated methods (default: the main table; see --list-methods); "
-                             "ar is always run, as the baseline")
-    parser.add_argument("--suite", choices=("ablation", "sweep", "three-source"), default=None,
-                        help="add the paper's ablations, the B/D/r/rho sweeps (with goose as reference), or the "
-                             "three-source study (every pair and triple of sources under spine, multi_spine and "
-                             "isotropic at an equal budget)")
+                        help="comma-separated methods: built-in names (see --list-methods) or SOURCES@TOPOLOGY for any "
+                             "registered sources and topology, sources joined by '+' (cm, bt, rest, la, sm stand for "
+                             "the built-ins), e.g. freq_next@chain or context_match+freq_next@multi_spine (default: "
+                             "the main table); ar is always run, as the baseline")
+    parser.add_argument("--methods-file", type=Path, default=None, metavar="STUDY.toml",
+                        help="named methods, one [methods.NAME] table of GooseConfig fields each (TOML or .json), "
+                             "for what SOURCES@TOPOLOGY cannot say; run after --methods")
+    parser.add_argument("--suite", choices=SUITE_NAMES, default=None,
+                        help="add methods generated from the registry for --sources: ablation (the paper's five, the "
+                             "default without each of its sources, each other source alone, added to the default and "
+                             "in place of each default source), synergy (each source alone, every pair), three-source "
+                             "(every pair and triple under spine, multi_spine and isotropic at an equal budget), sweep "
+                             "(budget, depth, spine ratio, rho around the default)")
+    parser.add_argument("--sources", default=None, metavar="A,B,...",
+                        help="with --suite: the sources it studies, built-in or installed (default: the built-in ones)")
+    parser.add_argument("--disable", action="append", default=[], metavar="NAME",
+                        help="with --suite: leave this source out (repeatable)")
+    parser.add_argument("--budget", default=None,
+                        help="draft-tree node budget (or 'auto') of every composed, suite and study-file method "
+                             "(built-in names keep theirs; the three-source suite's equal budget is 16 without it)")
+    parser.add_argument("--config", default=None, metavar="JSON",
+                        help="GooseConfig fields (source_options included) for every composed, suite and study-file "
+                             "method, e.g. '{\"max_depth\": 4}'")
+    parser.add_argument("--cost-curve", default=None, metavar="device|FILE",
+                        help="the deterministic mode (with --dtype float32): also price every sample's verify passes "
+                             "on this device's measured cost curve (device) or a curve file (`goose calibrate --json` "
+                             "output, e.g. measured on a GPU) and report the implied speedup over ar, labelled as an "
+                             "estimate: sources ranked without the clock's noise")
     parser.add_argument("--limit", type=int, default=None, help="the first N prompts of each dataset")
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help=f"per turn (default {DEFAULT_MAX_NEW_TOKENS}; --quick: {QUICK_MAX_NEW_TOKENS})")
@@ -92,25 +117,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(run=run_command)
 
 
-def _method_names(args: argparse.Namespace) -> list[str]:
-    from goose.bench.methods import MAIN_METHODS, QUICK_METHODS, SUITES
+def _method_list(args: argparse.Namespace) -> list[Any]:
+    """What --methods, --methods-file and --suite name, checked before any model loads: names and Method objects."""
+    from goose.bench.methods import (
+        ALL_METHODS,
+        MAIN_METHODS,
+        QUICK_METHODS,
+        Overrides,
+        read_study_file,
+        resolve_methods,
+        suite_methods,
+    )
+    from goose.cli import parse_budget
 
-    explicit = _names(args.methods)
+    config = json.loads(args.config) if args.config else {}
+    if not isinstance(config, dict):
+        raise ValueError("--config must be a JSON object of GooseConfig fields")
+    if {"sources", "topology"} & set(config):
+        raise ValueError("--config: name sources and topology in the method (SOURCES@TOPOLOGY), not in --config")
+    overrides = Overrides(parse_budget(args.budget), config)
+    if (args.sources or args.disable) and not args.suite:
+        raise ValueError("--sources and --disable choose the sources of --suite; name a composed method's sources in "
+                         "it instead (e.g. context_match+freq_next@spine)")
+    methods: list[Any] = list(_names(args.methods))
+    if args.methods_file is not None:
+        methods += read_study_file(args.methods_file, overrides)
     if args.suite:
-        return [*explicit, *SUITES[args.suite]]
-    if explicit:
-        return explicit
-    return list(QUICK_METHODS if args.quick else MAIN_METHODS)
+        methods += suite_methods(args.suite, _names(args.sources) or None, args.disable, overrides)
+    if not methods:
+        methods = list(QUICK_METHODS if args.quick else MAIN_METHODS)
+    resolved = resolve_methods(methods, overrides)  # unknown names fail here, before any model is loaded
+    if (args.budget is not None or args.config) and all(ALL_METHODS.get(m.name) is m for m in resolved):
+        raise ValueError("--budget and --config apply to composed (SOURCES@TOPOLOGY), suite and study-file methods, "
+                         "and none is named: built-in names keep their definitions")
+    return resolved
 
 
 def _list_methods() -> int:
     from goose.bench.methods import ALL_METHODS, unavailable_reason
+    from goose.plugins import registry
 
     width = max(len(name) for name in ALL_METHODS)
+    print("built-in names:")
     for name, method in ALL_METHODS.items():
         reason = unavailable_reason(method)
         state = "ok" if reason is None else f"unavailable: {reason}"
-        print(f"{name:<{width}}  {method.group:<16}  {method.description}  [{state}]")
+        print(f"  {name:<{width}}  {method.group:<16}  {method.description}  [{state}]")
+    known = registry()
+    print("\ncomposed: SOURCES@TOPOLOGY, sources joined by '+' (cm, bt, rest, la, sm: the built-ins' short names)")
+    print(f"  sources:    {', '.join(known.sources)}")
+    print(f"  topologies: {', '.join(known.topologies)}")
+    print(f"\nsuites (--suite, with --sources and --disable): {', '.join(SUITE_NAMES)}")
     return 0
 
 
@@ -132,7 +189,6 @@ def _datastore(path: Path | None) -> Path | None:
 def run_command(args: argparse.Namespace) -> int:
     if args.list_methods:
         return _list_methods()
-    from goose.bench.methods import resolve_methods
     from goose.bench.prompts import PAPER_DATASETS, default_data_dir
     from goose.cycle.sampling import SamplingParams
 
@@ -147,9 +203,14 @@ def run_command(args: argparse.Namespace) -> int:
     model_names = _names(args.model)
     if not model_names:
         raise ValueError("--model names no model")
-    methods = _method_names(args)
     if args.concurrency is None:
-        resolve_methods(methods)  # unknown names fail here, before any model is loaded
+        methods = _method_list(args)
+    elif args.methods_file or args.suite or args.budget or args.config or args.cost_curve:
+        raise ValueError("--concurrency measures its own methods (ar, goose, hf_ar, goose_own); leave out "
+                         "--methods-file, --suite, --budget, --config and --cost-curve")
+    if args.cost_curve is not None and args.dtype != "float32":
+        raise ValueError("--cost-curve prices float32 runs, where every lossless method decodes ar's text and only "
+                         "its passes differ; add --dtype float32")
     datasets = _names(args.datasets) or list(PAPER_DATASETS)
     data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir()
     datastore = _datastore(args.datastore)
@@ -188,8 +249,9 @@ def run_command(args: argparse.Namespace) -> int:
         models=model_names, datasets=datasets, methods=methods, out=out, data_dir=data_dir, limit=limit,
         max_new_tokens=max_new_tokens, dtype=args.dtype, device=args.device, seed=args.seed, threads=args.threads,
         chat=not args.no_chat, progress=not args.no_progress, warm_sources=args.warm_sources, sampling=sampling,
-        datastore=datastore, repeats=args.repeats,
-        extra={"quick": args.quick, "suite": args.suite},
+        datastore=datastore, repeats=args.repeats, cost_curve=args.cost_curve,
+        extra={"quick": args.quick, "suite": args.suite, "suite_sources": _names(args.sources) or None,
+               "disabled": args.disable or None},
     )
     bench = Bench(settings)  # reads the datasets: a missing file fails before any model is loaded
     llama_sections: dict[str, dict] = {}

@@ -12,21 +12,29 @@ fields the config does not know is reported as unavailable with the reason, neve
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import itertools
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+import tomllib
 from pydantic import ValidationError
 
-from goose.bench.study import study_configs, study_fields
+from goose.bench.study import (
+    SHORT_NAMES,
+    STUDY_BUDGET,
+    STUDY_TOPOLOGIES,
+    SUFFIX_MEMORY_BESIDE_CONTEXT_MATCH,
+    label,
+    study_fields,
+)
 from goose.config import GooseConfig, first_error
-from goose.plugins import PluginError, registry
+from goose.plugins import BUILTIN_ORIGIN, PluginError, registry
 
 Kind = Literal["ar", "goose", "hf"]
 
-# the paper's four "best single source" baselines (synergy table), and its topology baselines
-STANDALONE_SOURCES: tuple[str, ...] = ("pld", "tr", "rest", "lookahead")
 TOPOLOGY_BASELINES: tuple[str, ...] = ("iso3", "iso5")
 BASELINE = "ar"  # speedups are against this method on the same prompt
 PEER_BASELINE = "hf_ar"  # ... and, where it ran, also against Hugging Face's own greedy loop
@@ -128,34 +136,185 @@ def _sweep() -> dict[str, Method]:
 
 
 SWEEP: dict[str, Method] = _sweep()
-# The three-source study (goose.bench.study): every pair and triple of sources under three shapes
-STUDY: dict[str, Method] = _table(*(Method(name, "goose", f"study: {name.replace('@', ' in ')}", "study", fields)
-                                    for name, fields in study_configs().items()))
 # Requests that carry the sample's prediction (datasets with one: edit, or a JSONL with a 'prediction')
 PREDICTION: dict[str, Method] = _table(
     Method("goose_pred", "goose", "Goose with the sample's prediction as its most trusted source (Predicted "
            "Outputs)", "prediction", prediction=True),
 )
-ALL_METHODS: dict[str, Method] = {**METHODS, **ABLATIONS, **SWEEP, **STUDY, **PREDICTION}
+# The built-in names: fixed definitions, aliases of configurations any composed method can also say
+ALL_METHODS: dict[str, Method] = {**METHODS, **ABLATIONS, **SWEEP, **PREDICTION}
 
 MAIN_METHODS: tuple[str, ...] = tuple(METHODS)
 QUICK_METHODS: tuple[str, ...] = ("ar", "pld", "goose", "hf_pld")
-SUITES: dict[str, tuple[str, ...]] = {
-    "ablation": ("goose", *ABLATIONS),
-    "sweep": ("goose", *SWEEP),
-    "three-source": ("goose", "goose3", *STUDY),
-}
+SUITE_NAMES: tuple[str, ...] = ("ablation", "synergy", "three-source", "sweep")
+# a source's standalone row in the synergy suite: the paper's baselines where the source is one of theirs
+STANDALONE_ALIASES: dict[str, str] = {"context_match": "pld", "bigram_transition": "tr", "rest": "rest",
+                                      "lookahead": "lookahead"}
 
 
-def resolve_methods(names: Iterable[str]) -> list[Method]:
-    """The named methods in order, without repeats, with the ``ar`` baseline first (always run)."""
-    ordered: list[str] = [BASELINE]
-    for name in names:
-        if name not in ALL_METHODS:
-            raise ValueError(f"unknown method {name!r}; known: {', '.join(ALL_METHODS)}")
-        if name not in ordered:
-            ordered.append(name)
-    return [ALL_METHODS[name] for name in ordered]
+@dataclass(frozen=True)
+class Overrides:
+    """What ``--budget`` and ``--config`` set on every composed, generated and study-file method (built-in
+    names keep their definitions)."""
+
+    budget: int | str | None = None
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+    def apply(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        """``fields`` under the overrides: ``--config`` first, the method's own fields over it (its sources and
+        topology are its name), per-source options merged, then ``--budget``."""
+        merged = {**self.config, **fields}
+        options = {name: dict(values) for name, values in self.config.get("source_options", {}).items()}
+        for name, values in fields.get("source_options", {}).items():
+            options[name] = {**options.get(name, {}), **values}
+        if options:
+            merged["source_options"] = options
+        if self.budget is not None:
+            merged["budget"] = self.budget
+        return merged
+
+
+NO_OVERRIDES = Overrides()
+
+
+def composed(name: str, overrides: Overrides = NO_OVERRIDES, group: str = "composed",
+             budget: int | None = None) -> Method:
+    """``SOURCES@TOPOLOGY`` (sources joined by ``+``, registered names or the built-ins' short names cm, bt,
+    rest, la, sm; no ``@``: the default topology) as a Goose method; PluginError names an unknown plugin.
+    ``budget``: the method's own budget (a suite's equal budget), under ``--budget``."""
+    spec, _, topology = name.partition("@")
+    sources = [SHORT_NAMES.get(part, part) for part in spec.split("+")]
+    if not all(sources) or "@" in topology or (name.count("@") and not topology):
+        raise ValueError(f"method {name!r}: write SOURCES@TOPOLOGY, sources joined by '+', e.g. "
+                         "context_match+bigram_transition@spine")
+    known = registry()
+    for source in sources:
+        known.source(source)
+    topology = topology or GooseConfig.model_fields["topology"].default
+    known.topology(topology)
+    fields: dict[str, Any] = {"sources": sources, "topology": topology}
+    if budget is not None:
+        fields["budget"] = budget
+    if "context_match" in sources and "suffix_memory" in sources:
+        fields["source_options"] = SUFFIX_MEMORY_BESIDE_CONTEXT_MATCH
+    return Method(name, "goose", f"{' + '.join(sources)} in {topology}", group, overrides.apply(fields))
+
+
+def method_named(name: str, overrides: Overrides = NO_OVERRIDES) -> Method:
+    """A built-in name, else a composed method (``SOURCES@TOPOLOGY``); ValueError / PluginError say why not."""
+    if name in ALL_METHODS:
+        return ALL_METHODS[name]
+    try:
+        return composed(name, overrides)
+    except PluginError as error:
+        raise ValueError(f"unknown method {name!r}: not a built-in name (goose bench --list-methods) and not "
+                         f"SOURCES@TOPOLOGY of registered plugins: {error}") from None
+
+
+def read_study_file(path: Path, overrides: Overrides = NO_OVERRIDES) -> list[Method]:
+    """The methods of a study file (TOML or JSON): ``[methods.NAME]`` tables of GooseConfig fields (and an optional
+    ``description``); each is validated and its plugins checked before any model loads."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = tomllib.loads(text) if path.suffix != ".json" else json.loads(text)
+    except OSError as error:
+        raise ValueError(f"--methods-file: cannot read {path}: {error.strerror or error}") from None
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"--methods-file: {path} is not valid {path.suffix.lstrip('.') or 'TOML'}: {error}") from None
+    tables = data.get("methods") if isinstance(data, dict) else None
+    if not isinstance(tables, dict) or not tables:
+        raise ValueError(f"--methods-file: {path} needs a [methods.NAME] table per method, e.g. [methods.mine] "
+                         'with sources = ["context_match"] and topology = "chain"')
+    methods = []
+    for name, table in tables.items():
+        if not isinstance(table, dict):
+            raise ValueError(f"--methods-file: {path}: methods.{name} must be a table of GooseConfig fields")
+        if name in ALL_METHODS or name == BASELINE:
+            raise ValueError(f"--methods-file: {path}: methods.{name} is a built-in method's name; choose another")
+        fields = {key: value for key, value in table.items() if key != "description"}
+        method = Method(name, "goose", str(table.get("description", f"from {path.name}")), "study-file",
+                        overrides.apply(fields))
+        problem = unavailable_reason(method)
+        if problem is not None:
+            raise ValueError(f"--methods-file: {path}: methods.{name}: {problem}")
+        methods.append(method)
+    return methods
+
+
+def builtin_sources() -> list[str]:
+    """The sources goose itself registers that any request can draft from (not ``prediction``, which needs one)."""
+    return [name for name, r in registry().sources.items() if r.origin == BUILTIN_ORIGIN and name != "prediction"]
+
+
+def suite_methods(suite: str, sources: Sequence[str] | None = None, disable: Sequence[str] = (),
+                  overrides: Overrides = NO_OVERRIDES) -> list[Method]:
+    """The methods of ``--suite``, generated from the registry for ``sources`` (default: the built-ins) less
+    ``disable``; every plugin named is checked first (PluginError).
+
+    - ``ablation``: ``goose`` and the paper's five config ablations; the default without each of its sources;
+      for every other source S: S alone, the default plus S, and S in place of each default source (spine);
+    - ``synergy``: ``goose``, every source alone (the paper's baselines for its four), every pair in a spine;
+    - ``three-source``: ``goose`` and every pair and triple under spine, multi_spine and isotropic at one equal
+      budget (:data:`STUDY_BUDGET` draft nodes, or ``--budget``);
+    - ``sweep``: the budget, depth, spine-ratio and rho sweeps around the default (its sources: ``--sources``
+      when given).
+    """
+    if suite not in SUITE_NAMES:
+        raise ValueError(f"unknown suite {suite!r}; suites: {', '.join(SUITE_NAMES)}")
+    known = registry()
+    for name in [*(sources or ()), *disable]:
+        known.source(name)
+    chosen = [s for s in (list(sources) if sources else builtin_sources()) if s not in set(disable)]
+    if not chosen:
+        raise ValueError("--disable switches off every source of the suite: keep at least one")
+    default = list(GooseConfig.model_fields["sources"].default_factory())  # type: ignore[misc]
+    if suite == "sweep":
+        base = overrides.apply({"sources": chosen} if sources or disable else {})
+        return [ALL_METHODS["goose"], *(replace(m, fields={**base, **m.fields}) for m in SWEEP.values())]
+    made: dict[str, Method] = {"goose": ALL_METHODS["goose"]}
+
+    def add(members: Sequence[str], topology: str = "spine", group: str = "composed", budget: int | None = None
+            ) -> None:
+        name = label(members, topology)
+        method = composed(name, overrides, group, budget)
+        if not any(other.config() == method.config() for other in made.values()):  # no_cm_spine is bt@spine
+            made.setdefault(name, method)
+
+    if suite == "ablation":
+        made |= ABLATIONS
+        for dropped in default:
+            if len(default) > 1:
+                add([s for s in default if s != dropped], group="ablation:without")
+        for source in [s for s in chosen if s not in default]:
+            add([source], group="ablation:alone")
+            add([*default, source], group="ablation:added")
+            for replaced in default:
+                add([source if s == replaced else s for s in default], group="ablation:instead")
+    elif suite == "synergy":
+        for source in chosen:
+            alias = STANDALONE_ALIASES.get(source)
+            if alias is not None:
+                made[alias] = replace(ALL_METHODS[alias], group="standalone")
+            else:
+                add([source], group="standalone")
+        for pair in itertools.combinations(chosen, 2):
+            add(pair, group="pair")
+    else:  # three-source
+        for size in (2, 3):
+            for members in itertools.combinations(chosen, size):
+                for topology in STUDY_TOPOLOGIES:
+                    add(members, topology, "study", STUDY_BUDGET)
+    return list(made.values())
+
+
+def resolve_methods(names: Iterable[str | Method], overrides: Overrides = NO_OVERRIDES) -> list[Method]:
+    """The methods in order, without repeats, with the ``ar`` baseline first (always run): names are built-in
+    methods or ``SOURCES@TOPOLOGY``; Method objects (suites, study files) are taken as they are."""
+    ordered: dict[str, Method] = {BASELINE: ALL_METHODS[BASELINE]}
+    for item in names:
+        method = item if isinstance(item, Method) else method_named(item, overrides)
+        ordered.setdefault(method.name, method)
+    return list(ordered.values())
 
 
 def with_datastore(method: Method, datastore: Path) -> Method:

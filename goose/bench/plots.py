@@ -2,7 +2,7 @@
 
 - ``speedup*.png``: speedup over ``ar`` per dataset, one bar per method;
 - ``tau_topology*.png``: tau of the spine tree against Iso(3)/Iso(5) per dataset;
-- ``acceptance*.png``: per-source acceptance of ``goose`` per dataset, with p_s/p_t annotated;
+- ``acceptance*.png``: every source's accepted / tested draft nodes, per method (all datasets);
 - ``sweep*.png``: mean tau and speedup against each swept parameter.
 
 A plot whose methods did not run is skipped. matplotlib is the ``bench`` extra; without it the
@@ -18,7 +18,6 @@ from typing import Any
 from goose.bench.aggregate import ALL, Row, lookup
 from goose.bench.methods import BASELINE, TOPOLOGY_BASELINES
 from goose.bench.prompts import DATASET_TITLES
-from goose.bench.report import BRANCH_SOURCE, SPINE_SOURCE
 
 
 def _pyplot() -> Any:
@@ -88,29 +87,16 @@ def _topology(plt: Any, summary: dict[str, Any], path: Path) -> bool:
 
 
 def _acceptance(plt: Any, summary: dict[str, Any], path: Path) -> bool:
+    """Every source's accepted / tested draft nodes (all datasets pooled), one group of bars per method."""
     rows = summary["results"]
-    method = "goose"
-    datasets = _datasets(rows)
-    p_s = [(lookup(rows, method, d) or {}).get("source_acceptance", {}).get(SPINE_SOURCE) for d in [*datasets, ALL]]
-    p_t = [(lookup(rows, method, d) or {}).get("source_acceptance", {}).get(BRANCH_SOURCE) for d in [*datasets, ALL]]
-    if all(v is None for v in p_s) and all(v is None for v in p_t):
+    methods = [m for m in dict.fromkeys(r["method"] for r in rows) if (lookup(rows, m, ALL) or {}).get("source_tested")]
+    if not methods:
         return False
-    series = {f"p_s ({SPINE_SOURCE})": [v if v is not None else float("nan") for v in p_s],
-              f"p_t ({BRANCH_SOURCE})": [v if v is not None else float("nan") for v in p_t]}
-    figure, axes = plt.subplots(figsize=(max(7.0, 1.1 * (len(datasets) + 1) + 2), 4))
-    width = 0.4
-    for i, (name, values) in enumerate(series.items()):
-        axes.bar([g + (i - 0.5) * width for g in range(len(datasets) + 1)], values, width, label=name)
-    for g, (s, t) in enumerate(zip(p_s, p_t, strict=True)):
-        if s is not None and t:
-            axes.annotate(f"{s / t:.1f}x", (g, max(s, t)), ha="center", va="bottom", fontsize="small")
-    axes.set_xticks(range(len(datasets) + 1), _titles(datasets, "all (pooled)"))
-    axes.set_ylabel("accepted / tested draft nodes")
-    axes.set_title(f"{summary['model']}: goose acceptance per source, p_s/p_t on top")
-    axes.legend(fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    pooled = {m: lookup(rows, m, ALL) or {} for m in methods}
+    sources = list(dict.fromkeys(s for m in methods for s in pooled[m]["source_tested"]))
+    series = {s: [pooled[m]["source_acceptance"].get(s, float("nan")) for m in methods] for s in sources}
+    _grouped_bars(plt, methods, series, "accepted / tested draft nodes",
+                  f"{summary['model']}: acceptance per source (all datasets, measured)", path)
     return True
 
 
@@ -139,7 +125,8 @@ def _sweep(plt: Any, summary: dict[str, Any], path: Path) -> bool:
 
 
 def _study(plt: Any, summary: dict[str, Any], path: Path) -> bool:
-    """Mean tau and the predicted H200 speedup of every study configuration, one colour per shape."""
+    """Mean tau and the predicted speedup (on --cost-curve's curve, else this device's) of every study
+    configuration, one colour per shape."""
     study = summary.get("study")
     if not study or not study["rows"]:
         return False
@@ -147,8 +134,10 @@ def _study(plt: Any, summary: dict[str, Any], path: Path) -> bool:
     colours = {"spine": "tab:blue", "multi_spine": "tab:orange", "isotropic": "tab:green"}
     figure, axes = plt.subplots(1, 2, figsize=(13, max(4.0, 0.28 * len(rows))), sharey=True)
     positions = list(range(len(rows)))
-    for axis, key, title in ((axes[0], "tau", "mean tau (tokens per pass)"),
-                             (axes[1], "predicted_h200", "predicted speedup on the H200 curve")):
+    curve = summary.get("settings", {}).get("priced_on")
+    predicted = ("predicted_curve", f"predicted speedup on {curve['curve']} (estimate)") if curve else \
+        ("predicted_device", "predicted speedup on this device's curve (estimate)")
+    for axis, key, title in ((axes[0], "tau", "mean tau (tokens per pass)"), (axes[1], *predicted)):
         values = [(r[key]["all"] if key == "tau" else r[key]) or 0.0 for r in rows]
         axis.barh(positions, values, color=[colours.get(r["topology"], "grey") for r in rows])
         axis.set_title(title)

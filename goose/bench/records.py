@@ -9,9 +9,11 @@ Ours, all over the whole sample (every turn): ``model``, ``method``, ``dataset``
 ``wall_s``, ``tokens_per_s``, ``verify_steps``, ``tau``, per-source ``source_tested`` /
 ``source_accepted`` / ``source_acceptance``, ``path_kinds``, ``tree_sizes`` (rows of every verify
 pass, for time predicted from a cost curve), ``auxiliary_rows``, ``seed`` (of a sampled run),
-``new_token_ids`` (per turn, for auditing losslessness), and, filled in once every method has run on
-the sample, ``speedup`` (over ``ar`` on the same prompt), ``speedup_vs_hf_ar``, ``speedup_vs_hf_pld`` (over
-Hugging Face's prompt lookup on the same prompt) and ``identical_to_ar`` (token ids, every turn).
+``new_token_ids`` (per turn, for auditing losslessness), ``config`` (the method's sources, topology,
+budget and options), and, filled in once every method has run on the sample, ``speedup`` (over
+``ar`` on the same prompt, whose tokens/s is ``ar_tokens_per_s``), ``speedup_vs_hf_ar``,
+``speedup_vs_hf_pld`` (over Hugging Face's prompt lookup on the same prompt), ``identical_to_ar``
+(token ids, every turn) and, in the deterministic mode, ``estimated_s`` / ``estimated_speedup``.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def _summed(outputs: Sequence[TurnOutput], key: str) -> dict[str, Any]:
 
 
 def build_record(model: str, method: str, sample: Sample, outputs: Sequence[TurnOutput],
-                 seed: int | None = None) -> Record:
+                 seed: int | None = None, config: dict[str, Any] | None = None) -> Record:
     """The record of ``method`` on ``sample`` (speedup fields still None: see :func:`compare`)."""
     counted = all(o.accepted_lengths is not None for o in outputs)
     accept_lengths = [n for o in outputs for n in (o.accepted_lengths or [])]
@@ -79,9 +81,11 @@ def build_record(model: str, method: str, sample: Sample, outputs: Sequence[Turn
         "tree_sizes": [n for o in outputs for n in (o.tree_sizes or [])] if counted else None,
         "auxiliary_rows": sum((o.stats or {}).get("auxiliary_rows", 0) for o in outputs),
         "seed": seed,
+        "config": config,
         "stop_reasons": [o.stop_reason for o in outputs],
         "new_token_ids": [o.new_token_ids for o in outputs],
         "speedup": None,
+        "ar_tokens_per_s": None,  # ar's on the same prompt: summed over prompts, the ratio of totals
         "speedup_vs_hf_ar": None,
         "speedup_vs_hf_pld": None,
         "identical_to_ar": None,
@@ -97,6 +101,7 @@ def compare(records: dict[str, Record]) -> None:
         if base is not None:
             record["identical_to_ar"] = record["new_token_ids"] == base["new_token_ids"]
             record["speedup"] = _ratio(record["tokens_per_s"], base["tokens_per_s"])
+            record["ar_tokens_per_s"] = base["tokens_per_s"]
         if peer is not None:
             record["speedup_vs_hf_ar"] = _ratio(record["tokens_per_s"], peer["tokens_per_s"])
         if lookup is not None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from goose.bench.aggregate import ALL, Row, lookup
-from goose.bench.methods import STANDALONE_SOURCES, TOPOLOGY_BASELINES
+from goose.bench.methods import TOPOLOGY_BASELINES
 from goose.bench.prompts import DATASET_TITLES
 from goose.bench.study import REFERENCE
 
@@ -110,12 +110,62 @@ def _main_table(view: _View) -> str:
         cells = view.per_dataset(lambda d, m=method: f"{_x(view.value(m, d, 'speedup'))} / "
                                                     f"{_f(view.value(m, d, 'tau'))}")
         identical = view.value(method, ALL, "identical_to_ar")
-        rows.append([f"`{method}`", *cells, _x(view.value(method, ALL, "speedup")),
-                     _f(view.value(method, ALL, "tau")), _f(view.value(method, ALL, "tokens_per_s"), 1),
-                     _share(identical)])
-    header = ["method", *(_title(d) for d in view.datasets), "mean speedup", "mean tau", "tok/s",
-              "identical to AR"]
-    return "### Speedup / tau per dataset\n\n" + _table(header, rows)
+        flag = " (!)" if view.value(method, ALL, "ratios_disagree") else ""
+        rows.append([f"`{method}`", *cells, _x(view.value(method, ALL, "speedup")) + flag,
+                     _x(view.value(method, ALL, "speedup_of_sums")), _f(view.value(method, ALL, "tau")),
+                     _f(view.value(method, ALL, "tokens_per_s"), 1), _share(identical)])
+    header = ["method", *(_title(d) for d in view.datasets), "mean speedup", "summed tok/s over ar", "mean tau",
+              "tok/s", "identical to AR"]
+    text = "### Speedup / tau per dataset\n\n" + _table(header, rows)
+    if any(view.value(m, ALL, "ratios_disagree") for m in view.methods):
+        text += ("\n\n(!) the mean of per-prompt ratios and the ratio of summed tokens/s disagree (either side of 1x, "
+                 "or more than 10% apart): a few prompts carry the mean; see the spread below.")
+    return text
+
+
+def _spread_table(view: _View) -> str | None:
+    """Per method and dataset: the per-prompt spread, both ratios, and the spread over --repeats."""
+    rows = []
+    for method in view.methods:
+        if method == "ar":
+            continue
+        for dataset in [*view.datasets, ALL]:
+            row = view.row(method, dataset)
+            if row is None or row.get("speedup_spread") is None:
+                continue
+            low, middle, high = row["speedup_spread"]
+            repeats = row.get("repeat_spread")
+            rows.append([f"`{method}`", _title(dataset) if dataset != ALL else "**all**", str(row["samples"]),
+                         f"{low:.2f}x / {middle:.2f}x / {high:.2f}x", _x(row.get("speedup")),
+                         _x(row.get("speedup_of_sums")), "(!)" if row.get("ratios_disagree") else "",
+                         f"{repeats[0]:.0%} / {repeats[1]:.0%}" if repeats else DASH])
+    if not rows:
+        return None
+    return ("### Spread over prompts (speedup over `ar`)\n\nPer prompt min / median / max; the mean of per-prompt "
+            "ratios beside the ratio of summed tokens/s on the same prompts; with `--repeats`, how far one method's "
+            "runs on one prompt lay apart (slowest / fastest - 1: median / largest).\n\n"
+            + _table(["method", "dataset", "prompts", "min / median / max", "mean of ratios", "ratio of sums",
+                      "disagree", "repeats apart"], rows))
+
+
+def _estimate_table(view: _View) -> str | None:
+    """The deterministic mode: speedups a cost curve implies for the passes each method needed (--cost-curve)."""
+    curve = view.summary.get("settings", {}).get("priced_on")
+    if not curve:
+        return None
+    rows = [[f"`{m}`", *view.per_dataset(lambda d, m=m: f"{_x(view.value(m, d, 'estimated_speedup'))} / "
+                                                        f"{_f(view.value(m, d, 'tau'))}"),
+             _x(view.value(m, ALL, "estimated_speedup")), _share(view.value(m, ALL, "identical_to_ar"))]
+            for m in view.methods if view.value(m, ALL, "estimated_speedup") is not None]
+    relative = ", ".join(f"{n}: {t / curve['seconds'][0]:.2f}" for n, t in zip(curve["sizes"], curve["seconds"],
+                                                                               strict=True))
+    source = "this device's measured curve" if curve["curve"] == "device" else f"`{curve['curve']}`"
+    return ("### Estimated speedup from a cost curve (an estimate, not a clock)\n\n"
+            f"Every sample's verify passes priced on {source} (t(n) / t(1): {relative}; t(1) "
+            f"{1e3 * curve['seconds'][0]:.1f} ms), over `ar`'s passes priced the same way on the same prompt; prefill "
+            "and host time left out on both sides. In float32 every lossless method decodes `ar`'s text, so this "
+            "ranks drafting without the clock's noise.\n\n"
+            + _table(["method", *(_title(d) for d in view.datasets), "mean estimate", "identical to AR"], rows))
 
 
 def _peer_table(view: _View) -> str | None:
@@ -217,44 +267,56 @@ def _topology_table(view: _View) -> str | None:
 
 
 def _synergy_table(view: _View) -> str | None:
-    singles = view.present(STANDALONE_SOURCES)
-    combined = view.present(("goose", "goose3", "goose_rest", "goose4"))
-    if not singles or not combined:
+    """Every method of several sources against the best of its own sources run alone (the standalone rows)."""
+    alone: dict[str, str] = {}  # source -> its standalone method
+    for method in view.methods:
+        config = view.meta.get(method, {}).get("digest") or {}
+        if view.meta.get(method, {}).get("kind") == "goose" and len(config.get("sources") or ()) == 1:
+            alone.setdefault(config["sources"][0], method)
+    combined = [m for m in view.methods if len((view.meta.get(m, {}).get("digest") or {}).get("sources") or ()) > 1
+                and any(s in alone for s in view.meta[m]["digest"]["sources"])]
+    if not alone or not combined:
         return None
-    header = ["dataset", "best standalone source", *(f"`{m}` tau (gain)" for m in combined)]
     rows = []
-    for dataset in [*view.datasets, ALL]:
-        taus = {m: view.value(m, dataset, "tau") for m in singles}
-        known = {m: t for m, t in taus.items() if t is not None}
-        best = max(known, key=lambda m: known[m]) if known else None
-        best_tau = known.get(best) if best else None
-        cells = [_title(dataset) if dataset != ALL else "**mean**",
-                 f"`{best}` {_f(best_tau)}" if best else DASH]
-        for method in combined:
+    for method in combined:
+        mine = [alone[s] for s in view.meta[method]["digest"]["sources"] if s in alone]
+        for dataset in [*view.datasets, ALL]:
+            known = {m: t for m in mine if (t := view.value(m, dataset, "tau")) is not None}
+            best = max(known, key=lambda m: known[m]) if known else None
             tau = view.value(method, dataset, "tau")
-            cells.append(f"{_f(tau)} ({_pct(_gain(tau, best_tau))})")
-        rows.append(cells)
-    return ("### Synergy: Goose over the best standalone source (tau)\n\n"
-            f"Standalone sources that ran: {', '.join(f'`{m}`' for m in singles)}.\n\n" + _table(header, rows))
+            rows.append([f"`{method}`", _title(dataset) if dataset != ALL else "**mean**",
+                         f"`{best}` {_f(known[best])}" if best else DASH, _f(tau),
+                         _pct(_gain(tau, known.get(best) if best else None))])
+    return ("### Synergy: each combination over the best of its sources alone (tau)\n\n"
+            f"Sources alone: {', '.join(f'`{m}` ({s})' for s, m in alone.items())}.\n\n"
+            + _table(["method", "dataset", "best source alone", "tau", "gain"], rows))
 
 
 def _acceptance_table(view: _View) -> str | None:
-    methods = [m for m in view.methods if view.value(m, ALL, "source_acceptance")]
+    methods = [m for m in view.methods if view.value(m, ALL, "source_tested")]
     if not methods:
         return None
-    sources = list(dict.fromkeys(s for m in methods for s in view.value(m, ALL, "source_acceptance")))
-    header = ["method", "dataset", *(f"p({s})" for s in sources), "p_s/p_t"]
+    sources = list(dict.fromkeys(s for m in methods for s in view.value(m, ALL, "source_tested")))
+    header = ["method", "dataset", *(f"`{s}`" for s in sources), "p_s/p_t"]
     rows = []
     for method in methods:
         for dataset in [*view.datasets, ALL]:
+            tested = view.value(method, dataset, "source_tested") or {}
+            accepted = view.value(method, dataset, "source_accepted") or {}
+
+            def cell(source: str, tested: dict = tested, accepted: dict = accepted) -> str:
+                n = tested.get(source)
+                return f"{accepted.get(source, 0) / n:.3f} ({accepted.get(source, 0)}/{n})" if n else DASH
+
             accept = view.value(method, dataset, "source_acceptance") or {}
             p_s, p_t = accept.get(SPINE_SOURCE), accept.get(BRANCH_SOURCE)
             ratio = f"{p_s / p_t:.1f}x" if p_s is not None and p_t else DASH
             rows.append([f"`{method}`", _title(dataset) if dataset != ALL else "**all**",
-                         *(_f(accept.get(s), 3) for s in sources), ratio])
-    return ("### Per-source acceptance (accepted / tested draft nodes) and heterogeneity p_s/p_t\n\n"
-            f"p_s = `{SPINE_SOURCE}`, p_t = `{BRANCH_SOURCE}`; the paper measures p_s 0.07–0.60, p_t 0.03–0.05, "
-            "p_s/p_t 2x–18x.\n\n" + _table(header, rows))
+                         *(cell(s) for s in sources), ratio])
+    return ("### Per-source acceptance: accepted / tested draft nodes\n\n"
+            "Every source's draft nodes the target checked and kept, pooled over the dataset's prompts (measured; not "
+            f"the running estimates Goose plans with). p_s = `{SPINE_SOURCE}`, p_t = `{BRANCH_SOURCE}`; the paper "
+            "measures p_s 0.07–0.60, p_t 0.03–0.05, p_s/p_t 2x–18x.\n\n" + _table(header, rows))
 
 
 def _path_table(view: _View) -> str | None:
@@ -324,10 +386,10 @@ def _unavailable(view: _View) -> str | None:
 def _definitions(view: _View) -> str | None:
     if not view.meta:
         return None
-    rows = [[f"`{name}`", str(meta.get("kind", "")), f"`{json.dumps(meta.get('fields') or {})}`",
+    rows = [[f"`{name}`", str(meta.get("kind", "")), f"`{json.dumps(meta.get('digest') or meta.get('fields') or {})}`",
              str(meta.get("description", ""))] for name, meta in view.meta.items()]
-    return "### Method definitions (GooseConfig fields over the defaults; HF: generate() arguments)\n\n" + _table(
-        ["method", "kind", "fields", "description"], rows)
+    return ("### Method definitions (Goose: sources, topology, budget, options and every other changed field; HF: "
+            "generate() arguments)\n\n" + _table(["method", "kind", "config", "description"], rows))
 
 
 def _study_tables(view: _View) -> str | None:
@@ -338,8 +400,9 @@ def _study_tables(view: _View) -> str | None:
     rows = sorted(study["rows"], key=lambda r: (r["topology"], len(r["sources"]), r["method"]))
     reference = next((r for r in rows if r["method"] == REFERENCE), None)
     datasets = [d for d in view.datasets if any(d in r["tau"] for r in rows)]
+    curve = view.summary.get("settings", {}).get("priced_on")
     header = ["configuration", *(_title(d) for d in datasets), "mean tau", f"vs {REFERENCE}",
-              "pred. CPU", "pred. H200", "measured", "yield per pass"]
+              "pred. this device", *(["pred. " + str(curve["curve"])] if curve else []), "measured", "yield per pass"]
     table = []
     for row in rows:
         gains = [_gain(row["tau"].get(d), reference["tau"].get(d) if reference else None) for d in datasets]
@@ -347,14 +410,16 @@ def _study_tables(view: _View) -> str | None:
         table.append([f"`{row['method']}`", *(_f(row["tau"].get(d)) for d in datasets), _f(row["tau"]["all"]),
                       _pct(_gain(row["tau"]["all"], reference["tau"]["all"] if reference else None))
                       + f" ({sum(g is not None and g >= 0.10 for g in gains)}/{len(datasets)} >= +10%)",
-                      _x(row["predicted_device"]), _x(row["predicted_h200"]), _x(row["speedup"]), yields])
+                      _x(row["predicted_device"]), *([_x(row["predicted_curve"])] if curve else []),
+                      _x(row["speedup"]), yields])
     lost: dict[tuple[str, str], list[float]] = {}
     for item in study["tokens_lost_without"]:
         lost.setdefault((item["source"], item["triple"].split("@")[1]), []).append(item["tau_lost"])
     lost_rows = [[f"`{source}`", f"`{topology}`", _f(sum(values) / len(values), 3), str(len(values))]
                  for (source, topology), values in sorted(lost.items())]
     text = ("### Three-source study (equal budget; tau per dataset, predicted speedup over one token a pass "
-            "from this device's cost curve and from the H200's)\n\n" + _table(header, table))
+            "from this device's cost curve" + (" and from --cost-curve's" if curve else "") + ": estimates)\n\n"
+            + _table(header, table))
     if lost_rows:
         text += ("\n\n#### Tokens per pass lost without each source (mean over the triples holding it)\n\n"
                  + _table(["source", "shape", "tau lost", "triples"], lost_rows))
@@ -362,7 +427,8 @@ def _study_tables(view: _View) -> str | None:
 
 
 SECTIONS: tuple[Callable[[_View], str | None], ...] = (
-    _header, _main_table, _peer_table, _lookup_table, _first_token_table, _llama_table, _topology_table,
+    _header, _main_table, _spread_table, _estimate_table, _peer_table, _lookup_table, _first_token_table,
+    _llama_table, _topology_table,
     _synergy_table, _acceptance_table, _path_table, _category_tables, _ablation_table, _sweep_table, _study_tables,
     _unavailable, _definitions,
 )

@@ -50,10 +50,13 @@ from transformers.utils import logging as hf_logging
 from goose import models
 from goose.bench.aggregate import build_summary
 from goose.bench.conversation import turn_prompt_ids
+from goose.bench.estimate import DEVICE_CURVE, load_curve, price
 from goose.bench.generators import DecoderGenerator, Generator, TurnOutput, make_generator
 from goose.bench.methods import (
     BASELINE,
+    NO_OVERRIDES,
     Method,
+    Overrides,
     construction_problem,
     resolve_methods,
     unavailable_reason,
@@ -80,7 +83,7 @@ class BenchSettings:
 
     models: list[str]
     datasets: list[str]
-    methods: list[str]
+    methods: list[str | Method]  # built-in names, SOURCES@TOPOLOGY, or methods made by a suite or a study file
     out: Path
     data_dir: Path
     limit: int | None = None
@@ -95,6 +98,8 @@ class BenchSettings:
     repeats: int = 1  # timed runs of every method on every sample; the record is the median run
     datastore: Path | None = None  # REST's datastore for every method that drafts from REST (None: its default)
     sampling: SamplingParams = field(default_factory=SamplingParams)  # greedy unless temperature > 0
+    overrides: Overrides = NO_OVERRIDES  # --budget / --config on composed methods
+    cost_curve: str | None = None  # the deterministic mode: "device" or a curve file (goose.bench.estimate)
     progress: bool = True
     extra: dict[str, Any] = field(default_factory=dict)  # recorded in the summary's settings as is
 
@@ -110,6 +115,7 @@ class ModelRun:
     unavailable: dict[str, str] = field(default_factory=dict)
     records: list[Record] = field(default_factory=list)
     cost_curve: CostCurve | None = None  # this device's verify cost curve, for time predicted from tree sizes
+    priced_on: CostCurve | None = None  # the deterministic mode's curve (--cost-curve)
     # what another engine needs to decode the same first turns and stop where ours stop (--llama-python)
     first_turn_ids: list[list[int]] = field(default_factory=list)  # per sample, as run_sample encodes turn 0
     eos_ids: list[int] = field(default_factory=list)
@@ -163,9 +169,11 @@ def _described(method: Method) -> dict[str, Any]:
     """A method's entry in the summary: its definition and, for Goose methods, the full effective config
     (so a changed default, such as the budget, shows in the results it produced)."""
     entry: dict[str, Any] = {"kind": method.kind, "group": method.group, "description": method.description,
-                             "fields": dict(method.fields)}
+                             "fields": dict(method.fields), "digest": dict(method.fields)}
     if method.kind == "goose" and unavailable_reason(method) is None:
-        entry["config"] = method.config().model_dump(mode="json")
+        config = method.config()
+        entry["config"] = config.model_dump(mode="json")
+        entry["digest"] = config.digest()  # sources, topology, budget, options, and every other changed field
     return entry
 
 
@@ -184,11 +192,14 @@ class Bench:
             raise ValueError("--repeats times the same work again, which warm sources do not do (each run would "
                              "start from what the last one learned); leave out --warm-sources or --repeats")
         self.settings = settings
-        self.methods = resolve_methods(settings.methods)
+        self.methods = resolve_methods(settings.methods, settings.overrides)
+        if settings.cost_curve not in (None, DEVICE_CURVE):
+            load_curve(str(settings.cost_curve))  # a bad file fails before any model loads
         if settings.datastore is not None:
             self.methods = [with_datastore(method, settings.datastore) for method in self.methods]
         self.samples = [s for spec in settings.datasets
                         for s in load_samples(spec, settings.data_dir, settings.limit)]
+        self.digests = {method.name: _described(method)["digest"] for method in self.methods}
         self.runs: list[ModelRun] = []
         self.started = time.strftime("%Y-%m-%d %H:%M:%S")
 
@@ -216,6 +227,8 @@ class Bench:
         bar.set_postfix_str(f"loading {name}")
         model, tokenizer = models.load(name, dtype=settings.dtype, device=device, progress=False)
         run = ModelRun(name, device, settings.dtype, self.methods, cost_curve=load_or_measure(model))
+        if settings.cost_curve is not None:
+            run.priced_on = run.cost_curve if settings.cost_curve == DEVICE_CURVE else load_curve(settings.cost_curve)
         self.runs.append(run)
         generators = self._generators(run, model, tokenizer, bar)
         run.first_turn_ids = [turn_prompt_ids(tokenizer, s.turns[:1], [], chat=settings.chat) for s in self.samples]
@@ -250,7 +263,8 @@ class Bench:
                         skipped = True
                         break
                     runs.setdefault(method, []).append(
-                        build_record(name, method, sample, outputs, sampling.seed if sampling else None))
+                        build_record(name, method, sample, outputs, sampling.seed if sampling else None,
+                                     self.digests[method]))
                     bar.update(1)
                 if skipped:
                     break
@@ -261,6 +275,8 @@ class Bench:
             # a method dropped after some of its repeats leaves no record of this sample
             measured = {method: median_run(records) for method, records in runs.items() if method in generators}
             compare(measured)
+            if run.priced_on is not None:
+                price(measured, run.priced_on, BASELINE)
             for method in order:  # file order: the requested method order, whatever the timing order
                 if method in measured:
                     results.write(json.dumps(measured[method]) + "\n")
@@ -348,10 +364,12 @@ class Bench:
         described = {m.name: _described(m) for m in self.methods}
         summaries = []
         for run in self.runs:
+            priced = {"priced_on": {"curve": settings.cost_curve, **run.priced_on.to_dict()}} if run.priced_on else {}
             summary = build_summary(run.model, run.device, run.dtype, run.records, described, run.unavailable,
-                                    common | {"cost_curve": run.cost_curve.to_dict() if run.cost_curve else None})
+                                    common | {"cost_curve": run.cost_curve.to_dict() if run.cost_curve else None}
+                                    | priced)
             if any(m.group == "study" for m in self.methods):
-                rows = study_rows(run.records, run.cost_curve)
+                rows = study_rows(run.records, run.cost_curve, run.priced_on)
                 summary["study"] = {"rows": rows, "tokens_lost_without": tokens_lost_without(rows)}
             summaries.append(summary)
         return summaries

@@ -1,16 +1,17 @@
 """The three-source study: every pair and triple of sources under spine, multi_spine and isotropic, at one budget.
 
 It answers which third source, and which shape, adds tokens over the two-source spine (context
-match + bigram transition), on which data, and what that costs in time on this device and on a
-flat GPU-like cost curve (the H200's, measured in the GPU check; docs/results.md). Per
-configuration and dataset:
+match + bigram transition), on which data, and what that costs in time on this device and on
+another device's cost curve. The configurations are generated from the registry
+(:func:`goose.bench.methods.suite_methods`). Per configuration and dataset:
 
 - **tau** (tokens per verify pass). Run in float32, every lossless configuration decodes the same
   text, so tau differences are the sources' and shapes' own;
 - each source's **marginal yield**: accepted tokens it laid, per pass;
 - the **tokens lost without it**: tau of a triple minus tau of the same shape without that source;
 - the speedup over one token a pass **predicted from a cost curve**: t(1) * tokens / sum over the
-  passes of t(rows of the pass), for this device's curve (recorded by the run) and the H200's.
+  passes of t(rows of the pass), for this device's curve (recorded by the run) and, with
+  ``--cost-curve FILE``, a curve measured elsewhere (a GPU's, say: ``goose calibrate --json``).
 
 Budgets are equal (:data:`STUDY_BUDGET` draft nodes for every configuration), so shapes compete for
 the same rows; auxiliary rows are priced as in every Goose run (``GooseConfig.price_rows``).
@@ -18,13 +19,11 @@ the same rows; auxiliary rows are priced as in every Goose run (``GooseConfig.pr
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from statistics import fmean
 from typing import Any
 
-import numpy as np
-
+from goose.bench.estimate import priced_seconds
 from goose.planning.cost import CostCurve
 
 Record = dict[str, Any]  # one results.jsonl line (goose.bench.records)
@@ -33,13 +32,8 @@ STUDY_SOURCES: tuple[str, ...] = ("context_match", "bigram_transition", "rest", 
 STUDY_TOPOLOGIES: tuple[str, ...] = ("spine", "multi_spine", "isotropic")
 STUDY_BUDGET = 16
 SHORT = {"context_match": "cm", "bigram_transition": "bt", "rest": "rest", "lookahead": "la", "suffix_memory": "sm"}
+SHORT_NAMES = {short: name for name, short in SHORT.items()}  # a composed method's name may use either
 REFERENCE = "cm+bt@spine"  # the paper's two-source spine, at the study's budget
-
-# The H200's verify cost for SmolLM2 in bfloat16 (docs/results.md, "GPU check"): 37.0 ms for one
-# token, 1.06x from 2 to 128 rows. A 135M model does not fill the GPU, so this is the flat regime
-# the paper plans for.
-H200_BF16 = CostCurve((1, 2, 8, 16, 32, 48, 64, 128), tuple(0.037 * r for r in (1.0,) + (1.06,) * 7))
-
 
 def label(sources: Sequence[str], topology: str) -> str:
     return "+".join(SHORT.get(s, s) for s in sources) + f"@{topology}"
@@ -61,27 +55,14 @@ def study_fields(sources: Sequence[str], topology: str, budget: int | None = STU
     return fields
 
 
-def study_configs() -> dict[str, dict[str, Any]]:
-    """Every pair and triple of :data:`STUDY_SOURCES` under every study topology: name -> GooseConfig fields."""
-    configs = {}
-    for size in (2, 3):
-        for sources in itertools.combinations(STUDY_SOURCES, size):
-            for topology in STUDY_TOPOLOGIES:
-                configs[label(sources, topology)] = study_fields(sources, topology)
-    return configs
-
-
 def predicted_speedup(records: Sequence[Record], curve: CostCurve) -> float | None:
-    """Mean over samples of t(1) * tokens / sum_pass t(rows): the speedup over one token a pass on ``curve``."""
+    """Mean over samples of t(1) * tokens / (the sample's passes priced on ``curve``): the speedup over one token
+    a pass on ``curve``."""
     ratios = []
     for record in records:
-        sizes = record.get("tree_sizes")
-        if not sizes:
-            continue
-        passes = np.asarray(sizes, dtype=np.float64)
-        extra = record.get("auxiliary_rows", 0) / max(1, len(sizes))  # riding rows, spread evenly over the passes
-        seconds = float(np.sum(curve(passes + extra)))
-        ratios.append(curve.seconds[0] * record["new_tokens"] / seconds if seconds > 0 else 0.0)
+        seconds = priced_seconds(record, curve)
+        if seconds is not None:
+            ratios.append(curve.seconds[0] * record["new_tokens"] / seconds if seconds > 0 else 0.0)
     return fmean(ratios) if ratios else None
 
 
@@ -91,7 +72,8 @@ def _tau(records: Sequence[Record]) -> float | None:
     return sum(lengths) / len(lengths) if lengths else None
 
 
-def study_rows(records: Sequence[Record], device_curve: CostCurve | None) -> list[dict[str, Any]]:
+def study_rows(records: Sequence[Record], device_curve: CostCurve | None,
+               named_curve: CostCurve | None = None) -> list[dict[str, Any]]:
     """Per study configuration (and the reference), per dataset and overall: tau, yields, predicted speedups."""
     by_method: dict[str, list[Record]] = {}
     for record in records:
@@ -108,14 +90,14 @@ def study_rows(records: Sequence[Record], device_curve: CostCurve | None) -> lis
                 accepted[name] = accepted.get(name, 0) + count
         rows.append({
             "method": method,
-            "sources": method.split("@")[0].split("+"),
+            "sources": [SHORT_NAMES.get(s, s) for s in method.split("@")[0].split("+")],
             "topology": method.split("@")[1],
             "tau": {d: _tau([r for r in mine if r["dataset"] == d]) for d in datasets} | {"all": _tau(mine)},
             "yield_per_pass": {SHORT.get(n, n): c / steps for n, c in accepted.items()} if steps else {},
             "speedup": fmean(r["speedup"] for r in mine if r.get("speedup") is not None)
             if any(r.get("speedup") is not None for r in mine) else None,
             "predicted_device": predicted_speedup(mine, device_curve) if device_curve else None,
-            "predicted_h200": predicted_speedup(mine, H200_BF16),
+            "predicted_curve": predicted_speedup(mine, named_curve) if named_curve else None,
             "identical_to_ar": fmean(bool(r["identical_to_ar"]) for r in mine if r.get("identical_to_ar") is not None)
             if any(r.get("identical_to_ar") is not None for r in mine) else None,
         })
@@ -130,7 +112,7 @@ def tokens_lost_without(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if len(row["sources"]) != 3:
             continue
         for dropped in row["sources"]:
-            pair = "+".join(s for s in row["sources"] if s != dropped) + "@" + row["topology"]
+            pair = label([s for s in row["sources"] if s != dropped], row["topology"])
             if pair in by_name and row["tau"]["all"] is not None and by_name[pair]["tau"]["all"] is not None:
                 lost.append({"triple": row["method"], "source": dropped,
                              "tau_lost": row["tau"]["all"] - by_name[pair]["tau"]["all"]})
