@@ -35,6 +35,7 @@ from goose.bench.outputs import write_outputs
 from goose.bench.prompts import KNOWN_DATASETS, PAPER_DATASETS, DatasetError, Sample, default_data_dir, load_samples
 from goose.bench.records import build_record, compare
 from goose.bench.report import build_report
+from goose.bench.runner import describe
 from goose.bench.study import predicted_speedup, study_rows, tokens_lost_without
 from goose.bench.vllm_peer import (
     DEFAULT_VLLM_METHODS,
@@ -280,12 +281,16 @@ def test_aggregation_follows_the_paper(recorded: list[dict]) -> None:
 
 
 def test_report_has_the_papers_tables(recorded: list[dict], tmp_path: Path) -> None:
-    described = {name: {"kind": m.kind, "group": m.group, "description": m.description, "fields": dict(m.fields)}
-                 for name, m in ALL_METHODS.items() if name in {"ar", "hf_ar", "goose", "pld", "iso3"}}
+    described = {name: describe(m) for name, m in ALL_METHODS.items()
+                 if name in {"ar", "hf_ar", "goose", "pld", "iso3"}}
     summary = build_summary("tiny", "cpu", "float32", recorded, described,
                             {"rest": "source 'rest' is not registered"}, {"max_new_tokens": 6})
     report = build_report([summary])
-    assert "| `goose` | 3.00x / 2.50 | 1.00x / 2.50 | 2.00x | 2.50 |" in report
+    # tokens/s summed: 6 + 6 + 2 over ar's 3 + 1.5 + 2 = 2.15x beside the mean of ratios' 2.00x (within 10%)
+    assert "| `goose` | 3.00x / 2.50 | 1.00x / 2.50 | 2.00x | 2.15x | 2.50 |" in report
+    assert "| `goose` | **all** | 3 | 1.00x / 2.00x / 4.00x | 2.00x | 2.15x |  | – |" in report
+    # on HumanEval the mean of ratios (2x and 4x: 3.00x) and 12 over 4.5 tokens/s (2.67x) lie 12% apart
+    assert "| `goose` | HumanEval | 2 | 2.00x / 3.00x / 4.00x | 3.00x | 2.67x | (!) | – |" in report
     assert "### Topology at equal sources and budget" in report
     spine_vs_iso = 2.5 / (10 / 6) - 1
     assert f"{spine_vs_iso:+.1%}" in report
@@ -426,7 +431,7 @@ def test_sampled_study_run_on_smollm2(tmp_path: Path) -> None:
     assert summary["settings"]["sampling"]["temperature"] == 0.7 and summary["settings"]["cost_curve"]["sizes"]
     study = {row["method"]: row for row in summary["study"]["rows"]}
     assert set(study) == {"cm+bt@spine", "cm+bt+la@multi_spine"}
-    assert all(row["predicted_h200"] > 0 and row["tau"]["all"] >= 1.0 for row in study.values())
+    assert all(row["predicted_device"] > 0 and row["tau"]["all"] >= 1.0 for row in study.values())
     assert "### Three-source study" in (tmp_path / "report.md").read_text()
     assert (tmp_path / "study.png").stat().st_size > 0
 

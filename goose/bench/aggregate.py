@@ -70,15 +70,12 @@ def _honest(records: Sequence[Record]) -> Row:
     """The spreads and the ratio of sums beside the mean of per-prompt ratios."""
     paired = [r for r in records if r.get("speedup") is not None and r.get("ar_tokens_per_s")]
     of_sums = (sum(r["tokens_per_s"] for r in paired) / sum(r["ar_tokens_per_s"] for r in paired)) if paired else None
-    mean = _mean(r["speedup"] for r in paired)
     runs = [max(r["wall_s_runs"]) / min(r["wall_s_runs"]) - 1 for r in records
             if len(r.get("wall_s_runs") or ()) > 1 and min(r["wall_s_runs"]) > 0]
     return {
         "speedup_spread": _spread(r.get("speedup") for r in records),
         "tokens_per_s_spread": _spread(r["tokens_per_s"] for r in records),
         "speedup_of_sums": of_sums,
-        "ratios_disagree": bool(mean is not None and of_sums is not None
-                                and ((mean - 1) * (of_sums - 1) < 0 or abs(mean / of_sums - 1) > DISAGREEMENT)),
         "repeat_spread": [median(runs), max(runs)] if runs else None,
     }
 
@@ -105,11 +102,20 @@ def _pooled(records: Sequence[Record]) -> Row:
     }
 
 
+def _flagged(row: Row) -> Row:
+    """``ratios_disagree``: the row's speedup (a mean of ratios) and its ratio of sums on either side of 1x, or more
+    than :data:`DISAGREEMENT` apart."""
+    mean, of_sums = row.get("speedup"), row.get("speedup_of_sums")
+    row["ratios_disagree"] = bool(mean is not None and of_sums and (
+        (mean - 1) * (of_sums - 1) < 0 or abs(mean / of_sums - 1) > DISAGREEMENT))
+    return row
+
+
 def _dataset_row(method: str, dataset: str, records: Sequence[Record]) -> Row:
     counted = [r for r in records if r.get("verify_steps")]
     steps = sum(r["verify_steps"] for r in counted)
     accepted = sum(sum(r["choices"][0]["accept_lengths"]) for r in counted)
-    return {
+    return _flagged({
         "method": method,
         "dataset": dataset,
         **_pooled(records),
@@ -122,11 +128,11 @@ def _dataset_row(method: str, dataset: str, records: Sequence[Record]) -> Row:
         "tokens_per_s": _mean(r["tokens_per_s"] for r in records),
         "new_tokens": _mean(r["new_tokens"] for r in records),
         "first_token_s": _median(r.get("first_token_s") for r in records),
-    }
+    })
 
 
 def _all_row(method: str, rows: Sequence[Row], records: Sequence[Record]) -> Row:
-    return {
+    return _flagged({
         "method": method,
         "dataset": ALL,
         **_pooled(records),
@@ -135,7 +141,7 @@ def _all_row(method: str, rows: Sequence[Row], records: Sequence[Record]) -> Row
                        "new_tokens")},
         "speedup_vs_hf_pld_range": _range(r.get("speedup_vs_hf_pld") for r in records),
         "first_token_s": _median(r.get("first_token_s") for r in records),
-    }
+    })
 
 
 def summarize(records: Sequence[Record]) -> list[Row]:

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from goose.bench.study import (
     SHORT_NAMES,
     STUDY_BUDGET,
+    STUDY_SOURCES,
     STUDY_TOPOLOGIES,
     SUFFIX_MEMORY_BESIDE_CONTEXT_MATCH,
     label,
@@ -242,8 +243,10 @@ def read_study_file(path: Path, overrides: Overrides = NO_OVERRIDES) -> list[Met
 
 
 def builtin_sources() -> list[str]:
-    """The sources goose itself registers that any request can draft from (not ``prediction``, which needs one)."""
-    return [name for name, r in registry().sources.items() if r.origin == BUILTIN_ORIGIN and name != "prediction"]
+    """The sources goose itself registers that any request can draft from (not ``prediction``, which needs one),
+    the study's order first (the default sources lead)."""
+    names = [name for name, r in registry().sources.items() if r.origin == BUILTIN_ORIGIN and name != "prediction"]
+    return sorted(names, key=lambda name: STUDY_SOURCES.index(name) if name in STUDY_SOURCES else len(STUDY_SOURCES))
 
 
 def suite_methods(suite: str, sources: Sequence[str] | None = None, disable: Sequence[str] = (),

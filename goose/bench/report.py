@@ -441,8 +441,9 @@ def model_report(summary: dict[str, Any]) -> str:
 
 
 def main_table(summary: dict[str, Any]) -> str:
-    """The speedup / tau table alone (printed at the end of a run)."""
-    return _main_table(_View(summary))
+    """The tables printed at the end of a run: speedup / tau, and the estimate of --cost-curve when it ran."""
+    view = _View(summary)
+    return "\n\n".join(part for part in (_main_table(view), _estimate_table(view)) if part)
 
 
 def build_report(summaries: Sequence[dict[str, Any]], plots: Sequence[str] = ()) -> str:

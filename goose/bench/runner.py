@@ -165,7 +165,7 @@ def median_run(records: Sequence[Record]) -> Record:
     return chosen
 
 
-def _described(method: Method) -> dict[str, Any]:
+def describe(method: Method) -> dict[str, Any]:
     """A method's entry in the summary: its definition and, for Goose methods, the full effective config
     (so a changed default, such as the budget, shows in the results it produced)."""
     entry: dict[str, Any] = {"kind": method.kind, "group": method.group, "description": method.description,
@@ -199,7 +199,7 @@ class Bench:
             self.methods = [with_datastore(method, settings.datastore) for method in self.methods]
         self.samples = [s for spec in settings.datasets
                         for s in load_samples(spec, settings.data_dir, settings.limit)]
-        self.digests = {method.name: _described(method)["digest"] for method in self.methods}
+        self.digests = {method.name: describe(method)["digest"] for method in self.methods}
         self.runs: list[ModelRun] = []
         self.started = time.strftime("%Y-%m-%d %H:%M:%S")
 
@@ -361,14 +361,14 @@ class Bench:
             "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
             **settings.extra,
         }
-        described = {m.name: _described(m) for m in self.methods}
+        described = {m.name: describe(m) for m in self.methods}
         summaries = []
         for run in self.runs:
             priced = {"priced_on": {"curve": settings.cost_curve, **run.priced_on.to_dict()}} if run.priced_on else {}
             summary = build_summary(run.model, run.device, run.dtype, run.records, described, run.unavailable,
                                     common | {"cost_curve": run.cost_curve.to_dict() if run.cost_curve else None}
                                     | priced)
-            if any(m.group == "study" for m in self.methods):
+            if any(m.kind == "goose" and "@" in m.name for m in self.methods):  # composed: the study's table
                 rows = study_rows(run.records, run.cost_curve, run.priced_on)
                 summary["study"] = {"rows": rows, "tokens_lost_without": tokens_lost_without(rows)}
             summaries.append(summary)
