@@ -406,7 +406,7 @@ def _run_plugins(args: argparse.Namespace) -> int:
          # empty for a factory function: its hooks are known once it has made an instance
          "hooks": list(signatures := known.signatures(r)),
          "hook_arguments": {hook: list(arguments) for hook, arguments in signatures.items()}}
-        for table in (known.sources, known.topologies) for r in table.values()
+        for table in (known.sources, known.topologies, known.commands) for r in table.values()
     ]
     if args.json:
         print(json.dumps({"plugins": rows, "load_errors": known.load_errors}))
@@ -489,11 +489,17 @@ _COMMANDS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
 
 
 def _load_command_modules() -> None:
-    """Modules with subcommands of their own register them on import."""
+    """goose's own modules with a subcommand register it on import; plugins through ``goose_register_commands``."""
     import importlib
 
-    for module in ("goose.bench.cli", "goose.sources.rest.cli", "goose.serve.cli"):
+    for module in ("goose.bench.cli", "goose.serve.cli"):
         importlib.import_module(module)
+    for name, registration in registry().commands.items():
+        if name in _COMMANDS and _COMMANDS[name] is not registration.factory:
+            logger.warning("command %r from %s is not added: goose has a command of that name", name,
+                           registration.origin)
+            continue
+        register_command(name, registration.description, registration.factory)
 
 
 def register_command(name: str, help_text: str, add: Callable[[argparse.ArgumentParser], None]) -> None:

@@ -126,6 +126,10 @@ class GooseConfig(Sampling):
     source_options: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per-source options, validated by each source's own model"
     )
+    topology_options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per-topology options, validated by each topology's own model (the "
+        "built-in planners read the shape fields above)"
+    )
     batch_shared_sources: list[str] | Literal["auto"] = Field(
         default="auto",
         description="sources whose one instance serves every row of a batch (knowledge of the model, not of "
@@ -195,12 +199,13 @@ class GooseConfig(Sampling):
         """What defines this configuration in a result row: its sources, topology, budget and per-source options,
         and every other field that differs from the default (``changed``)."""
         mine, defaults = self.model_dump(mode="json"), GooseConfig().model_dump(mode="json")
-        named = ("sources", "topology", "budget", "source_options")
+        named = ("sources", "topology", "budget", "source_options", "topology_options")
         return {**{key: mine[key] for key in named},
                 "changed": {key: value for key, value in mine.items() if key not in named and value != defaults[key]}}
 
-    def options_for(self, source: str) -> dict[str, Any]:
-        return dict(self.source_options.get(source, {}))
+    def options_for(self, plugin: str) -> dict[str, Any]:
+        """A source's or a topology's own options (``source_options`` / ``topology_options`` under its name)."""
+        return {**self.topology_options.get(plugin, {}), **self.source_options.get(plugin, {})}
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(**{name: getattr(self, name) for name in Sampling.model_fields})

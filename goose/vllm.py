@@ -53,7 +53,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from goose import plugins
-from goose.boundary import FaultLog, SourceSet
+from goose.boundary import FaultLog, Guarded, SourceSet, made
 from goose.config import GooseConfig
 from goose.contract.candidates import DecodeContext
 from goose.contract.outcome import Harvest, PathKind, VerifyOutcome
@@ -520,13 +520,15 @@ def usable_sources(names: Sequence[str], config: GooseConfig, vocab_size: int) -
     source that drafts only through successor queries (their table filled from the target's top-k
     at every verified row) or needs rows of its own in the verify pass has nothing to work with.
     """
-    probe = SourceSet(list(names), config, vocab_size)
-    usable, skipped = [], {}
+    known, usable, skipped = plugins.registry(), [], {}
     for name in names:
-        if probe.implements(name, "goose_auxiliary_rows"):
+        registration = known.source(name)  # a class's hooks are read off the class; a factory's off one product
+        hooks = known.signatures(registration) or \
+            Guarded(name, "source", made(registration, config), FaultLog()).implements
+        if "goose_auxiliary_rows" in hooks:
             skipped[name] = ("it needs rows of its own in the target's verify pass (e.g. Lookahead's Jacobi "
                              "window), and vLLM verifies only the chain a custom_class proposer returns")
-        elif not probe.implements(name, "goose_propose"):
+        elif "goose_propose" not in hooks:
             skipped[name] = ("it drafts only through successor queries from a table filled with the target's "
                              "top-k at every verified row, and vLLM passes no logits to a custom_class proposer")
         else:

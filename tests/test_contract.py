@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+from collections.abc import Generator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -47,15 +48,6 @@ class Unmarked:
         return Draft.chain([1, 2])
 
 
-class TriesFirst:
-    def __init__(self, config: GooseConfig) -> None:
-        pass
-
-    @goose.hookimpl(tryfirst=True)
-    def goose_propose(self, context: DecodeContext) -> Draft | None:
-        return None
-
-
 class MisnamedArguments:
     def __init__(self, config: GooseConfig) -> None:
         pass
@@ -81,7 +73,6 @@ def registry_with(name: str, factory: object, kind: str = "source") -> plugins.R
 @pytest.mark.parametrize(("factory", "message"), [
     (Misspelled, r"source 'bad': goose_proposee is not a Goose hook \(did you mean goose_propose\?\)"),
     (Unmarked, r"source 'bad': goose_propose is not marked @goose.hookimpl"),
-    (TriesFirst, r"source 'bad': goose_propose uses @goose.hookimpl\(tryfirst=True\), which Goose ignores"),
     (MisnamedArguments, r"source 'bad': goose_propose asks for 'ctx', 'acceptence', which goose_propose does not pass "
                         r"\(it passes context, acceptance\); did you mean .*'acceptence' -> 'acceptance'"),
 ])
@@ -262,3 +253,65 @@ def test_no_draft_goes_deeper_than_the_tokens_a_request_has_left(smollm2) -> Non
     result = decoder.generate(prompt, 4, prediction=list(reference.new_token_ids))
     assert result.new_token_ids == reference.new_token_ids[:4]
     assert result.stats.tree_sizes == [4]  # the anchor and three of the prediction's 23 tokens still to come
+
+
+def test_hooks_are_called_through_pluggy_so_a_wrapper_means_what_pluggy_says() -> None:
+    class Trimmed:  # its own wrapper keeps the first two tokens of its own draft
+        def __init__(self, config: GooseConfig) -> None:
+            pass
+
+        @goose.hookimpl
+        def goose_propose(self, context: DecodeContext) -> Draft | None:
+            return Draft.chain([5, 6, 7, 8])
+
+        @goose.hookimpl(wrapper=True, specname="goose_propose")
+        def trim(self, context: DecodeContext) -> Generator[None, list[Draft], list[Draft]]:
+            drafts = yield
+            return [Draft.chain(draft.tokens[:2]) for draft in drafts]
+
+    sources = SourceSet(["trimmed"], GooseConfig(), VOCAB, known=registry_with("trimmed", Trimmed))
+    context = DecodeContext(np.array([1, 2, 3]), 2, VOCAB, frozenset())
+    pool, _ = sources.propose(context)
+    assert pool.candidates[0].draft.tokens.tolist() == [5, 6]
+
+
+def test_a_constructor_failing_in_a_later_slot_costs_that_source_there_only(caplog) -> None:
+    made: list[int] = []
+
+    class FailsSecond:
+        def __init__(self, config: GooseConfig) -> None:
+            made.append(1)
+            if len(made) > 1:
+                raise RuntimeError("out of phrase files")
+
+    known = registry_with("second", FailsSecond)
+    first = SourceSet(["second"], GooseConfig(), VOCAB, known=known)  # a decoder's first slot: strict
+    with caplog.at_level(logging.WARNING, logger="goose.plugins"):
+        later = SourceSet(["second"], GooseConfig(), VOCAB, known=known, faults=first.faults, strict=False)
+    assert first.names == ("second",) and later.names == ()
+    assert "source 'second' skipped in its constructor: source 'second' could not be made: RuntimeError: out of " \
+           "phrase files" in caplog.text
+    with pytest.raises(plugins.PluginError, match="could not be made"):
+        SourceSet(["second"], GooseConfig(), VOCAB, known=known)
+
+
+def test_a_topology_reads_its_own_options_and_unknown_ones_are_refused() -> None:
+    class Capped:  # lays the best draft as a chain of at most `cap` nodes, its option
+        def __init__(self, config: GooseConfig) -> None:
+            self.cap = int(config.options_for("capped").get("cap", 1))
+
+        @goose.hookimpl
+        def goose_plan_tree(self, pool: CandidatePool, budget: int) -> DraftTree | None:
+            builder = pool.builder(budget)
+            builder.add_chain(0, pool.drafting[0].draft.tokens[: self.cap], pool.drafting[0].source_id, spine=True)
+            return builder.build()
+
+    known = registry_with("capped", Capped, kind="topology")
+    config = GooseConfig(topology_options={"capped": {"cap": 2}})
+    planner = TopologyPlanner("capped", config, VOCAB, known=known)
+    pool = SourceSet(["context_match"], config, VOCAB).propose(DecodeContext(np.array([4, 5, 6, 4, 5]), 5, VOCAB,
+                                                                               frozenset()))[0]
+    assert planner.plan(pool, 8).tokens.tolist() == [5, 6, 4]  # the anchor and two of the copy [6, 4, 5]
+    assert GooseConfig(topology_options={"capped": {"cap": 2}}).digest()["topology_options"] == {"capped": {"cap": 2}}
+    with pytest.raises(plugins.PluginError, match="topology_options names 'cappd', not a registered topology"):
+        TopologyPlanner("capped", GooseConfig(topology_options={"cappd": {}}), VOCAB, known=known)

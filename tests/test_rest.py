@@ -17,6 +17,7 @@ from goose.bench.methods import ALL_METHODS, method_named, with_datastore
 from goose.config import GooseConfig
 from goose.contract.candidates import DecodeContext
 from goose.cycle.decoder import GooseDecoder
+from goose.plugins import PluginError
 from goose.sources.rest import RestOptions, RestSource
 from goose.sources.rest.corpus import build, default_datastore, default_datastore_path
 from goose.sources.rest.datastore import Datastore
@@ -233,7 +234,7 @@ def test_datastore_refuses_another_tokenizer(small_store: Datastore, gemma3) -> 
 def test_bad_datastore_path_fails_when_the_decoder_is_made(tmp_path: Path, smollm2) -> None:
     model, tokenizer = smollm2
     config = GooseConfig(sources=["rest"], source_options={"rest": {"datastore": str(tmp_path / "missing")}})
-    with pytest.raises(DatastoreError, match="no datastore at"):
+    with pytest.raises(PluginError, match="source 'rest' could not be made: DatastoreError: no datastore at"):
         GooseDecoder(model, tokenizer, config)
     (tmp_path / "empty").mkdir()
     with pytest.raises(DatastoreError, match="not a Goose datastore"):

@@ -17,14 +17,10 @@ from typing import Any
 import numpy as np
 
 from goose.contract.acceptance import clamp_probabilities
-from goose.contract.tree import TreeBuilder, ancestor_matrix, kept_parents
+from goose.contract.tree import CandidateError, TreeBuilder, ancestor_matrix, kept_parents
 
 # (previous tokens int64 [m], tokens int64 [m], k) -> (successors int64 [m, k'] (-1 = none), scores float [m, k'])
 SuccessorFn = Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, np.ndarray]]
-
-
-class CandidateError(ValueError):
-    """A source returned a malformed draft or successor table."""
 
 
 def common_prefix(first: Sequence[int] | np.ndarray, second: Sequence[int] | np.ndarray) -> int:
@@ -273,3 +269,30 @@ class CandidatePool:
 
     def builder(self, budget: int) -> TreeBuilder:
         return TreeBuilder(self.anchor, self.source_names, capacity=budget)
+
+
+def checked_successors(answer: object, m: int, k: int, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """A successor answer as exactly int64 [m, k] and scores in [0, 1] (-1 / 0 where nothing is known, and for
+    None); CandidateError when malformed."""
+    tokens, scores = np.full((m, k), -1, dtype=np.int64), np.zeros((m, k))
+    if answer is None:
+        return tokens, scores
+    try:
+        found, found_scores = (np.asarray(part) for part in answer)  # type: ignore[union-attr]
+    except (TypeError, ValueError) as error:
+        raise CandidateError(f"successors must be (tokens, scores): {error}") from None
+    if found.ndim != 2 or found.shape[0] != m or found_scores.shape != found.shape:
+        raise CandidateError(f"successor shapes {found.shape} / {found_scores.shape} do not fit {m} queries")
+    if found.size and not np.issubdtype(found.dtype, np.integer):
+        raise CandidateError(f"successor tokens must be integers, got {found.dtype}")
+    if found.size and (int(found.max()) >= vocab_size or int(found.min()) < -1):
+        raise CandidateError(f"successor token ids outside the vocabulary [0, {vocab_size})")
+    width = min(k, found.shape[1])
+    tokens[:, :width] = found[:, :width]
+    try:
+        raw = found_scores[:, :width].astype(np.float64)
+    except (TypeError, ValueError) as error:
+        raise CandidateError(f"successor scores must be numbers: {error}") from None
+    usable = (tokens[:, :width] >= 0) & np.isfinite(raw) & (raw > 0.0)
+    scores[:, :width] = np.where(usable, np.minimum(raw, 1.0), 0.0)
+    return tokens, scores

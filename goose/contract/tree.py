@@ -17,6 +17,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+
+class CandidateError(ValueError):
+    """A plugin returned a malformed draft, successor table or tree."""
+
+
 ROOT = 0
 NO_PARENT = -1
 NO_SOURCE = -1
@@ -236,3 +241,27 @@ class TreeBuilder:
 
 def _int64(values: np.ndarray | list[int]) -> np.ndarray:
     return np.asarray(values, dtype=np.int64).reshape(-1)
+
+
+def checked_tree(tree: object, anchor: int, budget: int, vocab_size: int) -> DraftTree:
+    """``tree`` if it is a well-formed draft tree rooted at ``anchor`` within ``budget``; CandidateError otherwise."""
+    if not isinstance(tree, DraftTree):
+        raise CandidateError(f"planner returned {type(tree).__name__}, not a DraftTree")
+    n = tree.size
+    if n > budget + 1 or int(tree.tokens[0]) != anchor or int(tree.parents[0]) != -1:
+        raise CandidateError("tree exceeds its budget or is not rooted at the anchor")
+    if any(array.shape != (n,) for array in (tree.parents, tree.depths, tree.source_ids, tree.on_spine)):
+        raise CandidateError("tree arrays disagree in length")
+    if n > 1:
+        parents = tree.parents[1:]
+        if not ((parents >= 0) & (parents < np.arange(1, n))).all():
+            raise CandidateError("tree parents must precede their children")
+        if int(tree.tokens.min()) < 0 or int(tree.tokens.max()) >= vocab_size:
+            raise CandidateError("tree token ids outside the vocabulary")
+        if np.unique(tree.parents * vocab_size + tree.tokens).shape[0] != n:
+            raise CandidateError("tree has duplicate (parent, token) nodes")
+        if not (tree.depths[1:] == tree.depths[parents] + 1).all():
+            raise CandidateError("tree depths disagree with its parents")
+        if int(tree.depths.max()) > tree.max_depth:
+            raise CandidateError("tree is deeper than its max_depth")
+    return tree

@@ -92,7 +92,8 @@ class Drafter:
 
     def new_sources(self, names: tuple[str, ...], shared: dict[str, Any]) -> SourceSet:
         """A set of its own for one row of a batch, holding the ``shared`` instances."""
-        return SourceSet(names, self.config, self.vocab_size, faults=self.sources.faults, instances=shared)
+        return SourceSet(names, self.config, self.vocab_size, faults=self.sources.faults, instances=shared,
+                         strict=False)
 
     def shared_instances(self) -> dict[str, Any]:
         """One instance of each source in ``batch_shared_sources``, for every row's source set of a batch to hold."""

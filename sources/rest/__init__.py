@@ -43,6 +43,7 @@ they already say how the continuations compare.
 
 from __future__ import annotations
 
+import argparse
 from collections import deque
 from pathlib import Path
 
@@ -202,6 +203,17 @@ class RestSource:
 def goose_register_sources(register: Register) -> None:
     register(NAME, RestSource, description="REST: continuations of the context's longest suffix in a datastore",
              initial_acceptance=0.3)
+
+
+def _datastore_command(parser: argparse.ArgumentParser) -> None:
+    from goose.sources.rest.cli import add_arguments  # imported when the command line is built, not with the source
+
+    add_arguments(parser)
+
+
+@goose.hookimpl
+def goose_register_commands(register: Register) -> None:
+    register("datastore", _datastore_command, description="build or describe a retrieval datastore for the rest source")
 
 
 __all__ = ["NAME", "RestOptions", "RestSource"]

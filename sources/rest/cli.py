@@ -1,4 +1,5 @@
-"""``goose datastore build|info``: build or describe a REST datastore (registered into ``goose.cli`` on import)."""
+"""``goose datastore build|info``: build or describe a REST datastore (the rest source's command: its plugin
+registers :func:`add_arguments` through ``goose_register_commands``)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from goose.sources.rest.datastore import Datastore
 logger = logging.getLogger("goose.datastore")
 
 
-def _add_cli(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(title="actions", dest="action")
     make = actions.add_parser("build", help="tokenize files into a datastore for one model's tokenizer",
                               description="Tokenize text, code and JSONL files (or folders) into a datastore.")
@@ -108,12 +109,3 @@ def _run_info(args: argparse.Namespace) -> int:
 
 def _size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
-
-
-def _register_cli() -> None:
-    from goose import cli
-
-    cli.register_command("datastore", "build or describe a retrieval datastore for the rest source", _add_cli)
-
-
-_register_cli()
