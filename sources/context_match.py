@@ -1,21 +1,28 @@
 """Context match (prompt lookup decoding): draft what followed the last n-gram's earlier occurrence.
 
-Text repeats itself (code re-uses identifiers, answers quote the question, lists keep their
-shape), so when the last n tokens occurred before, the tokens that followed them then are a
-cheap, often right guess for what follows now. The paper measures 0.07–0.60 per-token
-acceptance for this source, well above the transition source, which is why planners give it
-the spine.
+Text repeats itself (code re-uses identifiers, answers quote the question, lists keep their shape),
+so when the last n tokens occurred before, what followed them then is a cheap, often right guess.
+The paper measures 0.07-0.60 acceptance a token for this source, well above the transition
+source's, which is why planners give it the spine.
 
-The search must cost next to nothing every cycle even on long prompts (a Python scan per cycle
-made the reference sketch slower than plain prompt lookup on ClassEval), so the source keeps an
-incremental hash index: for each n-gram length, a dict from the n-gram to where its continuation
-starts. The decoder's context only grows by appending, so each cycle indexes just the few new
-tokens; a lookup is one dict probe per length.
+The index must cost next to nothing every cycle, even on long prompts: for each n-gram length a
+dict from the n-gram's bytes to where its continuation starts, filled incrementally (the context
+only grows at its end), one probe per length a lookup. The index's choice is the longest match;
+then the **rules** of :data:`RULES` may choose another occurrence to copy from, each a small method
+switched off by its option. The measured gain of each in tau, on prompts it was not chosen on, is in
+``docs/bench/context-match-rules/report.md``.
+
+Every draft token gets its copy-depth estimate (:class:`CopyDepthEstimate`): how often a copy that
+has shared D tokens with the present holds for one more. A fresh 3-gram hit is often chance, a copy
+dozens of tokens long nearly always goes on; one estimate for both kept long spines short. Drafts
+stop before the first EOS (the bonus token gives it for free). Consensus: the leading draft tokens
+another occurrence (another length's, not the same one seen through a shorter n-gram) reproduces.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -39,6 +46,8 @@ from goose.sources.toolkit import (
 NAME = "context_match"
 # per copy-depth bin (edges 4, 6, 8, 12, 16, 24, 32, 48, 64): the measured acceptance, rounded down
 DEPTH_PRIOR = (0.7, 0.7, 0.7, 0.8, 0.9, 0.9, 0.9, 0.93, 0.93, 0.95)
+DEEPEST = 512  # two occurrences are compared by their shared history up to this many tokens
+
 
 class ContextMatchOptions(BaseModel):
     """Options of the context-match source (``GooseConfig.source_options["context_match"]``)."""
@@ -46,118 +55,53 @@ class ContextMatchOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     ngram_sizes: tuple[int, ...] = Field(
-        default=(5, 4, 3),
-        description="n-gram lengths matched against the context; the longest that matches drafts, the others "
-        "vote for consensus. Stored longest first. (3, 2, 1) behaves like Hugging Face prompt lookup",
-    )
-    short_sizes: tuple[int, ...] = Field(
-        default=(2, 1),
-        description="shorter n-gram lengths, tried in the answer's opening (short_window) when no length of "
-        "ngram_sizes matches and no copy goes on, and only where the n-gram occurred exactly once (lengths not "
-        "below ngram_sizes' shortest are ignored). A quoted function's first line follows the output's own "
-        "fence (```python), which the prompt does not have: `def` and its name match only as a 1- or 2-gram. "
-        "() = never",
-    )
-    short_window: int = Field(
-        default=16, ge=0,
-        description="output tokens from the start in which short matches are tried: where an answer quotes the "
-        "prompt's signature after its own preamble; later a quote in progress shares 3-grams, and a short "
-        "match is mostly chance (docs/bench/official-peer/qwen15b-float32-20.md)",
-    )
-    short_prior: float | tuple[float, ...] = Field(
-        default=0.3,
-        description="acceptance each copy-depth bin of a short match starts from (see depth_prior); short "
-        "drafts learn their own estimate",
-    )
-    max_continuation: int = Field(
-        default=100, ge=1,
-        description="most tokens one draft copies (paper: 20; the paper's code extends a confident chain to 100). "
-        "Longer here because deep matches are trusted by their own estimate (depth_edges): the budget decides "
-        "how much of a draft is verified",
-    )
-    occurrence: Literal["recent", "first"] = Field(
-        default="recent", description="which earlier occurrence of an n-gram to copy from: the latest or the earliest"
-    )
-    depth_prior: float | tuple[float, ...] = Field(
-        default=DEPTH_PRIOR,
-        description="acceptance each copy-depth bin starts from: one value, or one per bin (the last repeats). "
-        "The default is what SmolLM2-135M's copies did over 20 prompts of the five datasets (float32, budget "
-        "60; docs/results.md): a fresh match holds about 3 tokens in 4, a copy past 12 tokens nearly always",
-    )
-    consensus_score: float = Field(
-        default=0.9, ge=0.0, le=1.0,
-        description="score floor of tokens that at least two n-gram lengths agree on",
-    )
-    follow_copy: bool = Field(
-        default=True,
-        description="when every token since the last draft followed that draft's occurrence, keep copying from it "
-        "if it shares a longer history with the present than the occurrence the index found (the index keeps one "
-        "occurrence per n-gram, the latest: a quoted docstring's second example line would otherwise be drafted from "
-        "its first)",
-    )
-    resume_copy: int = Field(
-        default=12, ge=0,
-        description="when a copy that held for at least this many tokens breaks on a token the target wrote in "
-        "place of the copied text (two newlines for three, another literal) and the index finds nothing, draft the "
-        "copy on from where that text ends: copied text usually resumes after a small edit. 12: where a copy's "
-        "acceptance reaches 0.8 a token (depth_prior); a fresh match that broke was chance. 0: never",
-    )
-    rejoin_copy: int = Field(
-        default=16, ge=0,
-        description="for this many tokens after a copy that held for resume_copy tokens breaks, an n-gram that also "
-        "occurs in the copied text within this many tokens past the break copies from there rather than from the "
-        "occurrence the index keeps (the latest), unless the index's shares a longer history with the present: "
-        "quoted code with a typo fixed goes on after the fix, while the same short n-gram's latest occurrence is "
-        "often elsewhere. 0: never",
-    )
-    repeat_runs: bool = Field(
-        default=True,
-        description="a copy that reaches the context's end goes on repeating the copied run (periodic text) "
-        "instead of stopping there",
-    )
-    depth_edges: tuple[int, ...] = Field(
-        default=(4, 6, 8, 12, 16, 24, 32, 48, 64),
-        description="copy-depth bin edges: one acceptance estimate per bin of how many tokens the context shares "
-        "with the copied occurrence when a draft token is due (see CopyDepthEstimate). () = one estimate for "
-        "every draft token (the paper)",
-    )
-    depth_memory: float = Field(
-        default=50.0, ge=1.0,
-        description="tokens of evidence each copy-depth bin remembers: older observations fade by 1 - 1/memory "
-        "per new one, so the estimates follow a change of task",
-    )
+        default=(5, 4, 3), description="n-gram lengths matched; the longest that matches drafts, the others vote "
+        "for consensus. (3, 2, 1) behaves like Hugging Face prompt lookup")
+    max_continuation: int = Field(default=100, ge=1, description="most tokens one draft copies (the budget decides "
+                                  "how much is verified)")
+    occurrence: Literal["recent", "first"] = Field(default="recent", description="which earlier occurrence of an "
+                                                   "n-gram the index keeps")
+    depth_prior: float | tuple[float, ...] = Field(default=DEPTH_PRIOR, description="acceptance each copy-depth bin "
+                                                   "starts from: one value, or one per bin (the last repeats)")
+    depth_edges: tuple[int, ...] = Field(default=(4, 6, 8, 12, 16, 24, 32, 48, 64), description="copy-depth bin "
+                                         "edges; () = one estimate for every draft token (the paper)")
+    depth_memory: float = Field(default=50.0, ge=1.0, description="tokens of evidence a bin remembers")
+    consensus_score: float = Field(default=0.9, ge=0.0, le=1.0, description="score floor of agreed tokens")
+    repeat_runs: bool = Field(default=True, description="a copy reaching the context's end repeats the run")
+    # the rules (RULES), each off with its own value
+    follow_copy: bool = Field(default=True, description="follow: keep copying the last draft's occurrence while "
+                              "every token since followed it, if it shares a longer history than the index's")
+    rejoin_copy: int = Field(default=16, ge=0, description="rejoin: for this many tokens after a held copy breaks, "
+                             "copy from the matched n-gram's occurrence nearest past the break. 0: off")
+    resume_copy: int = Field(default=12, ge=0, description="resume: when a copy held this long breaks on the "
+                             "target's own token and nothing matches, go on after the replaced text. 0: off "
+                             "(also the hold rejoin needs)")
+    short_sizes: tuple[int, ...] = Field(default=(2, 1), description="short: in the answer's opening, when nothing "
+                                         "drafts, a 2- or 1-gram that occurred once drafts. () = off")
+    short_window: int = Field(default=16, ge=0, description="output tokens from the start where short matches run")
+    short_prior: float | tuple[float, ...] = Field(default=0.3, description="copy-depth prior of short matches")
 
     _longest_first = field_validator("ngram_sizes")(staticmethod(longest_first))
     _ladder = field_validator("depth_prior", "short_prior")(staticmethod(probability_ladder))
+    _increasing = field_validator("depth_edges")(staticmethod(increasing_edges))
 
     @field_validator("short_sizes")
     @classmethod
     def _short_longest_first(cls, sizes: tuple[int, ...]) -> tuple[int, ...]:
         return longest_first(sizes) if sizes else ()
 
-    _increasing = field_validator("depth_edges")(staticmethod(increasing_edges))
-
-    @property
-    def shorter_sizes(self) -> tuple[int, ...]:
-        """The short lengths in use: those below ngram_sizes' shortest."""
-        return tuple(n for n in self.short_sizes if n < self.ngram_sizes[-1])
-
 
 class NgramIndex:
     """For each n-gram length, where the continuation of every n-gram seen so far starts.
 
-    ``starts[n][ngram] = c`` means ``tokens[c - n:c] == ngram`` and the continuation to copy is
-    ``tokens[c:]``. Only continuation starts up to ``len(tokens) - 1`` are indexed, so the current
-    suffix never matches itself and every match has at least one token to copy. With
-    ``keep="recent"`` a later occurrence overwrites the entry, with ``keep="first"`` the first one
-    stays.
+    ``starts[n][key] = c`` means ``tokens[c - n:c]`` is the n-gram whose bytes are ``key``; only starts up to
+    ``len(tokens) - 1`` are indexed, so the current suffix never matches itself. ``keep="recent"``: a later
+    occurrence overwrites the entry; ``"first"``: the first stays.
     """
 
     def __init__(self, sizes: tuple[int, ...], keep: Literal["recent", "first"]) -> None:
-        self.sizes = sizes
-        self.keep_first = keep == "first"
-        self._longest = max(sizes)
-        self.starts: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in sizes}
+        self.sizes, self.keep_first, self._longest = sizes, keep == "first", max(sizes)
+        self.starts: dict[int, dict[bytes, int]] = {n: {} for n in sizes}
         self.indexed = 0  # continuation starts below this are in the index
         self._seen = ContextFingerprint()  # the indexed context, to notice one that does not continue it
 
@@ -168,55 +112,38 @@ class NgramIndex:
         self._seen.clear()
 
     def catch_up(self, tokens: np.ndarray) -> None:
-        """Index the n-grams whose continuation starts at a position not yet indexed."""
+        """Index the n-grams whose continuation starts at a position not yet indexed (array code, one dict update)."""
         if self.indexed and not self._seen.continued_by(tokens):
             self.clear()  # another context: the old index would draft from text that is not there
         first, last = self.indexed, tokens.shape[0] - 1  # new continuation starts: first..last
         if last < first:
             return
-        offset = max(0, first - self._longest)
-        window = tokens[offset:last].tolist()  # every token of every new n-gram, as Python ints
         for n, starts in self.starts.items():
-            first_start = max(first, n)
-            if first_start > last:
+            begin = max(first, n)
+            if begin > last:
                 continue
-            tail = window[first_start - n - offset :]
-            # the n-grams ending just before each start (zip stops at the shortest: intended)
-            keys = zip(*(tail[i:] for i in range(n)), strict=False)
-            positions = range(first_start, last + 1)
+            grams = np.ascontiguousarray(np.lib.stride_tricks.sliding_window_view(tokens[begin - n:last], n),
+                                         dtype=np.int64)
+            keys = grams.view(np.dtype((np.void, 8 * n)))[:, 0].tolist()  # each n-gram's bytes: exact keys
             if self.keep_first:
-                for key, position in zip(keys, positions, strict=False):
+                for key, position in zip(keys, range(begin, last + 1), strict=False):
                     starts.setdefault(key, position)
             else:
-                starts.update(zip(keys, positions, strict=False))  # later positions overwrite: most recent wins
+                starts.update(zip(keys, range(begin, last + 1), strict=False))  # later ones overwrite: the latest
         self.indexed = last + 1
         self._seen.record(tokens[: self.indexed])
 
     def matches(self, tokens: np.ndarray) -> list[tuple[int, int]]:
         """(n, continuation start) for every length whose final n-gram occurred earlier, longest first."""
-        length = tokens.shape[0]
-        suffix = tokens[max(0, length - self._longest) :].tolist()
-        found = []
-        for n in self.sizes:
-            if n >= length:  # an earlier occurrence needs at least n + 1 tokens of context
-                continue
-            start = self.starts[n].get(tuple(suffix[len(suffix) - n :]))
-            if start is not None:
-                found.append((n, start))
-        return found
+        suffix = np.ascontiguousarray(tokens[-self._longest:], dtype=np.int64)
+        found = [(n, self.starts[n].get(suffix[-n:].tobytes())) for n in self.sizes if n < tokens.shape[0]]
+        return [(n, start) for n, start in found if start is not None]
 
 
 def match_depth(tokens: np.ndarray, start: int, cap: int) -> int:
-    """How many tokens just before ``start`` equal the context's last tokens, counting at most ``cap``.
-
-    ``start`` is a continuation start, so the matched n-gram guarantees at least n. A copy in
-    progress (a function quoted back, a list re-typed) shares far more history with its source,
-    and the longer the shared history, the likelier the copy goes on.
-    """
+    """How many tokens just before ``start`` equal the context's last tokens, counting at most ``cap``."""
     span = min(cap, start)
-    earlier = tokens[start - span : start][::-1]
-    recent = tokens[tokens.shape[0] - span :][::-1]
-    differ = np.flatnonzero(earlier != recent)
+    differ = np.flatnonzero(tokens[start - span:start][::-1] != tokens[tokens.shape[0] - span:][::-1])
     return int(differ[0]) if differ.size else span
 
 
@@ -225,307 +152,221 @@ def ngram_starts(tokens: np.ndarray, n: int, first: int, last: int) -> np.ndarra
     first = max(first, n)
     if n >= tokens.shape[0] or last < first:
         return np.empty(0, dtype=np.int64)
-    windows = np.lib.stride_tricks.sliding_window_view(tokens[first - n : last], n)  # the n-grams ending at each start
+    windows = np.lib.stride_tricks.sliding_window_view(tokens[first - n:last], n)  # the n-grams ending at each start
     return np.flatnonzero((windows == tokens[-n:]).all(axis=1)) + first
 
 
+@dataclass
+class Copy:
+    """This cycle's choice: the occurrence to copy from (n, its continuation start), its tokens, the second
+    opinions (other occurrences, for consensus) and the estimate it is judged by."""
+
+    n: int
+    start: int
+    tokens: list[int]
+    others: list[int] = field(default_factory=list)
+    short: bool = False
+
+
+@dataclass
+class Cycle:
+    tokens: np.ndarray
+    context: DecodeContext
+    matches: list[tuple[int, int]]
+    copy: Copy | None = None
+    followed: int = -1  # where the last draft's occurrence continues now, if every token since followed it
+
+
+# The rules, tried in this order after the index's choice; each is ContextMatchSource._<name>, off by its option.
+RULES: tuple[tuple[str, str], ...] = (("follow", "follow_copy"), ("rejoin", "rejoin_copy"), ("resume", "resume_copy"),
+                                      ("short", "short_sizes"))
+
+
 class ContextMatchSource:
-    """Prompt-lookup drafts from an incremental n-gram index; one instance per decoder.
-
-    Design decisions:
-
-    * **Longest match first.** The longest of ``ngram_sizes`` whose final n-gram occurred earlier
-      drafts: a longer shared history makes the copied future likelier to be right.
-    * **EOS.** A draft stops *before* the first EOS token of the copied text. Drafting the EOS
-      itself can never raise the yield: when every token before it is accepted, the target's
-      bonus token is that same EOS for free; the EOS node would only cost a verification row.
-      And text after an EOS (the next chat turn) is not a continuation of this one. A
-      continuation that starts with EOS counts as no match for that length.
-    * **Following a copy.** The index keeps one occurrence per n-gram, so where the last n-gram
-      occurs twice with different continuations (the two example lines of a quoted docstring) it
-      points at one of them whatever was being copied. When every token since the last draft
-      followed that draft's occurrence, that occurrence is still a candidate: it continues from
-      where the accepted tokens left it, and it wins when it shares a longer history with the
-      present (:func:`match_depth`) than the index's choice. The paper's code gets the same effect
-      by growing one confident chain to 100 tokens in a single cycle.
-    * **Resuming after an edit.** A quoted class or function often comes back with one small
-      change (two newlines where the prompt had three) and then goes on verbatim. When a copy that
-      held for ``resume_copy`` tokens breaks on the target's own token and the index has nothing
-      (no n-gram ends in the new token), the copy resumes where the written text ends in the
-      occurrence, instead of a pass without a copy until the index finds it again.
-    * **Rejoining after a longer edit.** An edit of several tokens (a misspelt name quoted back
-      spelt right) leaves the index nothing until a short n-gram after the edit matches, and the
-      index keeps that n-gram's latest occurrence, often somewhere else in the prompt. For
-      ``rejoin_copy`` tokens after a held copy breaks, an occurrence of the matched n-gram within
-      ``rejoin_copy`` tokens past the break in the copied text wins over the index's unless the
-      index's shares a longer history with the present: near a break, locality is the better
-      prior than recency.
-    * **Short matches.** A quoted function's first line follows the output's own ```` ```python ````
-      fence, which the prompt lacks, so ``def`` and its name match only as a 1-gram, and every pass
-      until a 3-gram forms yields one token. So in the answer's first ``short_window`` tokens, when
-      nothing else drafts, ``short_sizes`` (2- and 1-grams) are tried, and the longest that matches
-      drafts if it occurred exactly once: one occurrence points at the one thing being quoted, many
-      at chance. Anywhere else short matches cost more than they yield: in prose nearly every cycle
-      has one, and its spine takes the budget the transition tree would use. Short drafts keep their
-      own copy-depth estimate (starting at ``short_prior``), so they do not move the trust of
-      fresh 3-gram matches.
-    * **Consensus.** Each matched length copies from its own occurrence. ``Draft.consensus`` is
-      the longest run of leading draft tokens that the continuation of at least one *other*
-      occurrence (another length's) reproduces: two places in the text agreeing on what comes next
-      (0 when only one occurrence matched). A shorter length that points at the very same
-      occurrence is no second opinion: counted as agreement, a single earlier occurrence made most
-      long copies look agreed and sent them down the linear bypass, without branches, at half the
-      acceptance of true agreement.
-    * **Scores.** Every token gets its copy-depth estimate (below): the conditional per-token
-      acceptance that tree planners expect. Consensus tokens get ``max(estimate,
-      consensus_score)`` because agreeing matches are the paper's signal of a reliable copy.
-    * **Estimates by copy depth.** One EMA for every match averages two regimes: a fresh 3-gram
-      hit that may be chance, and a copy already dozens of tokens long. Under one estimate (~0.85
-      per token) a 20-token draft is fully accepted with probability 0.85^20 = 4%; measured, a
-      third of the drafts are, so the budget planner kept spines short and lost tokens in exactly
-      the cycles that yield most. The source therefore estimates acceptance per bin of copy depth
-      (:class:`CopyDepthEstimate`) and reports this draft's estimates token by token
-      (``Draft.depth_acceptance``, which the budget planner sizes the spine by). The decoder's
-      shared estimate (an EMA over every draft) ranks the source when it reports nothing, and is
-      the whole estimate with ``depth_edges=()`` (the paper). Both are kept across requests: they
-      describe how well the model's output repeats its context on this kind of task, not one
-      prompt. The index is per request.
-    """
+    """Prompt-lookup drafts from an incremental n-gram index and the rules; the index is per request, the copy-depth
+    estimates are kept across requests (they describe how this model's output repeats its context)."""
 
     name = NAME
 
     def __init__(self, config: GooseConfig) -> None:
-        self.options = ContextMatchOptions.model_validate(config.options_for(NAME))
-        self.index = NgramIndex(self.options.ngram_sizes, self.options.occurrence)
-        self.by_depth = CopyDepthEstimate(self.options.depth_edges, self.options.depth_prior,
-                                          self.options.depth_memory) if self.options.depth_edges else None
-        # short matches need per-copy estimates of their own; with depth_edges=() (the paper) none are tried
-        self.short_by_depth = CopyDepthEstimate(self.options.depth_edges, self.options.short_prior,
-                                                self.options.depth_memory) if self.by_depth is not None else None
-        self._estimate = self.by_depth  # the estimate of the last draft's kind (long or short match)
-        self._first_depth = 0  # copy depth of this cycle's first draft token; 0: nothing drafted
-        # the occurrence the last draft copied: its continuation start and the context length then (-1: none)
-        self._copy_start, self._copy_context = -1, -1
-        # where the last held copy broke: the occurrence's token not kept, and the context length there (-1: none)
-        self._broke_at, self._broke_context = -1, -1
-        # statistics of the latest proposal, for benchmarks and debugging
-        self.last_match_length = 0  # n of the n-gram that drafted; 0 = no match
-        self.last_match_depth = 0
-        self.last_consensus = 0
-        self.proposals = 0
-        self.matched = 0
-
-    # --- hooks --------------------------------------------------------------------------------
+        self.options = options = ContextMatchOptions.model_validate(config.options_for(NAME))
+        self.index = NgramIndex(options.ngram_sizes, options.occurrence)
+        self.by_depth = CopyDepthEstimate(options.depth_edges, options.depth_prior, options.depth_memory) \
+            if options.depth_edges else None
+        # short matches keep an estimate of their own; with depth_edges=() (the paper) none are tried
+        self.short_by_depth = CopyDepthEstimate(options.depth_edges, options.short_prior, options.depth_memory) \
+            if self.by_depth is not None else None
+        self.rules = [getattr(self, f"_{rule}") for rule, option in RULES if getattr(options, option)]
+        self.short_sizes = tuple(n for n in options.short_sizes if n < options.ngram_sizes[-1])
+        self.goose_reset()
 
     @goose.hookimpl
     def goose_reset(self) -> None:
         self.index.clear()
         self.last_match_length = self.last_match_depth = self.last_consensus = 0
-        self._first_depth = 0
-        self._copy_start = self._copy_context = -1
-        self._broke_at = self._broke_context = -1
+        self._estimate, self._first_depth = self.by_depth, 0  # the last draft's estimate and first copy depth
+        self._copy_start = self._copy_context = -1  # the last draft's occurrence, and the context length then
+        self._broke_at = self._broke_context = -1  # where the last held copy broke, and the context length there
 
     @goose.hookimpl
     def goose_prefill(self, context: DecodeContext) -> None:
-        self.index.clear()  # the prompt starts a new context even if goose_reset was not called
+        self.goose_reset()  # the prompt starts a new context even if goose_reset was not called
         self.index.catch_up(context.tokens)
-        self._copy_start = self._copy_context = -1
-        self._broke_at = self._broke_context = -1
 
     @goose.hookimpl
     def goose_propose(self, context: DecodeContext, acceptance: float) -> Draft | None:
         tokens = context.tokens
         self.index.catch_up(tokens)
-        self.proposals += 1
-        matches = self.index.matches(tokens)
-        # the longest match drafts; one whose continuation starts with EOS yields to the next length
-        copies = (self._continuation(tokens, start, context.eos_token_ids) for _, start in matches)
-        chosen, copy = next(((i, copy) for i, copy in enumerate(copies) if copy), (-1, []))
-        followed = self._followed(tokens)
-        if followed >= 0:
-            self._broke_at = self._broke_context = -1
-        else:
-            self._note_break(tokens)
-        if followed >= 0 and (chosen < 0 or self._deeper(tokens, followed, matches[chosen][1])):
-            going_on = self._continuation(tokens, followed, context.eos_token_ids)
-            if going_on:
-                # the followed copy drafts; the index's matches stay as second opinions (consensus)
-                matches = [(self.last_match_length, followed), *matches]  # the n that started this copy
-                chosen, copy = 0, going_on
-        elif chosen >= 0:
-            rejoined = self._rejoined(tokens, matches[chosen][1])
-            going_on = self._continuation(tokens, rejoined[1], context.eos_token_ids) if rejoined else []
-            if going_on:
-                matches = [rejoined, *matches]  # the index's matches stay as second opinions
-                chosen, copy = 0, going_on
-        if chosen < 0:
-            resumed = self._resumed(tokens, context.tokenizer)
-            going_on = self._continuation(tokens, resumed, context.eos_token_ids) if resumed >= 0 else []
-            if going_on:
-                matches, chosen, copy = [(self.last_match_length, resumed)], 0, going_on
-        estimate = self.by_depth
-        if chosen < 0:
-            short = self._short(tokens, context.prompt_length)
-            going_on = self._continuation(tokens, short[1], context.eos_token_ids) if short else []
-            if going_on:  # a short match drafts alone: no second opinions, its own estimate
-                matches, chosen, copy, estimate = [short], 0, going_on, self.short_by_depth
-        if chosen < 0:
+        cycle = Cycle(tokens, context, self.index.matches(tokens))
+        for n, start in cycle.matches:  # the index's choice: the longest match with something to copy
+            if copied := self._continuation(tokens, start, context.eos_token_ids):
+                cycle.copy = Copy(n, start, copied, [s for _, s in cycle.matches])
+                break
+        for rule in self.rules:
+            rule(cycle)
+        copy = cycle.copy
+        self._first_depth, self._copy_start, self._copy_context = 0, -1, -1
+        if copy is None:
             self.last_match_length = self.last_match_depth = self.last_consensus = 0
-            self._first_depth = 0
-            self._copy_start = self._copy_context = -1
             return None
-        length, start = matches[chosen]
-        self._copy_start, self._copy_context = start, tokens.shape[0]
-        self._estimate = estimate
-        if estimate is not None:
-            depth = match_depth(tokens, start, int(estimate.edges[-1]))
-            estimates = estimate.profile(depth, len(copy))
+        self._copy_start, self._copy_context = copy.start, tokens.shape[0]
+        self._estimate = self.short_by_depth if copy.short else self.by_depth
+        if self._estimate is not None:
+            depth = match_depth(tokens, copy.start, int(self._estimate.edges[-1]))
+            estimates = self._estimate.profile(depth, len(copy.tokens))
             profile = without_trailing_repeats(estimates.tolist())
-        else:  # the paper's single estimate: the shared one
-            depth, estimates, profile = length, np.full(len(copy), acceptance), ()
+        else:  # the paper's single estimate: the decoder's
+            depth, estimates, profile = copy.n, np.full(len(copy.tokens), acceptance), ()
         self._first_depth = max(depth, 1)  # a resumed copy shares no history with the present (0 is "none")
         consensus = 0
-        # longer lengths than the chosen one copied nothing, so only shorter ones can agree; the
-        # draft holds no EOS, so a common run ends before any EOS of the other continuation
-        for _, other_start in matches[chosen + 1 :]:
-            if other_start == start:  # the same occurrence seen through a shorter n-gram: no second opinion
-                continue
-            consensus = max(consensus, common_prefix(copy, self._copy(tokens, other_start, len(copy))))
-            if consensus == len(copy):
-                break
+        for other in copy.others:  # another occurrence agreeing on what comes next
+            if other != copy.start and consensus < len(copy.tokens):
+                consensus = max(consensus, common_prefix(copy.tokens, self._copy(tokens, other, len(copy.tokens))))
         scores = estimates.astype(np.float64)
-        if consensus:
-            scores[:consensus] = np.maximum(scores[:consensus], self.options.consensus_score)
-        self.matched += 1
-        self.last_match_length, self.last_match_depth, self.last_consensus = length, depth, consensus
-        return Draft.chain(copy, scores, consensus=consensus, depth_acceptance=profile)
+        scores[:consensus] = np.maximum(scores[:consensus], self.options.consensus_score)
+        self.last_match_length, self.last_match_depth, self.last_consensus = copy.n, depth, consensus
+        return Draft.chain(copy.tokens, scores, consensus=consensus, depth_acceptance=profile)
 
     @goose.hookimpl
     def goose_observe(self, outcome: VerifyOutcome, own_nodes: np.ndarray) -> None:
         if self._estimate is not None and self._first_depth:
             self._estimate.observe_draft(self._first_depth, outcome, own_nodes)
 
-    # --- helpers ------------------------------------------------------------------------------
+    # --- the rules ------------------------------------------------------------------------------
 
-    def _followed(self, tokens: np.ndarray) -> int:
-        """Where the last draft's occurrence continues now, if every token since followed it; else -1."""
-        if not self.options.follow_copy or self._copy_start < 0:
-            return -1
-        added = tokens.shape[0] - self._copy_context
+    def _follow(self, cycle: Cycle) -> None:
+        """The index keeps one occurrence per n-gram, so where the last n-gram occurs twice with different
+        continuations (a quoted docstring's two example lines) it may point at the other one: while every token since
+        the last draft followed its occurrence, that occurrence drafts on if it shares a longer history."""
+        added = cycle.tokens.shape[0] - self._copy_context
         start = self._copy_start + added
-        if added <= 0 or start >= tokens.shape[0]:
-            return -1
-        copied = self._copy(tokens[: self._copy_context], self._copy_start, added)
-        return start if np.array_equal(copied, tokens[self._copy_context :]) else -1
+        if self._copy_start < 0 or added <= 0 or start >= cycle.tokens.shape[0] or not np.array_equal(
+                self._copy(cycle.tokens[: self._copy_context], self._copy_start, added),
+                cycle.tokens[self._copy_context:]):
+            return
+        cycle.followed = start
+        self._broke_at = self._broke_context = -1
+        found = cycle.copy.start if cycle.copy is not None else -1
+        if found >= 0 and (start == found or self._depth(cycle.tokens, start) <= self._depth(cycle.tokens, found)):
+            return
+        if copied := self._continuation(cycle.tokens, start, cycle.context.eos_token_ids):
+            cycle.copy = Copy(self.last_match_length, start, copied, [s for _, s in cycle.matches])
 
-    def _short(self, tokens: np.ndarray, prompt_length: int) -> tuple[int, int] | None:
-        """(n, continuation start) of the longest short length that matches, if the answer is in its opening
-        and that n-gram occurred once; else None. A scan, not the index: it runs only in the opening."""
-        if self.short_by_depth is None or tokens.shape[0] - prompt_length >= self.options.short_window:
-            return None
-        for n in self.options.shorter_sizes:
-            starts = ngram_starts(tokens, n, n, tokens.shape[0] - 1)
-            if starts.size:
-                return (n, int(starts[0])) if starts.size == 1 else None
-        return None
+    def _rejoin(self, cycle: Cycle) -> None:
+        """After a held copy broke on a multi-token edit (a misspelt name quoted back spelt right), the first n-gram
+        past the edit is also the index's latest elsewhere: for ``rejoin_copy`` tokens, its occurrence nearest past
+        the break wins, unless the index's shares a longer history."""
+        tokens = cycle.tokens
+        if cycle.followed < 0:
+            self._note_break(tokens)
+        if cycle.followed >= 0 or cycle.copy is None or self._broke_at < 0:
+            return
+        since = tokens.shape[0] - self._broke_context  # tokens written since the break, its own included
+        if since > self.options.rejoin_copy:
+            self._broke_at = self._broke_context = -1
+            return
+        expected = self._broke_at + since  # where the occurrence would be had nothing been inserted or dropped
+        last = min(expected + self.options.rejoin_copy, tokens.shape[0] - 1)
+        for n in self.options.ngram_sizes:
+            hits = ngram_starts(tokens, n, self._broke_at + 1, last)
+            if hits.size:
+                start = int(hits[np.argmin(np.abs(hits - expected))])  # the nearest; ties: the earlier
+                found = cycle.copy.start
+                if start != found and self._depth(tokens, start) >= self._depth(tokens, found) and (
+                        copied := self._continuation(tokens, start, cycle.context.eos_token_ids)):
+                    cycle.copy = Copy(n, start, copied, [found, *(s for _, s in cycle.matches)])
+                return
 
     def _note_break(self, tokens: np.ndarray) -> None:
         """Remember where the last draft's copy broke, if it had held for ``resume_copy`` tokens there."""
-        if not self.options.rejoin_copy or self._copy_start < 0:
-            return
         added = tokens.shape[0] - self._copy_context
-        if added <= 0:
+        if self._copy_start < 0 or added <= 0:
             return
         kept = common_prefix(self._copy(tokens[: self._copy_context], self._copy_start, added),
-                             tokens[self._copy_context :])
+                             tokens[self._copy_context:])
         broke = self._copy_start + kept  # the occurrence's token the target did not keep
-        if kept >= added or broke >= self._copy_context:  # no break, or one inside a repeated run
-            return
         held = self.options.resume_copy
-        if match_depth(tokens[: self._copy_context + kept], broke, held) >= held:
+        if kept < added and broke < self._copy_context and \
+                match_depth(tokens[: self._copy_context + kept], broke, held) >= held:
             self._broke_at, self._broke_context = broke, self._copy_context + kept
 
-    def _rejoined(self, tokens: np.ndarray, found: int) -> tuple[int, int] | None:
-        """(n, continuation start) of the final n-gram's occurrence nearest past where the copy broke.
-
-        Only within ``rejoin_copy`` tokens of the break on both sides (written since, and past the
-        break in the occurrence), and only when it shares at least as long a history with the
-        present as the index's occurrence ``found``; else None.
-        """
-        if self._broke_at < 0:
-            return None
-        window = self.options.rejoin_copy
-        since = tokens.shape[0] - self._broke_context  # tokens written since the break, its own included
-        if since > window:
-            self._broke_at = self._broke_context = -1
-            return None
-        expected = self._broke_at + since  # where the occurrence would be had nothing been inserted or dropped
-        first, last = self._broke_at + 1, min(expected + window, tokens.shape[0] - 1)  # continuation starts searched
-        for n in self.options.ngram_sizes:
-            hits = ngram_starts(tokens, n, first, last)
-            if hits.size:
-                start = int(hits[np.argmin(np.abs(hits - expected))])  # the nearest; ties: the earlier
-                if start == found:
-                    return None
-                cap = tokens.shape[0]
-                return (n, start) if match_depth(tokens, start, cap) >= match_depth(tokens, found, cap) else None
-        return None
-
-    def _resumed(self, tokens: np.ndarray, tokenizer: Any) -> int:
-        """Where the last draft's occurrence resumes after the target replaced its last token; else -1.
-
-        Every token since the last draft followed its occurrence except the newest, the target's own
-        token where the copy broke. When that token is the occurrence's next one the target skipped a
-        token: resume after it. Otherwise it wrote other text in place of one or more of the
-        occurrence's tokens (two newlines for three; one token for a closing quote and the two
-        tokens of newlines after it): resume after the run of the occurrence's tokens whose text is
-        nearest in length to the written token's (after one token without a tokenizer). Only a copy
-        that held for at least ``resume_copy`` tokens is resumed.
-        """
-        if not self.options.resume_copy or self._copy_start < 0:
-            return -1
+    def _resume(self, cycle: Cycle) -> None:
+        """A quoted class often comes back with one small change (two newlines for three) and then verbatim: when a
+        copy that held ``resume_copy`` tokens breaks on the target's own token and nothing matches, it goes on after
+        the run of the occurrence's tokens whose text is nearest in length to the written token's."""
+        tokens = cycle.tokens
         added = tokens.shape[0] - self._copy_context
-        if added <= 0:
-            return -1
         broke = self._copy_start + added - 1  # the occurrence's token the target did not keep
-        if broke + 2 >= self._copy_context:  # resuming needs the occurrence's next tokens in the context then
-            return -1
+        if cycle.copy is not None or self._copy_start < 0 or added <= 0 or broke + 2 >= self._copy_context:
+            return
         written = int(tokens[-1])
-        if tokens[broke] == written or not np.array_equal(tokens[self._copy_start : broke],
-                                                           tokens[self._copy_context : -1]):
-            return -1
-        held = self.options.resume_copy
-        if match_depth(tokens[:-1], broke, held) < held:
-            return -1
-        if tokens[broke + 1] == written:
-            return broke + 2
-        spelled = getattr(tokenizer, "convert_ids_to_tokens", None)
-        if spelled is None:
-            return broke + 1
-        replaced = tokens[broke : min(broke + 3, self._copy_context - 1)].tolist()
-        widths = np.cumsum([len(text or "") for text in spelled(replaced)])
-        return broke + 1 + int(np.argmin(np.abs(widths - len(spelled([written])[0] or ""))))
+        if tokens[broke] == written or not np.array_equal(tokens[self._copy_start:broke],
+                                                           tokens[self._copy_context:-1]) or \
+                match_depth(tokens[:-1], broke, self.options.resume_copy) < self.options.resume_copy:
+            return
+        spelled = getattr(cycle.context.tokenizer, "convert_ids_to_tokens", None)
+        if tokens[broke + 1] == written:  # the target skipped a token
+            start = broke + 2
+        elif spelled is None:
+            start = broke + 1
+        else:
+            replaced = tokens[broke:min(broke + 3, self._copy_context - 1)].tolist()
+            widths = np.cumsum([len(text or "") for text in spelled(replaced)])
+            start = broke + 1 + int(np.argmin(np.abs(widths - len(spelled([written])[0] or ""))))
+        if copied := self._continuation(tokens, start, cycle.context.eos_token_ids):
+            cycle.copy = Copy(self.last_match_length, start, copied)
 
-    def _deeper(self, tokens: np.ndarray, followed: int, found: int) -> bool:
-        """Whether the followed occurrence shares a longer history with the present than the index's."""
-        if followed == found:
-            return False
-        cap = tokens.shape[0]
-        return match_depth(tokens, followed, cap) > match_depth(tokens, found, cap)
+    def _short(self, cycle: Cycle) -> None:
+        """A quoted function's first line follows the answer's own code fence, which the prompt lacks, so its name
+        matches only as a 1- or 2-gram: in the answer's opening, when nothing drafts, the longest short n-gram that
+        occurred exactly once drafts (many occurrences are chance), judged by an estimate of its own."""
+        tokens = cycle.tokens
+        if cycle.copy is not None or self.short_by_depth is None or \
+                tokens.shape[0] - cycle.context.prompt_length >= self.options.short_window:
+            return
+        for n in self.short_sizes:
+            starts = ngram_starts(tokens, n, n, tokens.shape[0] - 1)
+            if starts.size:
+                if starts.size == 1 and (copied := self._continuation(tokens, int(starts[0]),
+                                                                      cycle.context.eos_token_ids)):
+                    cycle.copy = Copy(n, int(starts[0]), copied, short=True)
+                return
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    @staticmethod
+    def _depth(tokens: np.ndarray, start: int) -> int:
+        return match_depth(tokens, start, DEEPEST)
 
     def _continuation(self, tokens: np.ndarray, start: int, eos: frozenset[int]) -> list[int]:
         """Up to max_continuation tokens copied from ``start``, ending before the first EOS."""
         return list(before_eos(self._copy(tokens, start, self.options.max_continuation).tolist(), eos))
 
     def _copy(self, tokens: np.ndarray, start: int, count: int) -> np.ndarray:
-        """``count`` tokens from ``start``; a copy that reaches the context's end repeats ``tokens[start:]``.
-
-        The occurrence then overlaps the present: the text is a run with period ``len - start``
-        (a loop, a table row, a list pattern), and the rule that drafted ``tokens[start:]``
-        drafts the same tokens again once they are accepted, so they are drafted in one go.
-        """
+        """``count`` tokens from ``start``; a copy reaching the context's end repeats ``tokens[start:]`` (the text is
+        a run of period ``len - start``: a loop, a table row), which the same rule would draft again anyway."""
         if start + count <= tokens.shape[0] or not self.options.repeat_runs:
-            return tokens[start : start + count]
+            return tokens[start:start + count]
         return np.resize(tokens[start:], count)  # np.resize repeats its input cyclically
 
 

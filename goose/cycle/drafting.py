@@ -53,6 +53,9 @@ class Drafter:
         self._cost_curve = cost_curve
         self._budget_planner: BudgetPlanner | None = None
         self._predicting: SourceSet | None = None  # self.sources plus the prediction source (see own_sources)
+        # auxiliary rows to price: known once, not looked up in every cycle's two reads of budget_planner
+        self._prices_rows = config.price_rows and any(self.sources.implements(name, "goose_auxiliary_rows")
+                                                      for name in self.sources.names)
 
     @property
     def budget_planner(self) -> BudgetPlanner | None:
@@ -60,9 +63,7 @@ class Drafter:
 
         None with a fixed budget and no row to price; its cost curve is loaded on first use.
         """
-        prices_rows = self.config.price_rows and any(self.sources.implements(name, "goose_auxiliary_rows")
-                                                     for name in self.sources.names)
-        if self.config.budget != "auto" and not prices_rows:
+        if self.config.budget != "auto" and not self._prices_rows:
             return None
         if self._budget_planner is None:
             curve = self._cost_curve if self._cost_curve is not None else load_or_measure(self.model)

@@ -96,11 +96,9 @@ class Request:
     def accept(self, tokens: list[int]) -> list[int]:
         """Append tokens up to the limit and through the first EOS; returns what was appended."""
         kept = tokens[: self.max_new_tokens - self.produced]
-        for i, token in enumerate(kept):
-            if token in self.eos_ids:
-                kept = kept[: i + 1]
-                self.stop_reason = "eos"
-                break
+        if not self.eos_ids.isdisjoint(kept):  # one set operation in the usual case: no EOS among them
+            kept = kept[: next(i for i, token in enumerate(kept) if token in self.eos_ids) + 1]
+            self.stop_reason = "eos"
         if self.constraint is not None:
             self.constraint.advance(kept)
         self.buffer[self.length : self.length + len(kept)] = kept
