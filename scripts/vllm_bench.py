@@ -118,7 +118,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
                         "run (by tok/s) and every round's tok/s")
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--out", default="bench-results/vllm", help="folder for results.json and report.md")
-    parser.add_argument("--data-dir", default=None, help="benchmark data (default: $GOOSE_DATA, else the prompts goose ships)")
+    parser.add_argument("--data-dir", default=None,
+                        help="benchmark data (default: $GOOSE_DATA, else the prompts goose ships)")
     args = parser.parse_args(argv)
     args.methods = [m for m in args.methods.split(",") if m]
     unknown = sorted(set(args.methods) - set(METHODS))
