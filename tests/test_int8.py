@@ -9,6 +9,8 @@ numbers a one-token pass gives it, bit for bit, or a moved integer grows into an
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -16,13 +18,14 @@ import torch
 from torch import nn
 
 from goose import cli, models
+from goose.bench.prompts import load_samples
 from goose.config import GooseConfig
 from goose.contract.tree import TreeBuilder
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.cycle.verifier import Verifier
 from goose.planning.cost import cache_key, output_layer_weight
 from goose.quantize import Int8Linear, QuantizeError, check, quantized
-from tests.helpers import SMOLLM2_TOKENS, lossless_prompts
+from tests.helpers import DATA_DIR, REPO, SMOLLM2_TOKENS, lossless_prompts
 
 PROMPTS = lossless_prompts("smollm2")
 CONFIGS = {"spine": GooseConfig(), "chain": GooseConfig(topology="chain"),
@@ -189,3 +192,35 @@ def test_a_cpu_or_build_without_int8_is_refused_in_one_line(monkeypatch) -> None
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     with pytest.raises(QuantizeError, match=r"needs torch's oneDNN int8 ops .* has none"):
         check("int8")
+
+
+# --- scripts/int8_quality.py ------------------------------------------------------------------------
+
+
+def test_quality_script_scores_the_text_and_agreement(tmp_path) -> None:
+    """On SmolLM2: perplexity of every variant (and llama.cpp's where its environment is built), the int8 model's
+    teacher-forced agreement with a bfloat16 `ar` text, and the identical-text count of two runs."""
+    model, tokenizer = models.load("smollm2-135m", dtype="bfloat16")
+    sample = load_samples("humaneval", DATA_DIR, 1)[0]
+    ar = AutoregressiveDecoder(model, tokenizer).generate(sample.turns[0], 16)
+    record = {"method": "ar", "dataset": sample.dataset, "question_id": sample.question_id,
+              "new_token_ids": [ar.new_token_ids]}
+    results = tmp_path / "results.jsonl"
+    results.write_text(json.dumps(record) + "\n")
+    llama = REPO / ".venv-llama" / "bin" / "python"
+    built = (REPO / ".venv-llama" / ".goose-llama-installed").exists()
+    command = [sys.executable, str(REPO / "scripts" / "int8_quality.py"), "--model", "smollm2-135m", "--threads", "1",
+               "--windows", "2", "--window", "48", "--variants", "bfloat16,int8", "--reference", str(results),
+               "--compare", str(results), "--data-dir", str(DATA_DIR), "--out", str(tmp_path / "quality.json"),
+               *(["--llama-python", str(llama)] if built else [])]
+    run = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert run.returncode == 0, run.stderr
+    report = json.loads((tmp_path / "quality.json").read_text())
+    assert report["text"]["path"].endswith("httpx/_models.py") and report["text"]["tokens_scored"] == 2 * 47
+    expected = {"bfloat16", "int8", *(["llama.cpp"] if built else [])}
+    assert set(report["perplexity"]) == expected
+    assert all(1.0 < entry["perplexity"] < 1000.0 for entry in report["perplexity"].values())
+    agreement = report["forced_agreement_with_bfloat16"]["int8"]
+    assert agreement["tokens"] == len(ar.new_token_ids) and 0 < agreement["agreed"] <= agreement["tokens"]
+    assert report["ar_texts"] == {"compared": 1, "identical": 1, "common_prefix": [len(ar.new_token_ids)],
+                                  "lengths": [len(ar.new_token_ids)]}
