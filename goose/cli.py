@@ -57,6 +57,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, dtype: str = "float3
     parser.add_argument("--dtype", default=dtype, help="float32 (token-exact), bfloat16 or float16")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--quantize", choices=("int8",), default=None,
+                        help="int8: every linear layer in int8 through oneDNN (CPU with VNNI or AMX), the rest in "
+                             "--dtype; lossless against the int8 model's own decoding")
 
 
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
@@ -117,7 +120,12 @@ def load_model(args: argparse.Namespace) -> tuple[Any, Any]:
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return models.load(args.model, dtype=args.dtype, device=device)
+    return models.load(args.model, dtype=args.dtype, device=device, quantize=args.quantize)
+
+
+def weights(args: argparse.Namespace) -> str:
+    """How the model flags say the weights run, for a banner: ``bfloat16``, or ``int8 linears, bfloat16``."""
+    return f"{args.quantize} linears, {args.dtype}" if args.quantize else args.dtype
 
 
 def parse_budget(text: str | None) -> int | str | None:
@@ -246,7 +254,7 @@ def _run_generate(args: argparse.Namespace) -> int:
                        if ar.stats.tokens_per_s else None,
                        "identical_to_ar": ar.new_token_ids == report["new_token_ids"]}
     def described(request: dict[str, Any]) -> dict[str, Any]:  # the configuration a report row came from
-        return {"model": args.model, "dtype": args.dtype,
+        return {"model": args.model, "dtype": args.dtype, "quantize": args.quantize,
                 "sources": list(goose.source_names(with_prediction="prediction" in request)),
                 "topology": config.topology, "budget": config.budget, "source_options": config.source_options,
                 "changed": config.digest()["changed"], "temperature": config.temperature, "top_p": config.top_p,
@@ -444,12 +452,13 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     model, _ = load_model(args)
     curve = calibration.load_or_measure(model, refresh=args.refresh)
     if args.plot:
-        _plot_curve(curve.sizes, curve.seconds, f"{args.model} ({args.dtype}, {args.device})", Path(args.plot))
+        _plot_curve(curve.sizes, curve.seconds, f"{args.model} ({weights(args)}, {args.device})", Path(args.plot))
     if args.json:
-        print(json.dumps({"model": args.model, "dtype": args.dtype, "device": args.device, "key": cost.cache_key(model),
+        print(json.dumps({"model": args.model, "dtype": args.dtype, "quantize": args.quantize, "device": args.device,
+                          "key": cost.cache_key(model),
                           **curve.to_dict(), "relative": curve.relative()}))
         return 0
-    print(f"verify cost t(n) for {args.model} ({args.dtype}, {args.device}, "
+    print(f"verify cost t(n) for {args.model} ({weights(args)}, {args.device}, "
           f"{calibration.CALIBRATION_CONTEXT}-token context)")
     print(f"{'tree nodes':>10}  {'ms':>8}  {'x one token':>11}")
     for size, seconds in zip(curve.sizes, curve.seconds, strict=True):

@@ -33,6 +33,7 @@ from filelock import FileLock
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from goose import quantize as quantization
 from goose.store.cache_dir import default_cache_dir
 from goose.store.folders import publish
 
@@ -276,6 +277,7 @@ def load(
     device: str = "cpu",
     cache_dir: str | Path | None = None,
     progress: bool = True,
+    quantize: str | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer, ready for inference (eval mode, no gradients, SDPA).
 
@@ -283,21 +285,28 @@ def load(
     ``save_pretrained`` directory, or a local ``.gguf`` file (or a directory holding exactly one).
     GGUF models are dequantized once and cached under ``cache_dir`` (default
     :func:`default_cache_dir`). ``progress`` shows transformers' progress bars.
+    ``quantize="int8"`` runs every linear layer in int8 (:mod:`goose.quantize`; the CPU only), the rest in
+    ``dtype``; the int8 weights are quantized from the float32 ones.
     Raises :class:`ModelLoadError` with a one-line message when the model can't be loaded.
     """
     try:
         torch_dtype = resolve_dtype(dtype)
+        if quantize is not None:
+            quantization.check(quantize, device)  # before the model loads: a one-line refusal at once
     except ValueError as exc:
         raise ModelLoadError(str(exc)) from None
+    load_dtype = torch.float32 if quantize is not None else torch_dtype
     cache_root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
 
     with _progress_bars(progress):
         source = _gguf_source_for(name)
         if source is not None:
             folder = _cached_dequantized(source, cache_root)
-            model, tokenizer = _from_folder(folder, label=name, dtype=torch_dtype)
+            model, tokenizer = _from_folder(folder, label=name, dtype=load_dtype)
         else:
-            model, tokenizer = _from_pretrained_name(name, torch_dtype)
+            model, tokenizer = _from_pretrained_name(name, load_dtype)
+    if quantize is not None:
+        quantization.quantize(model, quantize)
 
     try:
         model = model.to(device=device, dtype=torch_dtype)

@@ -59,6 +59,12 @@ def gemma3():
 
 
 @pytest.fixture(scope="session")
+def smollm2_int8():
+    """SmolLM2-135M-Instruct, every linear layer in int8 (goose.quantize), the rest in float32: (model, tokenizer)."""
+    return _with_cost_curve(models.load("smollm2-135m", dtype="float32", quantize="int8"))  # int8 is the CPU's
+
+
+@pytest.fixture(scope="session")
 def qwen15b():
     """Qwen2.5-Coder-1.5B-Instruct (152k vocabulary, grouped-query attention) in float32: (model, tokenizer).
 
@@ -161,6 +167,7 @@ class References:
     def __call__(self, model, tokenizer, prompt, max_new_tokens: int, *, chat: bool = True,
                  **options: Any) -> Reference:
         from goose.cycle.decoder import AutoregressiveDecoder
+        from goose.quantize import quantized
 
         decoder = AutoregressiveDecoder(model, tokenizer, chat=chat)
         prompt_ids = decoder.encode(prompt)
@@ -174,7 +181,8 @@ class References:
         parameter = next(model.parameters())
         key = json.dumps({
             "model": getattr(model.config, "_name_or_path", "") or model.config.model_type,
-            "dtype": str(parameter.dtype), "device": str(parameter.device), "threads": torch.get_num_threads(),
+            "quantize": quantized(model), "dtype": str(parameter.dtype), "device": str(parameter.device),
+            "threads": torch.get_num_threads(),
             "max_positions": decoder.verifier.max_positions, "prompt": prompt_ids, "eos": eos,
             "sampling": "greedy" if sampling.greedy else [sampling.temperature, sampling.top_p, sampling.top_k,
                                                           sampling.seed],

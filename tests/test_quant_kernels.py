@@ -33,7 +33,7 @@ def test_int4_kernel_is_a_q4k_sub_block() -> None:
     assert torch.allclose(got, expected, atol=0.05 * expected.abs().max().item())
 
 
-def test_script_times_the_three_kernels(tmp_path: Path) -> None:
+def test_script_times_the_four_kernels(tmp_path: Path) -> None:
     """At SmolLM2's shapes: every kernel at every row count, positive times, in the JSON and the printed table."""
     out = tmp_path / "kernels.json"
     run = subprocess.run([sys.executable, str(SCRIPT), "--model", "smollm2-135m", "--threads", "1", "--rows", "1,2",
@@ -41,7 +41,7 @@ def test_script_times_the_three_kernels(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     record = json.loads(out.read_text())
     assert record["model"] == "smollm2-135m"
-    assert set(record["seconds"]) == {"bf16", "int4", "int8"}
-    for times in record["seconds"].values():
+    assert set(record["seconds"]) == set(record["layer_seconds"]) == {"bf16", "int4", "int8", "int8_rows"}
+    for times in [*record["seconds"].values(), *record["layer_seconds"].values()]:
         assert set(times) == {"1", "2"} and all(seconds > 0 for seconds in times.values())
     assert "| 2 |" in run.stdout

@@ -247,7 +247,8 @@ def run_command(args: argparse.Namespace) -> int:
         raise ValueError(f"--seed must be a non-negative integer, got {args.seed}")
     settings = BenchSettings(
         models=model_names, datasets=datasets, methods=methods, out=out, data_dir=data_dir, limit=limit,
-        max_new_tokens=max_new_tokens, dtype=args.dtype, device=args.device, seed=args.seed, threads=args.threads,
+        max_new_tokens=max_new_tokens, dtype=args.dtype, quantize=args.quantize, device=args.device, seed=args.seed,
+        threads=args.threads,
         chat=not args.no_chat, progress=not args.no_progress, warm_sources=args.warm_sources, sampling=sampling,
         datastore=datastore, repeats=args.repeats, cost_curve=args.cost_curve,
         extra={"quick": args.quick, "suite": args.suite, "suite_sources": _names(args.sources) or None,
@@ -289,8 +290,8 @@ def _run_llama(peer: PeerScript, bench: Bench, settings: BenchSettings) -> dict[
         folder = settings.out / "llama" if len(bench.runs) == 1 else settings.out / "llama" / _safe_name(run.model)
         sections[run.model] = measure_llama(
             peer, run.model, bench.samples, run.first_turn_ids, run.eos_ids, run.records, settings.dtype,
-            settings.max_new_tokens, settings.threads or torch.get_num_threads(), settings.repeats, folder,
-            progress=settings.progress)
+            settings.quantize, settings.max_new_tokens, settings.threads or torch.get_num_threads(), settings.repeats,
+            folder, progress=settings.progress)
     return sections
 
 

@@ -9,8 +9,9 @@ each sample's first turn, our EOS ids, the same max new tokens, threads and repe
 ratio of ours over each, and how many of its texts equal ours.
 
 The two sides do not decode the same weights: llama.cpp runs the quantized GGUF (Q4_K_M, Q4_1)
-through its quantized kernels, ours the dequantized weights in ``--dtype``. So its texts may
-differ from ours, and per token it reads a fraction of the bytes we read; the section says both.
+through its quantized kernels, ours the dequantized weights in ``--dtype`` (with ``--quantize int8``:
+int8 weights of our own). So its texts may differ from ours, and per token it reads a fraction of the
+bytes we read; the section says both.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from goose.bench.records import Record
 STDERR_LOG = "llama_bench.stderr.log"
 PROMPTS_FILE = "prompts.json"
 PLAIN, LOOKUP = "llama", "llama_pld"
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
 
 
 class LlamaBenchError(PeerBenchError):
@@ -83,7 +84,8 @@ def _median(values: Sequence[float | None]) -> float | None:
     return round(median(present), 3) if present else None
 
 
-def llama_section(results: dict[str, Any], records: Sequence[Record], dtype: str) -> dict[str, Any]:
+def llama_section(results: dict[str, Any], records: Sequence[Record], dtype: str, quantize: str | None = None
+                  ) -> dict[str, Any]:
     """llama_bench.py's ``results`` beside our ``records`` of the same model: the summary's ``llama`` section.
 
     Per prompt (a sample's first turn): every method's tokens per second, ours over each of
@@ -122,14 +124,14 @@ def llama_section(results: dict[str, Any], records: Sequence[Record], dtype: str
             "pld_identical_to_plain": outputs[LOOKUP] == outputs[PLAIN] if {PLAIN, LOOKUP} <= set(outputs) else None,
         })
     conditions = results["conditions"]
-    our_bytes = conditions["n_params"] * DTYPE_BYTES.get(dtype, 4)
+    our_bytes = conditions["n_params"] * DTYPE_BYTES.get(quantize or dtype, 4)  # the embedding table is a lookup
     return {
         "conditions": conditions,
         "turns": "the first turn of every sample",
         "reference": reference,
         "our_methods": our_methods,
         "llama_methods": llama_methods,
-        # weights read per token (every weight once): the GGUF file against its parameters in our dtype
+        # weights read per token (every weight once): the GGUF file against its parameters in our dtype (or int8)
         "weight_bytes_ratio": round(conditions["gguf_bytes"] / our_bytes, 3),
         "prompts": rows,
         "median_tokens_per_s": {method: _median([row["tokens_per_s"].get(method) for row in rows])
@@ -143,8 +145,9 @@ def llama_section(results: dict[str, Any], records: Sequence[Record], dtype: str
 
 
 def measure_llama(peer: PeerScript, model: str, samples: Sequence[Sample], first_turn_ids: Sequence[list[int]],
-                  eos_ids: Sequence[int], records: Sequence[Record], dtype: str, max_new_tokens: int, threads: int,
-                  repeats: int, folder: Path, progress: bool = True) -> dict[str, Any]:
+                  eos_ids: Sequence[int], records: Sequence[Record], dtype: str, quantize: str | None,
+                  max_new_tokens: int, threads: int, repeats: int, folder: Path, progress: bool = True
+                  ) -> dict[str, Any]:
     """llama.cpp on ``model``'s GGUF file and our run's prompts, into ``folder``; the summary's ``llama`` section."""
     from goose.models import gguf_path
 
@@ -157,4 +160,4 @@ def measure_llama(peer: PeerScript, model: str, samples: Sequence[Sample], first
     command = llama_command(peer, gguf_path(model), prompts_file, max_new_tokens, threads, repeats, folder)
     print(f"{model}: llama.cpp {', '.join(peer.methods)} on {len(kept)} first turns (scripts/llama_bench.py, "
           f"into {folder})", flush=True)
-    return llama_section(run_llama_bench(command, folder, progress), records, dtype)
+    return llama_section(run_llama_bench(command, folder, progress), records, dtype, quantize)

@@ -53,6 +53,14 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+def _our_weights(summary: dict[str, Any]) -> str:
+    """What our side of a llama.cpp table decodes: the dequantized weights in the run's dtype, or our int8 ones."""
+    quantize = summary.get("settings", {}).get("quantize")
+    if quantize:
+        return f"{quantize} weights of their own (one scale per output channel; the rest in {summary['dtype']})"
+    return f"the dequantized weights in {summary['dtype']}"
+
+
 def _title(dataset: str) -> str:
     return DATASET_TITLES.get(dataset, dataset)
 
@@ -88,6 +96,8 @@ def _header(view: _View) -> str:
     s = view.summary
     settings = s.get("settings", {})
     facts = [f"model **{s['model']}**", f"device {s['device']}", f"dtype {s['dtype']}"]
+    if settings.get("quantize"):
+        facts.append(f"linear layers in {settings['quantize']}")
     for key, label in (("max_new_tokens", "max new tokens"), ("limit", "prompts per dataset"),
                        ("threads", "torch threads"), ("torch", "torch"), ("transformers", "transformers"),
                        ("cpu", "cpu"), ("started", "started")):
@@ -229,7 +239,7 @@ def _llama_table(view: _View) -> str | None:
                  *(f"{llama['identical_to_ar'][m]}/{count}" for m in theirs)])
     lines = [
         f"{c['engine']}, `{c['gguf'].rsplit('/', 1)[-1]}` ({c['gguf_bytes'] / 1e6:.0f} MB) as shipped, through its "
-        f"quantized kernels; ours decode the dequantized weights in {view.summary['dtype']}, so per token llama.cpp "
+        f"quantized kernels; ours decode {_our_weights(view.summary)}, so per token llama.cpp "
         f"reads about {llama['weight_bytes_ratio']:.0%} of the weight bytes we read. {c['threads']} threads, one "
         f"request at a time (llama-cpp-python's `Llama` decodes one sequence), {llama['turns']} (the same token "
         f"ids and EOS ids as ours), greedy, prefill included in every time; `llama_pld`: `LlamaPromptLookupDecoding"

@@ -89,6 +89,7 @@ class BenchSettings:
     limit: int | None = None
     max_new_tokens: int = 128
     dtype: str = "bfloat16"
+    quantize: str | None = None  # "int8": every linear layer in int8 (goose.quantize), the rest in dtype
     device: str = "cpu"
     seed: int = 0
     threads: int | None = None
@@ -225,7 +226,8 @@ class Bench:
         _set_seed(settings.seed)
         device = _device(settings.device)
         bar.set_postfix_str(f"loading {name}")
-        model, tokenizer = models.load(name, dtype=settings.dtype, device=device, progress=False)
+        model, tokenizer = models.load(name, dtype=settings.dtype, device=device, progress=False,
+                                       quantize=settings.quantize)
         run = ModelRun(name, device, settings.dtype, self.methods, cost_curve=load_or_measure(model))
         if settings.cost_curve is not None:
             run.priced_on = run.cost_curve if settings.cost_curve == DEVICE_CURVE else load_curve(settings.cost_curve)
@@ -346,6 +348,7 @@ class Bench:
             "datasets": list(dict.fromkeys(s.dataset for s in self.samples)),
             "samples": len(self.samples),
             "seed": settings.seed,
+            "quantize": settings.quantize,
             "threads": torch.get_num_threads(),
             "chat_template": settings.chat,
             "warmup_tokens": settings.warmup_tokens,

@@ -16,6 +16,16 @@ the duration of one forward pass only: the caller's model is left as it was foun
 own ``generate`` on the same model keeps its stock path). Anything the fold does not cover (one
 row, no mask, a per-head mask, a position bias, a soft cap, dropout) goes to transformers' ``sdpa``
 unchanged.
+
+A model whose linear layers run in int8 (:mod:`goose.quantize`) takes :func:`exact_sdpa_forward`
+instead, for every verify pass, one row or many: its activations are rounded to integers before
+every linear layer, so a last-bit difference in attention (float32 sums in another order, because
+the pass has more rows, a wider cache or a tree's gaps between a row's ancestors) can move an
+integer, and the difference then grows through the layers until tokens change. There the scores,
+the softmax and the weighted sum of the values are computed in float64 (float32 products are exact
+in it) and rounded once at the end, so a row's attention is the same number in a tree pass and in
+a one-token pass (unless a float64 sum lands within its own rounding error of a float32 rounding
+boundary: some 1e-9 of the values).
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 GROUPED_SDPA = "goose_grouped_sdpa"
+EXACT_SDPA = "goose_exact_sdpa"
 
 
 def grouped_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -56,13 +67,38 @@ def grouped_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
     return output.reshape(batch, heads, rows, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
+def exact_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                       is_causal: bool | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Attention summed in float64 and rounded once: every row the same number whatever else is in the pass.
+
+    The query heads of a key/value group are folded into rows as in :func:`grouped_sdpa_forward`;
+    ``attention_mask`` is the verifier's boolean mask [b or 1, 1, q, k] (True: may attend).
+    """
+    if attention_mask is None or attention_mask.dtype != torch.bool or attention_mask.shape[1] != 1 or dropout \
+            or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None:
+        raise ValueError("exact attention takes a verify pass's boolean mask, without dropout, bias or soft cap")
+    batch, heads, rows, size = query.shape
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads
+    folded = query.reshape(batch, kv_heads, groups * rows, size).double()
+    mask = attention_mask.expand(batch, 1, rows, attention_mask.shape[-1]).repeat(1, 1, groups, 1)
+    scores = folded @ key.double().transpose(-1, -2) * (size ** -0.5 if scaling is None else scaling)
+    probabilities = scores.masked_fill_(~mask, -torch.inf).softmax(dim=-1)
+    output = (probabilities @ value.double()).to(query.dtype)
+    return output.reshape(batch, heads, rows, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
 AttentionInterface.register(GROUPED_SDPA, grouped_sdpa_forward)
 AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)  # masks are built as for sdpa (a prefill's, say)
+AttentionInterface.register(EXACT_SDPA, exact_sdpa_forward)
+AttentionMaskInterface.register(EXACT_SDPA, sdpa_mask)
 
 
 @contextmanager
-def grouped_attention(model: PreTrainedModel) -> Iterator[None]:
-    """Run the model's forward passes inside this block with :func:`grouped_sdpa_forward` when it runs ``sdpa``.
+def verify_attention(model: PreTrainedModel, exact: bool = False) -> Iterator[None]:
+    """Run the model's forward passes inside this block with :func:`grouped_sdpa_forward` (``exact``:
+    :func:`exact_sdpa_forward`) when it runs ``sdpa``.
 
     Models on another attention implementation (eager, flash, a user's own) are left alone.
     """
@@ -70,7 +106,7 @@ def grouped_attention(model: PreTrainedModel) -> Iterator[None]:
     if getattr(config, "_attn_implementation", None) != "sdpa":
         yield
         return
-    config._attn_implementation = GROUPED_SDPA
+    config._attn_implementation = EXACT_SDPA if exact else GROUPED_SDPA
     try:
         yield
     finally:

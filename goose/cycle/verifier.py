@@ -42,7 +42,8 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from goose.contract.outcome import AuxiliaryRows
 from goose.contract.tree import DraftTree
-from goose.cycle.attention import grouped_attention
+from goose.cycle.attention import verify_attention
+from goose.quantize import quantized
 
 
 class ContextOverflowError(ValueError):
@@ -228,7 +229,8 @@ class Verifier:
         )
         self.mask_kinds = sorted(set(layer_types)) if self.sliding_window is not None else []
         self.max_positions: int = int(getattr(config, "max_position_embeddings", 1 << 30))
-        self.vocab_size: int = int(model.get_output_embeddings().weight.shape[0])
+        self.vocab_size: int = int(model.get_output_embeddings().out_features)  # an int8 head has no .weight
+        self.exact = quantized(model) is not None  # int8: attention rows must not depend on the pass
         # transformers 5.x renamed `past_key_values` to `cache`; speak whichever this version knows
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._layers = int(getattr(config, "num_hidden_layers", 0) or 0)
@@ -357,9 +359,10 @@ class Verifier:
     def _pass(self, **inputs: torch.Tensor) -> torch.Tensor:
         """Logits of one verify pass (rows under an explicit 4D mask) over the cache, which it extends.
 
-        Grouped-query attention reads the cache in place for such a pass (:mod:`goose.cycle.attention`).
+        Grouped-query attention reads the cache in place for such a pass, exactly for an int8 model
+        (:mod:`goose.cycle.attention`).
         """
-        with grouped_attention(self.model):
+        with verify_attention(self.model, self.exact):
             return self.model(use_cache=True, **{self._cache_kwarg: self.cache}, **inputs).logits
 
     def _masks(self, positions: torch.Tensor, block: torch.Tensor, width: int,

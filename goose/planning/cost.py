@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from goose.quantize import Int8Linear, quantized
 from goose.store.cache_dir import default_cache_dir
 
 logger = logging.getLogger("goose.planning.cost")
@@ -62,8 +63,8 @@ def cache_key(model: torch.nn.Module) -> str:
     parameter = next(model.parameters())
     config = model.config
     parts = [f"v{CURVE_FORMAT}", getattr(config, "_name_or_path", "") or config.model_type,
-             str(config.num_hidden_layers),
-             str(getattr(config, "hidden_size", "")), str(parameter.dtype).removeprefix("torch."),
+             str(config.num_hidden_layers), str(getattr(config, "hidden_size", "")),
+             quantized(model) or "", str(parameter.dtype).removeprefix("torch."),
              parameter.device.type, f"threads{torch.get_num_threads()}", platform.machine(),
              _processor_name(parameter.device)]
     return "-".join(p.replace("/", "_").replace(" ", "_") for p in parts if p)
@@ -163,16 +164,17 @@ HARVEST_CAP = 256  # beyond this many prompt positions the bigram table gains li
 def output_layer_weight(model: torch.nn.Module) -> float:
     """One output-layer row's multiply-adds against one token's pass through the body of the model.
 
-    Counted in parameters (a row of the output layer reads every weight of that layer; a token's
+    Counted in weights (a row of the output layer reads every weight of that layer; a token's
     pass reads every other weight but the input embedding, a table lookup), so it is the same on
     every device. Attention over the context is left out: it only makes the body dearer, so the
-    harvest it bounds is never underestimated in cost.
+    harvest it bounds is never underestimated in cost. An int8 layer's weights are not parameters
+    (:class:`goose.quantize.Int8Linear`) and are counted by its shape.
     """
-    head = model.get_output_embeddings().weight
-    table = model.get_input_embeddings().weight
-    counted = {head.data_ptr(), table.data_ptr()}
+    head = model.get_output_embeddings()
+    counted = {model.get_input_embeddings().weight.data_ptr(), *(p.data_ptr() for p in head.parameters())}
     body = sum(p.numel() for p in model.parameters() if p.data_ptr() not in counted)
-    return head.numel() / max(1, body)
+    body += sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, Int8Linear) and m is not head)
+    return head.in_features * head.out_features / max(1, body)
 
 
 def harvest_rows(setting: int | str | None, prompt_length: int, row_weight: float, priced: bool = True) -> int:

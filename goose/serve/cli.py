@@ -11,7 +11,14 @@ import signal
 import sys
 from types import FrameType
 
-from goose.cli import add_decoding_arguments, add_model_arguments, decoding_config, load_model, register_command
+from goose.cli import (
+    add_decoding_arguments,
+    add_model_arguments,
+    decoding_config,
+    load_model,
+    register_command,
+    weights,
+)
 
 DEFAULT_MAX_BATCH = 4  # on the 2-core CPU of docs/results.md, four requests together beat one at a time
 
@@ -94,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     origins = tuple(origin.rstrip("/").lower() for origin in args.cors_origin)  # as browsers write them
     app = create_app(engine, name, api_key=args.api_key, hosts=HostRule(args.host, args.allowed_host),
                      cors_origins=origins, body_timeout_s=args.body_timeout, docs=args.docs)
-    print(f"goose serve: {name} ({args.dtype}, {args.device}), sources {','.join(config.sources)}, topology "
+    print(f"goose serve: {name} ({weights(args)}, {args.device}), sources {','.join(config.sources)}, topology "
           f"{config.topology}, budget {config.budget}, up to {args.max_batch} requests together; warming up",
           file=sys.stderr)
     # h11 always (httptools, if installed, would bypass the header deadline), headers of 16 KiB at most

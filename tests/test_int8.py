@@ -1,0 +1,226 @@
+"""``--quantize int8``: Goose is lossless against the int8 model's own autoregressive loop.
+
+SmolLM2-135M with every linear layer in int8 (goose.quantize: per-channel weights, activations
+quantized per row, oneDNN's kernel) and the rest in float32. The reference is the same quantized
+model's one-token greedy loop (and its seeded sampler): a verify pass must give every row the
+numbers a one-token pass gives it, bit for bit, or a moved integer grows into another token.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from goose import cli, models
+from goose.bench.prompts import load_samples
+from goose.config import GooseConfig
+from goose.contract.tree import TreeBuilder
+from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
+from goose.cycle.verifier import Verifier
+from goose.planning.cost import cache_key, output_layer_weight
+from goose.quantize import Int8Linear, QuantizeError, check, quantized
+from tests.helpers import DATA_DIR, REPO, SMOLLM2_TOKENS, lossless_prompts
+
+PROMPTS = lossless_prompts("smollm2")
+CONFIGS = {"spine": GooseConfig(), "chain": GooseConfig(topology="chain"),
+           "isotropic": GooseConfig(topology="isotropic"), "transition_tree": GooseConfig(topology="transition_tree"),
+           "multi_spine": GooseConfig(topology="multi_spine"), "spine, tiers": GooseConfig(spine_split="tiers")}
+
+
+def assert_drafted_and_accepted(result) -> None:
+    """The sources drafted and some of their tokens were accepted: the passes verified trees, not bare anchors."""
+    assert sum(result.stats.source_tested.values()) > 0
+    assert sum(result.stats.source_accepted.values()) > 0 and result.stats.tau > 1.0
+
+
+# --- the layer ----------------------------------------------------------------------------------
+
+
+def test_int8_linear_is_the_integer_product_and_rows_do_not_depend_on_the_batch() -> None:
+    """Rows of one call equal each row alone, bit for bit, and the integer product scaled back (bias included)."""
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 40)
+    layer = Int8Linear(linear)
+    x = torch.randn(2, 9, 96) * torch.rand(2, 9, 1) * 10
+    x[..., 3] *= 40  # an outlier channel, as language models have
+    out = layer(x)
+    assert out.shape == (2, 9, 40) and out.dtype == torch.float32
+    rows = x.reshape(-1, 96)
+    assert torch.equal(out.reshape(-1, 40), torch.cat([layer(row[None]) for row in rows]))
+    weight_scales = linear.weight.abs().amax(dim=1) / 127
+    weights = torch.round(linear.weight / weight_scales[:, None])
+    row_scales = rows.abs().amax(dim=1, keepdim=True) / 127
+    expected = (torch.round(rows / row_scales).double() @ weights.double().T) * weight_scales.double() \
+        * row_scales.double() + linear.bias.double()
+    assert torch.allclose(out.reshape(-1, 40).double(), expected, rtol=1e-6, atol=1e-5)
+    assert (out.reshape(-1, 40) - rows @ linear.weight.T - linear.bias).abs().max() < 0.05 * out.abs().max()
+    assert torch.equal(layer(torch.zeros(3, 96)), linear.bias.detach().expand(3, 40))  # a zero row: its bias
+    assert layer(x.bfloat16()).dtype == torch.bfloat16
+
+
+def test_every_linear_is_int8_and_the_rest_is_float(smollm2_int8, smollm2) -> None:
+    model, _ = smollm2_int8
+    assert quantized(model) == "int8" and quantized(smollm2[0]) is None
+    assert not any(isinstance(module, nn.Linear) for module in model.modules())
+    assert isinstance(model.get_output_embeddings(), Int8Linear)  # the tied output layer got its own int8 copy
+    assert model.get_input_embeddings().weight.dtype == torch.float32
+    assert cache_key(model) != cache_key(smollm2[0]) and "int8" in cache_key(model)  # its own cost curve
+    assert output_layer_weight(model) == pytest.approx(output_layer_weight(smollm2[0]))  # same shapes, same weight
+
+
+# --- lossless -----------------------------------------------------------------------------------
+
+
+def test_a_tree_row_is_the_one_token_pass_bit_for_bit(smollm2_int8) -> None:
+    """A branch first, then the greedy continuation as a chain: its rows' ancestors lie apart in the cache, and
+    still every row's logits equal the one-token loop's, every bit."""
+    model, tokenizer = smollm2_int8
+    prompt = AutoregressiveDecoder(model, tokenizer).encode(PROMPTS[0])
+    alone = Verifier(model)
+    anchor = int(alone.prefill(prompt).argmax())
+    steps, token = [], anchor
+    for _ in range(8):
+        builder = TreeBuilder(token, ("chain",), capacity=0)
+        logits = alone.verify([builder.build()])[0][0]
+        alone.commit(0, np.zeros(0, dtype=np.int64))
+        steps.append(logits)
+        token = int(logits.argmax())
+    continuation = [int(logits.argmax()) for logits in steps[:-1]]
+    tree = Verifier(model)
+    tree.prefill(prompt)
+    builder = TreeBuilder(anchor, ("branch", "chain"), capacity=16)
+    builder.add_chain(0, np.array([17, 18, 19]), 0)  # tokens the model does not continue with
+    nodes = builder.add_chain(0, np.array(continuation), 1)
+    rows = tree.verify([builder.build()])[0]
+    assert torch.equal(rows[0], steps[0])
+    for depth, node in enumerate(nodes.tolist(), start=1):
+        assert torch.equal(rows[node], steps[depth]), f"depth {depth}"
+
+
+@pytest.mark.parametrize("index", range(3), ids=["humaneval", "gsm8k", "mt_bench"])
+def test_every_topology_is_identical_to_the_int8_loop(smollm2_int8, ar_reference, index: int) -> None:
+    """The spine on every prompt, the five other configurations two a prompt in turn (each meets one or two)."""
+    model, tokenizer = smollm2_int8
+    prompt = PROMPTS[3 * index]
+    reference = ar_reference(model, tokenizer, prompt, SMOLLM2_TOKENS)
+    others = [name for name in CONFIGS if name != "spine"]
+    for name in ["spine", others[2 * index % len(others)], others[(2 * index + 1) % len(others)]]:
+        result = GooseDecoder(model, tokenizer, CONFIGS[name]).generate(prompt, SMOLLM2_TOKENS)
+        assert result.new_token_ids == reference.new_token_ids, name
+        assert_drafted_and_accepted(result)
+
+
+def test_batched_rows_are_each_their_own_int8_loop(smollm2_int8, ar_reference) -> None:
+    """Four requests, at most three at once (the fourth joins as one ends), one with a shorter limit."""
+    model, tokenizer = smollm2_int8
+    prompts, limits = [PROMPTS[0], PROMPTS[1], PROMPTS[4], PROMPTS[7]], [SMOLLM2_TOKENS, SMOLLM2_TOKENS, 40, 48]
+    references = [ar_reference(model, tokenizer, p, n).new_token_ids for p, n in zip(prompts, limits, strict=True)]
+    session = GooseDecoder(model, tokenizer).batch(3)
+    ids = [session.submit(p, n) for p, n in zip(prompts, limits, strict=True)]
+    results = {chunk.request_id: chunk.result for chunk in session.run() if chunk.result is not None}
+    assert [results[i].new_token_ids for i in ids] == references
+    assert max(session.pass_rows) > 3
+    for i in ids:
+        assert_drafted_and_accepted(results[i])
+
+
+def test_sampled_is_the_seeded_int8_sampler_alone_and_batched(smollm2_int8, ar_reference) -> None:
+    model, tokenizer = smollm2_int8
+    options = {"temperature": 0.7, "top_p": 0.9}
+    prompts, seeds = [PROMPTS[1], PROMPTS[6]], [3, 4]
+    references = [ar_reference(model, tokenizer, p, 40, seed=seed, **options).new_token_ids
+                  for p, seed in zip(prompts, seeds, strict=True)]
+    alone = GooseDecoder(model, tokenizer).generate(prompts[0], 40, seed=seeds[0], **options)
+    assert alone.new_token_ids == references[0]
+    assert_drafted_and_accepted(alone)
+    session = GooseDecoder(model, tokenizer).batch(len(prompts))
+    ids = [session.submit(p, 40, seed=seed, **options) for p, seed in zip(prompts, seeds, strict=True)]
+    results = {chunk.request_id: chunk.result for chunk in session.run() if chunk.result is not None}
+    assert [results[i].new_token_ids for i in ids] == references
+    assert sum(sum(results[i].stats.source_accepted.values()) for i in ids) > 0
+
+
+def test_cli_generate_quantize_int8_is_identical_to_its_loop(capsys) -> None:
+    assert cli.main(["generate", PROMPTS[0], "--quantize", "int8", "--max-new-tokens", "32", "--compare-ar",
+                     "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["quantize"] == "int8" and report["identical_to_ar"] is True and report["tau"] > 1.0
+
+
+def test_calibrate_names_the_int8_curve(smollm2_int8, capsys) -> None:
+    assert cli.main(["calibrate", "--quantize", "int8", "--dtype", "float32", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["quantize"] == "int8" and "-int8-float32-" in report["key"]
+    assert report["key"] == cache_key(smollm2_int8[0])
+
+
+# --- what cannot run: one line, never a float fallback ------------------------------------------
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["generate", "hi", "--quantize", "int8", "--device", "cuda"],
+     "runs on the CPU (oneDNN's int8 kernels), not on cuda"),
+    (["generate", "hi", "--quantize", "int4"], "invalid choice: 'int4'"),
+])
+def test_cli_refuses_what_int8_cannot_run(argv, message, capsys) -> None:
+    code = None
+    try:
+        code = cli.main(argv)
+    except SystemExit as exit_:  # argparse's own refusal of an unknown choice
+        code = exit_.code
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and (len(err.splitlines()) == 1 or err.splitlines()[0].startswith("usage:"))
+
+
+def test_a_cpu_or_build_without_int8_is_refused_in_one_line(monkeypatch) -> None:
+    """This machine has VNNI and the ops; a CPU or a torch build without them is told what is missing."""
+    with pytest.raises(models.ModelLoadError, match=r"^unknown quantization 'int4'; known: int8$"):
+        models.load("smollm2-135m", quantize="int4")
+    monkeypatch.setattr(torch.cpu, "_is_vnni_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    with pytest.raises(QuantizeError, match=r"needs a CPU with int8 dot products \(AVX-512 VNNI, AVX-VNNI or AMX\)"):
+        check("int8")
+    with pytest.raises(models.ModelLoadError, match="int8 dot products"):
+        models.load("smollm2-135m", quantize="int8")
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    with pytest.raises(QuantizeError, match=r"needs torch's oneDNN int8 ops .* has none"):
+        check("int8")
+
+
+# --- scripts/int8_quality.py ------------------------------------------------------------------------
+
+
+def test_quality_script_scores_the_text_and_agreement(tmp_path) -> None:
+    """On SmolLM2: perplexity of every variant (and llama.cpp's where its environment is built), the int8 model's
+    teacher-forced agreement with a bfloat16 `ar` text, and the identical-text count of two runs."""
+    model, tokenizer = models.load("smollm2-135m", dtype="bfloat16")
+    sample = load_samples("humaneval", DATA_DIR, 1)[0]
+    ar = AutoregressiveDecoder(model, tokenizer).generate(sample.turns[0], 16)
+    record = {"method": "ar", "dataset": sample.dataset, "question_id": sample.question_id,
+              "new_token_ids": [ar.new_token_ids]}
+    results = tmp_path / "results.jsonl"
+    results.write_text(json.dumps(record) + "\n")
+    llama = REPO / ".venv-llama" / "bin" / "python"
+    built = (REPO / ".venv-llama" / ".goose-llama-installed").exists()
+    command = [sys.executable, str(REPO / "scripts" / "int8_quality.py"), "--model", "smollm2-135m", "--threads", "1",
+               "--windows", "2", "--window", "48", "--variants", "bfloat16,int8", "--reference", str(results),
+               "--compare", str(results), "--data-dir", str(DATA_DIR), "--out", str(tmp_path / "quality.json"),
+               *(["--llama-python", str(llama)] if built else [])]
+    run = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert run.returncode == 0, run.stderr
+    report = json.loads((tmp_path / "quality.json").read_text())
+    assert report["text"]["path"].endswith("httpx/_models.py") and report["text"]["tokens_scored"] == 2 * 47
+    expected = {"bfloat16", "int8", *(["llama.cpp"] if built else [])}
+    assert set(report["perplexity"]) == expected
+    assert all(1.0 < entry["perplexity"] < 1000.0 for entry in report["perplexity"].values())
+    agreement = report["forced_agreement_with_bfloat16"]["int8"]
+    assert agreement["tokens"] == len(ar.new_token_ids) and 0 < agreement["agreed"] <= agreement["tokens"]
+    assert report["ar_texts"] == {"compared": 1, "identical": 1, "common_prefix": [len(ar.new_token_ids)],
+                                  "lengths": [len(ar.new_token_ids)]}
