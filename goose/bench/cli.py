@@ -7,10 +7,11 @@ torch and matplotlib load when the command runs).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from goose.cli import add_model_arguments, add_sampling_arguments, register_command
+from goose.cli import add_model_arguments, add_sampling_arguments, check_engine, register_command
 
 if TYPE_CHECKING:
     from goose.bench.peer_script import PeerScript
@@ -82,8 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="then measure llama.cpp on the same prompts (first turns), greedy, one request at a "
                              "time: plain (llama) and its prompt lookup (llama_pld), reading the model's GGUF file "
                              "as shipped (scripts/llama_bench.py run by this interpreter of the llama.cpp "
-                             "environment, e.g. .venv-llama/bin/python, `make llama-setup`; its files go to --out's "
-                             "llama/ folder); tok/s side by side with ours in report.md and summary.json")
+                             "environment, e.g. .venv/bin/python after `make llama-setup`; its files go to --out's "
+                             "llama/ folder); tok/s side by side with ours in report.md and summary.json; with "
+                             "--engine llama.cpp it runs by default, under this interpreter")
     parser.add_argument("--repeats", type=int, default=1, metavar="N",
                         help="time every method N times on every prompt (fresh decoders, rotated order) and keep "
                              "the run with the median wall time; every run's time is in results.jsonl (wall_s_runs)")
@@ -93,14 +95,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _method_names(args: argparse.Namespace) -> list[str]:
-    from goose.bench.methods import MAIN_METHODS, QUICK_METHODS, SUITES
+    from goose.bench.methods import ALL_METHODS, MAIN_METHODS, QUICK_METHODS, SUITES
 
     explicit = _names(args.methods)
+    if args.engine == "llama.cpp":  # Hugging Face's generate runs torch weights: llama.cpp's own peers stand in
+        peers = [name for name in explicit if name in ALL_METHODS and ALL_METHODS[name].kind == "hf"]
+        if peers:
+            raise ValueError(f"--engine llama.cpp: {', '.join(peers)} run Hugging Face's generate on torch weights; "
+                             "leave them out (llama.cpp's plain decoding and prompt lookup run as peers)")
     if args.suite:
         return [*explicit, *SUITES[args.suite]]
     if explicit:
         return explicit
-    return list(QUICK_METHODS if args.quick else MAIN_METHODS)
+    defaults = QUICK_METHODS if args.quick else MAIN_METHODS
+    return [name for name in defaults if args.engine != "llama.cpp" or ALL_METHODS[name].kind != "hf"]
 
 
 def _list_methods() -> int:
@@ -147,6 +155,7 @@ def run_command(args: argparse.Namespace) -> int:
     model_names = _names(args.model)
     if not model_names:
         raise ValueError("--model names no model")
+    check_engine(args)
     methods = _method_names(args)
     if args.concurrency is None:
         resolve_methods(methods)  # unknown names fail here, before any model is loaded
@@ -165,6 +174,8 @@ def run_command(args: argparse.Namespace) -> int:
     if args.llama_python and args.temperature:
         raise ValueError("--llama-python measures greedy decoding; leave --temperature out")
     llama = None
+    if args.engine == "llama.cpp" and args.concurrency is None and not args.temperature:
+        args.llama_python = args.llama_python or sys.executable  # its peers run on the same file, in the same run
     if args.llama_python:
         from goose.bench.llama_peer import llama_peer
 
@@ -188,7 +199,7 @@ def run_command(args: argparse.Namespace) -> int:
         models=model_names, datasets=datasets, methods=methods, out=out, data_dir=data_dir, limit=limit,
         max_new_tokens=max_new_tokens, dtype=args.dtype, device=args.device, seed=args.seed, threads=args.threads,
         chat=not args.no_chat, progress=not args.no_progress, warm_sources=args.warm_sources, sampling=sampling,
-        datastore=datastore, repeats=args.repeats,
+        datastore=datastore, repeats=args.repeats, engine=args.engine,
         extra={"quick": args.quick, "suite": args.suite},
     )
     bench = Bench(settings)  # reads the datasets: a missing file fails before any model is loaded
@@ -218,17 +229,21 @@ def run_command(args: argparse.Namespace) -> int:
 
 def _run_llama(peer: PeerScript, bench: Bench, settings: BenchSettings) -> dict[str, dict]:
     """llama.cpp after our methods, model by model, on the samples and first-turn ids our run used."""
+    import os
+
     import torch
 
     from goose.bench.llama_peer import measure_llama
 
+    # the threads our side ran with: torch's, or the llama.cpp engine's (the CPU count unless --threads)
+    threads = settings.threads or (os.cpu_count() or 1 if settings.engine == "llama.cpp" else torch.get_num_threads())
     sections = {}
     for run in bench.runs:
         folder = settings.out / "llama" if len(bench.runs) == 1 else settings.out / "llama" / _safe_name(run.model)
         sections[run.model] = measure_llama(
             peer, run.model, bench.samples, run.first_turn_ids, run.eos_ids, run.records, settings.dtype,
-            settings.max_new_tokens, settings.threads or torch.get_num_threads(), settings.repeats, folder,
-            progress=settings.progress)
+            settings.max_new_tokens, threads, settings.repeats, folder, progress=settings.progress,
+            engine=settings.engine)
     return sections
 
 
@@ -244,7 +259,9 @@ def _run_concurrency(args: argparse.Namespace, model_names: list[str], datasets:
         raise ValueError(f"--concurrency takes integers, e.g. 1,2,4,8; got {args.concurrency!r}") from None
     if not concurrencies or concurrencies[0] < 1 or concurrencies[-1] > 64:
         raise ValueError(f"--concurrency takes integers in 1..64, got {args.concurrency!r}")
-    methods = _names(args.methods) or list(CONCURRENCY_METHODS)
+    methods = _names(args.methods) or [m for m in CONCURRENCY_METHODS if args.engine != "llama.cpp" or m != "hf_ar"]
+    if args.engine == "llama.cpp" and "hf_ar" in methods:
+        raise ValueError("--engine llama.cpp: hf_ar runs Hugging Face's generate on torch weights; leave it out")
     unknown = [m for m in methods if m not in CONCURRENCY_METHODS + OPTIONAL_METHODS]
     if unknown:
         raise ValueError(f"--concurrency runs the methods {', '.join(CONCURRENCY_METHODS + OPTIONAL_METHODS)}; "

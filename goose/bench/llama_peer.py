@@ -59,10 +59,12 @@ def prompts_document(samples: Sequence[Sample], first_turn_ids: Sequence[list[in
 
 
 def llama_command(peer: PeerScript, gguf: Path, prompts_file: Path, max_new_tokens: int, threads: int,
-                  repeats: int, out: Path) -> list[str]:
+                  repeats: int, out: Path, engine: str = "torch") -> list[str]:
+    """The script's command; beside ``--engine llama.cpp`` its Llama objects take flash attention as the engine does
+    (and inherit the engine's ggml switches from this process's environment), so ``llama`` is ours ``ar``'s peer."""
     return [peer.python, str(peer.script), "--gguf", str(gguf), "--prompts", str(prompts_file),
             "--max-tokens", str(max_new_tokens), "--methods", ",".join(peer.methods), "--threads", str(threads),
-            "--repeats", str(repeats), "--out", str(out)]
+            "--repeats", str(repeats), "--out", str(out), *(["--flash-attn"] if engine == "llama.cpp" else [])]
 
 
 def run_llama_bench(command: Sequence[str], out: Path, progress: bool = True) -> dict[str, Any]:
@@ -122,7 +124,7 @@ def llama_section(results: dict[str, Any], records: Sequence[Record], dtype: str
             "pld_identical_to_plain": outputs[LOOKUP] == outputs[PLAIN] if {PLAIN, LOOKUP} <= set(outputs) else None,
         })
     conditions = results["conditions"]
-    our_bytes = conditions["n_params"] * DTYPE_BYTES.get(dtype, 4)
+    our_bytes = conditions["n_params"] * DTYPE_BYTES[dtype] if dtype in DTYPE_BYTES else conditions["gguf_bytes"]
     return {
         "conditions": conditions,
         "turns": "the first turn of every sample",
@@ -144,7 +146,7 @@ def llama_section(results: dict[str, Any], records: Sequence[Record], dtype: str
 
 def measure_llama(peer: PeerScript, model: str, samples: Sequence[Sample], first_turn_ids: Sequence[list[int]],
                   eos_ids: Sequence[int], records: Sequence[Record], dtype: str, max_new_tokens: int, threads: int,
-                  repeats: int, folder: Path, progress: bool = True) -> dict[str, Any]:
+                  repeats: int, folder: Path, progress: bool = True, engine: str = "torch") -> dict[str, Any]:
     """llama.cpp on ``model``'s GGUF file and our run's prompts, into ``folder``; the summary's ``llama`` section."""
     from goose.models import gguf_path
 
@@ -154,7 +156,7 @@ def measure_llama(peer: PeerScript, model: str, samples: Sequence[Sample], first
     folder.mkdir(parents=True, exist_ok=True)
     prompts_file = folder / PROMPTS_FILE
     prompts_file.write_text(json.dumps(prompts_document([s for s, _ in kept], [i for _, i in kept], eos_ids)) + "\n")
-    command = llama_command(peer, gguf_path(model), prompts_file, max_new_tokens, threads, repeats, folder)
+    command = llama_command(peer, gguf_path(model), prompts_file, max_new_tokens, threads, repeats, folder, engine)
     print(f"{model}: llama.cpp {', '.join(peer.methods)} on {len(kept)} first turns (scripts/llama_bench.py, "
           f"into {folder})", flush=True)
-    return llama_section(run_llama_bench(command, folder, progress), records, dtype)
+    return llama_section(run_llama_bench(command, folder, progress), records, dtype) | {"engine": engine}
