@@ -8,10 +8,20 @@ never needs it; a missing or broken installation is a :class:`LlamaEngineError` 
 llama.cpp logs to stderr from C; its lines go to the ``goose.llama`` logger instead (debug level),
 and the last error lines are kept for the message of a failed call.
 
-ggml's tiled K-quant matmul (``GGML_CPU_TILED_MM``, on by default, taken at 8 rows and more) made a
-pass of 8 to 24 rows 15-35% dearer than ggml's stock path on the 2-core AMD EPYC of docs/results.md
-(Qwen2.5-Coder-1.5B Q4_K_M), and tree passes are that size; so it is switched off unless the
-environment sets it. It changes no pass of one row. The cost curve's cache key records it.
+Every context is made so that a row's logits do not depend on the pass it rides in, so that a tree's
+rows are the rows of llama.cpp's own one-token decoding (checked bit for bit in the tests):
+
+- flash attention on (llama.cpp's default on a CPU is ``auto``, which takes it; llama-cpp-python's
+  ``Llama`` turns it off unless asked), with the V cache in bfloat16. ggml's CPU flash attention
+  sums a row's values in half precision when V is float16, and it picks its path by the pass's
+  shape: a one-row pass over 512 cells or more splits the cells among the threads, a pass of
+  more rows does not, so a one-token pass and a tree's row summed the same values in another
+  order and parted by up to 1.3 logits (SmolLM2). With a V cache in any other type it sums in
+  float32 and takes the same path for every pass.
+- ggml's tiled K-quant matmul off (``GGML_CPU_TILED_MM=0``, its own switch, unless the environment
+  sets it): it is taken from 8 rows on and rounds otherwise than the stock path, and on the 2-core
+  AMD EPYC of docs/results.md it made a pass of 8 to 24 rows 15-35% dearer (Qwen2.5-Coder-1.5B
+  Q4_K_M). It changes no pass of one row. The cost curve's cache key records it.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ _recent_errors: deque[str] = deque(maxlen=8)
 
 
 TILED_SWITCH = "GGML_CPU_TILED_MM"
+GGML_TYPE_BF16 = 30  # ggml.h's enum ggml_type (llama-cpp-python names no constant for it)
 
 
 def bindings() -> Any:
@@ -143,10 +154,9 @@ class LlamaModel:
         params.n_seq_max = sequences
         params.n_threads = params.n_threads_batch = self.threads
         params.kv_unified = True
-        # flash attention computes each row's attention alone, whatever else the batch holds, so a tree's row rounds
-        # as the one-token pass does (without it SmolLM2's outputs parted from ar's at near-ties); llama.cpp's own
-        # default (auto) takes it on a CPU, while llama-cpp-python's Llama turns it off unless asked
+        # a row's arithmetic must not depend on the pass it rides in (see the module's docstring)
         params.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        params.type_v = GGML_TYPE_BF16
         params.no_perf = True
         context = llama.llama_init_from_model(self.pointer, params)
         if not context:

@@ -28,7 +28,7 @@ from goose.cycle.calibration import measure
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.cycle.llama_verifier import LlamaVerifier
 from goose.cycle.verifier import ContextOverflowError
-from goose.llama_model import LlamaModel
+from goose.llama_model import GGML_TYPE_BF16, LlamaModel
 from goose.planning.cost import CostCurve, cache_key
 
 THREADS = int(os.environ.get("GOOSE_TEST_THREADS", "2"))
@@ -62,8 +62,8 @@ def _agrees(ar: AutoregressiveDecoder, prompt: Any, reference: list[int], other:
 
 
 def test_ar_on_the_engine_is_llama_cpps_own_greedy_decoding(gguf: tuple[LlamaModel, Any]) -> None:
-    """Our ar through the llama.cpp verifier decodes what llama-cpp-python's Llama decodes greedily (with flash
-    attention, which the engine uses: llama.cpp's own default on a CPU)."""
+    """Our ar through the llama.cpp verifier decodes what llama-cpp-python's Llama decodes greedily (with the
+    engine's attention settings: flash attention, a bfloat16 V cache)."""
     from llama_cpp import Llama
 
     model, tokenizer = gguf
@@ -71,7 +71,7 @@ def test_ar_on_the_engine_is_llama_cpps_own_greedy_decoding(gguf: tuple[LlamaMod
     ids = ar.encode(PROMPTS[0])
     ours = ar.generate(ids, 40).new_token_ids
     llama = Llama(model_path=str(model.path), n_ctx=512, n_threads=THREADS, n_threads_batch=THREADS, flash_attn=True,
-                  verbose=False)
+                  type_v=GGML_TYPE_BF16, verbose=False)
     theirs = []
     for token in llama.generate(ids, temp=0.0, repeat_penalty=1.0):
         theirs.append(int(token))

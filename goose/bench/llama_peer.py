@@ -60,11 +60,11 @@ def prompts_document(samples: Sequence[Sample], first_turn_ids: Sequence[list[in
 
 def llama_command(peer: PeerScript, gguf: Path, prompts_file: Path, max_new_tokens: int, threads: int,
                   repeats: int, out: Path, engine: str = "torch") -> list[str]:
-    """The script's command; beside ``--engine llama.cpp`` its Llama objects take flash attention as the engine does
-    (and inherit the engine's ggml switches from this process's environment), so ``llama`` is ours ``ar``'s peer."""
+    """The script's command; beside ``--engine llama.cpp`` its Llama objects take the engine's attention settings
+    (and inherit its ggml switches from this process's environment), so ``llama`` decodes as our ``ar`` does."""
     return [peer.python, str(peer.script), "--gguf", str(gguf), "--prompts", str(prompts_file),
             "--max-tokens", str(max_new_tokens), "--methods", ",".join(peer.methods), "--threads", str(threads),
-            "--repeats", str(repeats), "--out", str(out), *(["--flash-attn"] if engine == "llama.cpp" else [])]
+            "--repeats", str(repeats), "--out", str(out), *(["--engine-attention"] if engine == "llama.cpp" else [])]
 
 
 def run_llama_bench(command: Sequence[str], out: Path, progress: bool = True) -> dict[str, Any]:

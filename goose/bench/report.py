@@ -179,7 +179,8 @@ def _llama_table(view: _View) -> str | None:
                  *(f"{llama['identical_to_ar'][m]}/{count}" for m in theirs)])
     ours_decode = (
         "ours decode the same file through llama.cpp too (`--engine llama.cpp`: Goose's trees in one `llama_batch`), "
-        f"flash attention on in both (`flash_attn={c.get('flash_attn')}`), ggml's tiled matmul switch "
+        f"with the same attention settings in both (flash attention, a bfloat16 V cache: "
+        f"`engine_attention={c.get('engine_attention')}`) and ggml's tiled matmul switch "
         f"`GGML_CPU_TILED_MM={c.get('ggml_cpu_tiled_mm')}` in both"
         if llama.get("engine") == "llama.cpp" else
         f"ours decode the dequantized weights in {view.summary['dtype']}, so per token llama.cpp reads about "
