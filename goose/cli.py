@@ -51,15 +51,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Default(str):
+    """A flag's default value, told apart from the same value given on the command line."""
+
+
 def add_model_arguments(parser: argparse.ArgumentParser, *, dtype: str = "float32") -> None:
     parser.add_argument("--model", default="smollm2-135m",
-                        help="smollm2-135m (embedded default), gemma3-270m, a Hugging Face id or a local path")
-    parser.add_argument("--dtype", default=dtype, help="float32 (token-exact), bfloat16 or float16")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--quantize", choices=("int8",), default=None,
-                        help="int8: every linear layer in int8 through oneDNN (CPU with VNNI or AMX), the rest in "
-                             "--dtype; lossless against the int8 model's own decoding")
+                        help="smollm2-135m (embedded default), gemma3-270m, a Hugging Face id or a local path "
+                             "(--engine llama.cpp: an embedded model or a .gguf file)")
+    parser.add_argument("--engine", default="torch", choices=("torch", "llama.cpp"),
+                        help="torch (default): the model's weights in --dtype through transformers; llama.cpp: the "
+                             "GGUF file as shipped, its quantized weights through llama.cpp (CPU; `make llama-setup`)")
+    parser.add_argument("--dtype", default=_Default(dtype), help="float32 (token-exact), bfloat16 or float16")
+    parser.add_argument("--device", default=_Default("cpu"), help="cpu, cuda, cuda:N or auto")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice; "
+                        "llama.cpp: the CPU count)")
+
+
+def check_engine(args: argparse.Namespace) -> None:
+    """Refuse, before any model loads, the model flags that ``--engine llama.cpp`` cannot honour; on that engine the
+    weights' type reads ``gguf`` (the file's own quantization) wherever a report names the dtype."""
+    if args.engine != "llama.cpp":
+        return
+    if args.quantize:
+        raise ValueError(f"--engine llama.cpp runs the GGUF file's own quantized weights; leave out --quantize "
+                         f"{args.quantize}")
+    for flag, value in (("--dtype", args.dtype), ("--device", args.device)):
+        if not isinstance(value, _Default):
+            raise ValueError(f"--engine llama.cpp runs the GGUF file's own quantized weights on the CPU; leave out "
+                             f"{flag} {value}")
+    args.dtype = _Default("gguf")
 
 
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
@@ -115,8 +136,11 @@ def load_model(args: argparse.Namespace) -> tuple[Any, Any]:
 
     from goose import models
 
+    check_engine(args)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.engine == "llama.cpp":
+        return models.load_gguf(args.model, threads=args.threads)
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -254,7 +278,7 @@ def _run_generate(args: argparse.Namespace) -> int:
                        if ar.stats.tokens_per_s else None,
                        "identical_to_ar": ar.new_token_ids == report["new_token_ids"]}
     def described(request: dict[str, Any]) -> dict[str, Any]:  # the configuration a report row came from
-        return {"model": args.model, "dtype": args.dtype, "quantize": args.quantize,
+        return {"model": args.model, "engine": args.engine, "dtype": args.dtype, "quantize": args.quantize,
                 "sources": list(goose.source_names(with_prediction="prediction" in request)),
                 "topology": config.topology, "budget": config.budget, "source_options": config.source_options,
                 "changed": config.digest()["changed"], "temperature": config.temperature, "top_p": config.top_p,

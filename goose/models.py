@@ -3,7 +3,8 @@
 A model is named by one of the embedded names in :data:`EMBEDDED_MODELS` (quantized GGUF files
 shipped inside pip packages, so Goose runs with no network), by a Hugging Face id, or by a local
 directory (a ``save_pretrained`` folder, or a folder holding one ``.gguf`` file; a ``.gguf`` file
-path works too).
+path works too). :func:`load` gives the torch engine's model; :func:`load_gguf` the llama.cpp
+engine's, the GGUF file as shipped.
 
 GGUF weights are dequantized by transformers on every load, which takes tens of seconds. So the
 first load dequantizes once, in float32, and caches the result as a plain ``save_pretrained``
@@ -27,6 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from filelock import FileLock
@@ -48,6 +50,7 @@ __all__ = [
     "has_chat_template",
     "has_gguf",
     "load",
+    "load_gguf",
     "pretrained_location",
     "resolve_dtype",
 ]
@@ -379,6 +382,59 @@ def gguf_path(name: str, *, cache_dir: str | Path | None = None) -> Path:
             raise ModelLoadError(f"could not write the GGUF file under {folder}: {_one_line(exc)}") from exc
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def load_gguf(name: str, *, threads: int | None = None, context: int | None = None,
+              cache_dir: str | Path | None = None) -> tuple[Any, PreTrainedTokenizerBase]:
+    """The GGUF file behind ``name`` (see :func:`gguf_path`) loaded by llama.cpp, quantized as shipped (a
+    :class:`goose.llama_model.LlamaModel`), and its tokenizer. ``threads``, ``context``: see ``LlamaModel``.
+
+    The tokenizer is the one :func:`load` gives: read from the file once by transformers and cached
+    (or taken from the dequantized model's cache when that exists), so both engines encode alike.
+    Raises :class:`ModelLoadError` for a model without a GGUF file, ``LlamaEngineError`` when llama.cpp is
+    missing or refuses the file.
+    """
+    from goose.llama_model import LlamaModel
+
+    cache_root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    path = gguf_path(name, cache_dir=cache_root)
+    tokenizer = _gguf_tokenizer(_gguf_source_for(name), path, cache_root)  # type: ignore[arg-type]
+    return LlamaModel(path, name=name, threads=threads, context=context), tokenizer
+
+
+def _gguf_tokenizer(source: _GgufSource, path: Path, cache_root: Path) -> PreTrainedTokenizerBase:
+    """``source``'s tokenizer (its GGUF file at ``path``): from the dequantized cache if there is one, else from
+    a tokenizer cache built once from the file."""
+    for folder in (cache_root / "models" / source.cache_key, cache_root / "tokenizers" / source.cache_key):
+        if (folder / _CACHE_MARKER).is_file():
+            return _tokenizer_from(folder, source.name)
+    final = cache_root / "tokenizers" / source.cache_key
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".tmp-{source.cache_key}-", dir=final.parent))
+    except OSError as exc:
+        raise ModelLoadError(f"could not create the tokenizer cache under {final.parent}: {_one_line(exc)}") from exc
+    try:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            raise ModelLoadError(f"could not read the tokenizer of {path}: {_one_line(exc)}") from exc
+        tokenizer.save_pretrained(str(staging))
+        (staging / _CACHE_MARKER).write_text(json.dumps({"name": source.name, "cache_key": source.cache_key,
+                                                         "tokenizer": True}) + "\n")
+        publish(staging, final, _CACHE_MARKER)
+    except OSError as exc:
+        raise ModelLoadError(f"could not write the tokenizer cache under {final.parent}: {_one_line(exc)}") from exc
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return _tokenizer_from(final, source.name)
+
+
+def _tokenizer_from(folder: Path, label: str) -> PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise ModelLoadError(f"could not load {label!r}'s tokenizer from {folder}: {_one_line(exc)}") from exc
 
 
 def _gguf_source_for(name: str) -> _GgufSource | None:

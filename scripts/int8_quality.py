@@ -14,7 +14,7 @@ its argmax is bfloat16's next token is counted (teacher-forced: one disagreement
 ``--compare`` (an int8 ``goose bench`` run on the same prompts) adds how many ``ar`` texts are
 identical and how far they agree from the start.
 
-    python scripts/int8_quality.py --model qwen2.5-coder-1.5b --threads 2 --llama-python .venv-llama/bin/python \\
+    python scripts/int8_quality.py --model qwen2.5-coder-1.5b --threads 2 --llama-python .venv/bin/python \\
         --reference docs/bench/qwen15b/greedy-256-x3/results.jsonl.gz --compare int8-run/results.jsonl.gz --out q.json
 """
 

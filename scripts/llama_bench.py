@@ -1,9 +1,9 @@
 """llama.cpp (llama-cpp-python) on Goose's benchmark prompts: plain greedy decoding and its own prompt lookup.
 
 Run with the llama.cpp environment (``make llama-setup`` builds it); ``goose bench --llama-python
-.venv-llama/bin/python`` runs it after its own methods, on the same prompts::
+.venv/bin/python`` runs it after its own methods, on the same prompts::
 
-    .venv-llama/bin/python scripts/llama_bench.py --gguf FILE.gguf --prompts prompts.json --out DIR
+    .venv/bin/python scripts/llama_bench.py --gguf FILE.gguf --prompts prompts.json --out DIR
 
 ``--prompts`` is a JSON object ``{"eos_ids": [...], "prompts": [{"dataset", "question_id", "ids"}, ...]}``:
 the token ids Goose's side encoded (chat template applied there), so that both engines decode the
@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 METHODS = ("llama", "llama_pld")
+GGML_TYPE_BF16 = 30  # ggml.h's enum ggml_type
 WARMUP_TOKENS = 8
 
 
@@ -66,6 +67,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="llama.cpp's n_threads (default: the CPU count)")
     parser.add_argument("--num-pred-tokens", type=int, default=10, help="llama_pld: tokens drafted per lookup")
     parser.add_argument("--max-ngram-size", type=int, default=2, help="llama_pld: longest n-gram looked up")
+    parser.add_argument("--engine-attention", action="store_true", help="flash attention with a bfloat16 V cache, as "
+                        "goose's llama.cpp engine runs (llama-cpp-python's Llama: flash attention off, float16 V)")
     parser.add_argument("--repeats", type=int, default=1, help="runs of every method on every prompt; the median "
                         "by wall time is kept")
     parser.add_argument("--out", required=True, help="folder for results.json")
@@ -102,7 +105,8 @@ def build(method: str, args: argparse.Namespace, n_ctx: int) -> Any:
     # by n_batch (its own logits_all argument, not the draft's), so a sequence past n_batch (512 by default)
     # would overflow it (`could not broadcast ... into shape`)
     return Llama(model_path=args.gguf, n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads, n_threads_batch=threads,
-                 seed=0, draft_model=draft, verbose=False)
+                 seed=0, draft_model=draft, verbose=False,
+                 **({"flash_attn": True, "type_v": GGML_TYPE_BF16} if args.engine_attention else {}))
 
 
 def generate(llm: Any, ids: list[int], max_tokens: int, eos_ids: frozenset[int]) -> tuple[list[int], float, float]:
@@ -158,6 +162,8 @@ def run(args: argparse.Namespace, prompts: list[dict[str, Any]], eos_ids: frozen
         "num_pred_tokens": args.num_pred_tokens,
         "max_ngram_size": args.max_ngram_size,
         "repeats": args.repeats,
+        "engine_attention": args.engine_attention,
+        "ggml_cpu_tiled_mm": os.environ.get("GGML_CPU_TILED_MM"),  # ggml's switch (goose's llama.cpp engine sets 0)
         "python": platform.python_version(),
         "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
     }

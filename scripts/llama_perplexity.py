@@ -1,9 +1,9 @@
 """llama.cpp (llama-cpp-python) scoring fixed token windows: the negative log likelihood of every next token.
 
-Run with the llama.cpp environment; ``scripts/int8_quality.py --llama-python .venv-llama/bin/python``
+Run with the llama.cpp environment; ``scripts/int8_quality.py --llama-python .venv/bin/python``
 runs it on the windows its own side scored, so that both engines read the same token ids::
 
-    .venv-llama/bin/python scripts/llama_perplexity.py --gguf FILE.gguf --windows windows.json --out nll.json
+    .venv/bin/python scripts/llama_perplexity.py --gguf FILE.gguf --windows windows.json --out nll.json
 
 ``--windows`` is a JSON list of token id lists. Each window is evaluated from an empty KV cache with
 ``logits_all``, and token i + 1 is scored by the log softmax (float64) of the logits at i. Writes

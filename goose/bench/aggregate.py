@@ -207,4 +207,12 @@ def build_summary(
         "unavailable": unavailable or {},
         "results": rows,
         "categories": summarize_categories(records),
+        "differences": differences(records),
     }
+
+
+def differences(records: Sequence[Record]) -> list[dict[str, Any]]:
+    """Every greedy output that is not ``ar``'s, with where it parts from it and ``ar``'s logits there
+    (``first_difference``, from :mod:`goose.bench.mismatch`)."""
+    return [{"method": record["method"], "dataset": record["dataset"], "question_id": record["question_id"],
+             **record["first_difference"]} for record in records if record.get("first_difference")]

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from goose.cli import add_model_arguments, add_sampling_arguments, register_command
+from goose.cli import add_model_arguments, add_sampling_arguments, check_engine, register_command
 
 SUITE_NAMES = ("ablation", "synergy", "three-source", "sweep")  # goose.bench.methods.suite_methods
 
@@ -107,8 +108,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="then measure llama.cpp on the same prompts (first turns), greedy, one request at a "
                              "time: plain (llama) and its prompt lookup (llama_pld), reading the model's GGUF file "
                              "as shipped (scripts/llama_bench.py run by this interpreter of the llama.cpp "
-                             "environment, e.g. .venv-llama/bin/python, `make llama-setup`; its files go to --out's "
-                             "llama/ folder); tok/s side by side with ours in report.md and summary.json")
+                             "environment, e.g. .venv/bin/python after `make llama-setup`; its files go to --out's "
+                             "llama/ folder); tok/s side by side with ours in report.md and summary.json; with "
+                             "--engine llama.cpp it runs by default, under this interpreter")
     parser.add_argument("--repeats", type=int, default=1, metavar="N",
                         help="time every method N times on every prompt (fresh decoders, rotated order) and keep "
                              "the run with the median wall time; every run's time is in results.jsonl (wall_s_runs)")
@@ -144,9 +146,15 @@ def _method_list(args: argparse.Namespace) -> list[Any]:
         methods += read_study_file(args.methods_file, overrides)
     if args.suite:
         methods += suite_methods(args.suite, _names(args.sources) or None, args.disable, overrides)
-    if not methods:
-        methods = list(QUICK_METHODS if args.quick else MAIN_METHODS)
+    llama_engine = args.engine == "llama.cpp"
+    if not methods:  # on the llama.cpp engine, llama.cpp's own peers stand in for Hugging Face's generate
+        methods = [m for m in (QUICK_METHODS if args.quick else MAIN_METHODS)
+                   if not llama_engine or ALL_METHODS[m].kind != "hf"]
     resolved = resolve_methods(methods, overrides)  # unknown names fail here, before any model is loaded
+    peers = [m.name for m in resolved if m.kind == "hf"] if llama_engine else []
+    if peers:
+        raise ValueError(f"--engine llama.cpp: {', '.join(peers)} run Hugging Face's generate on torch weights; "
+                         "leave them out (llama.cpp's plain decoding and prompt lookup run as peers)")
     if (args.budget is not None or args.config) and all(ALL_METHODS.get(m.name) is m for m in resolved):
         raise ValueError("--budget and --config apply to composed (SOURCES@TOPOLOGY), suite and study-file methods, "
                          "and none is named: built-in names keep their definitions")
@@ -203,6 +211,7 @@ def run_command(args: argparse.Namespace) -> int:
     model_names = _names(args.model)
     if not model_names:
         raise ValueError("--model names no model")
+    check_engine(args)
     if args.concurrency is None:
         methods = _method_list(args)
     elif args.methods_file or args.suite or args.budget or args.config or args.cost_curve:
@@ -226,6 +235,8 @@ def run_command(args: argparse.Namespace) -> int:
     if args.llama_python and args.temperature:
         raise ValueError("--llama-python measures greedy decoding; leave --temperature out")
     llama = None
+    if args.engine == "llama.cpp" and args.concurrency is None and not args.temperature:
+        args.llama_python = args.llama_python or sys.executable  # its peers run on the same file, in the same run
     if args.llama_python:
         from goose.bench.llama_peer import llama_peer
 
@@ -250,7 +261,7 @@ def run_command(args: argparse.Namespace) -> int:
         max_new_tokens=max_new_tokens, dtype=args.dtype, quantize=args.quantize, device=args.device, seed=args.seed,
         threads=args.threads,
         chat=not args.no_chat, progress=not args.no_progress, warm_sources=args.warm_sources, sampling=sampling,
-        datastore=datastore, repeats=args.repeats, cost_curve=args.cost_curve,
+        datastore=datastore, repeats=args.repeats, cost_curve=args.cost_curve, engine=args.engine,
         extra={"quick": args.quick, "suite": args.suite, "suite_sources": _names(args.sources) or None,
                "disabled": args.disable or None},
     )
@@ -281,17 +292,21 @@ def run_command(args: argparse.Namespace) -> int:
 
 def _run_llama(peer: PeerScript, bench: Bench, settings: BenchSettings) -> dict[str, dict]:
     """llama.cpp after our methods, model by model, on the samples and first-turn ids our run used."""
+    import os
+
     import torch
 
     from goose.bench.llama_peer import measure_llama
 
+    # the threads our side ran with: torch's, or the llama.cpp engine's (the CPU count unless --threads)
+    threads = settings.threads or (os.cpu_count() or 1 if settings.engine == "llama.cpp" else torch.get_num_threads())
     sections = {}
     for run in bench.runs:
         folder = settings.out / "llama" if len(bench.runs) == 1 else settings.out / "llama" / _safe_name(run.model)
         sections[run.model] = measure_llama(
             peer, run.model, bench.samples, run.first_turn_ids, run.eos_ids, run.records, settings.dtype,
-            settings.quantize, settings.max_new_tokens, settings.threads or torch.get_num_threads(), settings.repeats,
-            folder, progress=settings.progress)
+            settings.quantize, settings.max_new_tokens, threads, settings.repeats, folder,
+            progress=settings.progress, engine=settings.engine)
     return sections
 
 
@@ -307,7 +322,9 @@ def _run_concurrency(args: argparse.Namespace, model_names: list[str], datasets:
         raise ValueError(f"--concurrency takes integers, e.g. 1,2,4,8; got {args.concurrency!r}") from None
     if not concurrencies or concurrencies[0] < 1 or concurrencies[-1] > 64:
         raise ValueError(f"--concurrency takes integers in 1..64, got {args.concurrency!r}")
-    methods = _names(args.methods) or list(CONCURRENCY_METHODS)
+    methods = _names(args.methods) or [m for m in CONCURRENCY_METHODS if args.engine != "llama.cpp" or m != "hf_ar"]
+    if args.engine == "llama.cpp" and "hf_ar" in methods:
+        raise ValueError("--engine llama.cpp: hf_ar runs Hugging Face's generate on torch weights; leave it out")
     unknown = [m for m in methods if m not in CONCURRENCY_METHODS + OPTIONAL_METHODS]
     if unknown:
         raise ValueError(f"--concurrency runs the methods {', '.join(CONCURRENCY_METHODS + OPTIONAL_METHODS)}; "

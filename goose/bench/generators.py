@@ -25,6 +25,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from goose.bench.methods import Method
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
+from goose.cycle.engine import model_device
 from goose.cycle.sampling import SamplingParams
 
 # GenerationStats.to_dict() keys kept per turn (the per-step lists are kept separately)
@@ -73,7 +74,7 @@ class DecoderGenerator:
             self.decoder: AutoregressiveDecoder | GooseDecoder = AutoregressiveDecoder(model, tokenizer)
         else:
             self.decoder = GooseDecoder(model, tokenizer, method.config())
-        self.device = next(model.parameters()).device
+        self.device = model_device(model)
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams | None = None,
                  prediction: str | None = None) -> TurnOutput:

@@ -42,7 +42,7 @@ def llama_peer(python: str, model_names: Sequence[str]) -> PeerScript:
     from goose.models import has_gguf
 
     interpreter, script = peer_files("--llama-python", python, "llama_bench.py",
-                                     "the llama.cpp environment's python, e.g. .venv-llama/bin/python (`make "
+                                     "the llama.cpp environment's python, e.g. .venv/bin/python (`make "
                                      "llama-setup` builds it)")
     no_file = [name for name in model_names if not has_gguf(name)]
     if no_file:
@@ -60,10 +60,12 @@ def prompts_document(samples: Sequence[Sample], first_turn_ids: Sequence[list[in
 
 
 def llama_command(peer: PeerScript, gguf: Path, prompts_file: Path, max_new_tokens: int, threads: int,
-                  repeats: int, out: Path) -> list[str]:
+                  repeats: int, out: Path, engine: str = "torch") -> list[str]:
+    """The script's command; beside ``--engine llama.cpp`` its Llama objects take the engine's attention settings
+    (and inherit its ggml switches from this process's environment), so ``llama`` decodes as our ``ar`` does."""
     return [peer.python, str(peer.script), "--gguf", str(gguf), "--prompts", str(prompts_file),
             "--max-tokens", str(max_new_tokens), "--methods", ",".join(peer.methods), "--threads", str(threads),
-            "--repeats", str(repeats), "--out", str(out)]
+            "--repeats", str(repeats), "--out", str(out), *(["--engine-attention"] if engine == "llama.cpp" else [])]
 
 
 def run_llama_bench(command: Sequence[str], out: Path, progress: bool = True) -> dict[str, Any]:
@@ -124,7 +126,8 @@ def llama_section(results: dict[str, Any], records: Sequence[Record], dtype: str
             "pld_identical_to_plain": outputs[LOOKUP] == outputs[PLAIN] if {PLAIN, LOOKUP} <= set(outputs) else None,
         })
     conditions = results["conditions"]
-    our_bytes = conditions["n_params"] * DTYPE_BYTES.get(quantize or dtype, 4)  # the embedding table is a lookup
+    our_bytes = conditions["n_params"] * DTYPE_BYTES[quantize or dtype] if (quantize or dtype) in DTYPE_BYTES \
+        else conditions["gguf_bytes"]  # the embedding table is a lookup; the llama.cpp engine reads the file
     return {
         "conditions": conditions,
         "turns": "the first turn of every sample",
@@ -146,8 +149,8 @@ def llama_section(results: dict[str, Any], records: Sequence[Record], dtype: str
 
 def measure_llama(peer: PeerScript, model: str, samples: Sequence[Sample], first_turn_ids: Sequence[list[int]],
                   eos_ids: Sequence[int], records: Sequence[Record], dtype: str, quantize: str | None,
-                  max_new_tokens: int, threads: int, repeats: int, folder: Path, progress: bool = True
-                  ) -> dict[str, Any]:
+                  max_new_tokens: int, threads: int, repeats: int, folder: Path, progress: bool = True,
+                  engine: str = "torch") -> dict[str, Any]:
     """llama.cpp on ``model``'s GGUF file and our run's prompts, into ``folder``; the summary's ``llama`` section."""
     from goose.models import gguf_path
 
@@ -157,7 +160,7 @@ def measure_llama(peer: PeerScript, model: str, samples: Sequence[Sample], first
     folder.mkdir(parents=True, exist_ok=True)
     prompts_file = folder / PROMPTS_FILE
     prompts_file.write_text(json.dumps(prompts_document([s for s, _ in kept], [i for _, i in kept], eos_ids)) + "\n")
-    command = llama_command(peer, gguf_path(model), prompts_file, max_new_tokens, threads, repeats, folder)
+    command = llama_command(peer, gguf_path(model), prompts_file, max_new_tokens, threads, repeats, folder, engine)
     print(f"{model}: llama.cpp {', '.join(peer.methods)} on {len(kept)} first turns (scripts/llama_bench.py, "
           f"into {folder})", flush=True)
-    return llama_section(run_llama_bench(command, folder, progress), records, dtype, quantize)
+    return llama_section(run_llama_bench(command, folder, progress), records, dtype, quantize) | {"engine": engine}

@@ -237,14 +237,22 @@ def _llama_table(view: _View) -> str | None:
     rows.append(["**median**", "", *(_f(llama["median_tokens_per_s"].get(m), 1) for m in [*ours, *theirs]),
                  *(_x(llama["median_ratios"][r]) for r in ratios),
                  *(f"{llama['identical_to_ar'][m]}/{count}" for m in theirs)])
+    ours_decode = (
+        "ours decode the same file through llama.cpp too (`--engine llama.cpp`: Goose's trees in one `llama_batch`), "
+        f"with the same attention settings in both (flash attention, a bfloat16 V cache: "
+        f"`engine_attention={c.get('engine_attention')}`) and ggml's tiled matmul switch "
+        f"`GGML_CPU_TILED_MM={c.get('ggml_cpu_tiled_mm')}` in both"
+        if llama.get("engine") == "llama.cpp" else
+        f"ours decode the dequantized weights in {view.summary['dtype']}, so per token llama.cpp reads about "
+        f"{llama['weight_bytes_ratio']:.0%} of the weight bytes we read")
     lines = [
         f"{c['engine']}, `{c['gguf'].rsplit('/', 1)[-1]}` ({c['gguf_bytes'] / 1e6:.0f} MB) as shipped, through its "
-        f"quantized kernels; ours decode {_our_weights(view.summary)}, so per token llama.cpp "
-        f"reads about {llama['weight_bytes_ratio']:.0%} of the weight bytes we read. {c['threads']} threads, one "
+        f"quantized kernels; {ours_decode}. {c['threads']} threads, one "
         f"request at a time (llama-cpp-python's `Llama` decodes one sequence), {llama['turns']} (the same token "
         f"ids and EOS ids as ours), greedy, prefill included in every time; `llama_pld`: `LlamaPromptLookupDecoding"
-        f"(max_ngram_size={c['max_ngram_size']}, num_pred_tokens={c['num_pred_tokens']})`. Other weights, other "
-        "arithmetic: its texts may differ from ours.",
+        f"(max_ngram_size={c['max_ngram_size']}, num_pred_tokens={c['num_pred_tokens']})`. "
+        + ("Same weights, same kernels: `llama` is ours `ar`'s peer token for token." if llama.get("engine") ==
+           "llama.cpp" else "Other weights, other arithmetic: its texts may differ from ours."),
     ]
     if {"llama", "llama_pld"} <= set(theirs):
         lines.append(f"`llama_pld`'s text equals `llama`'s on {llama['pld_identical_to_plain']}/{count} prompts.")
@@ -436,9 +444,34 @@ def _study_tables(view: _View) -> str | None:
     return text
 
 
+def _differences_table(view: _View) -> str | None:
+    """Every output that parts from ``ar``'s: where, and ``ar``'s own two top logits there (goose.bench.mismatch)."""
+    found = view.summary.get("differences") or []
+    if not found:
+        return None
+    rows = []
+    for item in found:
+        where = f"{_title(item['dataset'])} {item['question_id']}" if "/" not in str(item["question_id"]) else \
+            str(item["question_id"])
+        if "top2_logits" not in item:  # one output only stops earlier or later
+            rows.append([f"`{item['method']}`", where, str(item["turn"]), str(item["index"]), DASH, DASH, DASH, DASH])
+            continue
+        top = item["top2_logits"]
+        rows.append([f"`{item['method']}`", where, str(item["turn"]), str(item["index"]),
+                     f"{json.dumps(item.get('reference_text'))} / {json.dumps(item.get('text'))}",
+                     f"{top[0]:.3f} / {top[1]:.3f}", f"{item['token_gap']:.3f}",
+                     str(item["token_rank"] + 1) + ("" if item.get("replayed", True) else " (replay differs)")])
+    header = ["method", "sample", "turn", "first differing token", "`ar`'s token / its token",
+              "`ar`'s two top logits", "its token's logit below `ar`'s top", "its token's rank under `ar`"]
+    return ("### Outputs that differ from `ar`\n\nFor every output that is not `ar`'s, the first token where it "
+            "parts and `ar`'s own logits there (replayed: the prompt's prefill, then one token a pass). A token a "
+            "few hundredths of a logit below `ar`'s top one, ranked second, is a near-tie that a pass of another "
+            "shape rounds the other way.\n\n" + _table(header, rows))
+
+
 SECTIONS: tuple[Callable[[_View], str | None], ...] = (
-    _header, _main_table, _spread_table, _estimate_table, _peer_table, _lookup_table, _first_token_table,
-    _llama_table, _topology_table,
+    _header, _main_table, _differences_table, _spread_table, _estimate_table, _peer_table, _lookup_table,
+    _first_token_table, _llama_table, _topology_table,
     _synergy_table, _acceptance_table, _path_table, _category_tables, _ablation_table, _sweep_table, _study_tables,
     _unavailable, _definitions,
 )

@@ -62,6 +62,7 @@ from goose.bench.methods import (
     unavailable_reason,
     with_datastore,
 )
+from goose.bench.mismatch import explain, first_difference
 from goose.bench.prompts import Sample, load_samples
 from goose.bench.records import Record, build_record, compare
 from goose.bench.study import study_rows, tokens_lost_without
@@ -102,6 +103,7 @@ class BenchSettings:
     overrides: Overrides = NO_OVERRIDES  # --budget / --config on composed methods
     cost_curve: str | None = None  # the deterministic mode: "device" or a curve file (goose.bench.estimate)
     progress: bool = True
+    engine: str = "torch"  # or "llama.cpp": the GGUF file as shipped (goose.cycle.engine)
     extra: dict[str, Any] = field(default_factory=dict)  # recorded in the summary's settings as is
 
 
@@ -226,8 +228,11 @@ class Bench:
         _set_seed(settings.seed)
         device = _device(settings.device)
         bar.set_postfix_str(f"loading {name}")
-        model, tokenizer = models.load(name, dtype=settings.dtype, device=device, progress=False,
-                                       quantize=settings.quantize)
+        if settings.engine == "llama.cpp":
+            model, tokenizer = models.load_gguf(name, threads=settings.threads)
+        else:
+            model, tokenizer = models.load(name, dtype=settings.dtype, device=device, progress=False,
+                                           quantize=settings.quantize)
         run = ModelRun(name, device, settings.dtype, self.methods, cost_curve=load_or_measure(model))
         if settings.cost_curve is not None:
             run.priced_on = run.cost_curve if settings.cost_curve == DEVICE_CURVE else load_curve(settings.cost_curve)
@@ -279,6 +284,8 @@ class Bench:
             compare(measured)
             if run.priced_on is not None:
                 price(measured, run.priced_on, BASELINE)
+            if sampling is None:
+                self._explain(measured, sample, generators, tokenizer)
             for method in order:  # file order: the requested method order, whatever the timing order
                 if method in measured:
                     results.write(json.dumps(measured[method]) + "\n")
@@ -286,6 +293,28 @@ class Bench:
             results.flush()
         del generators, model, tokenizer
         gc.collect()
+
+    def _explain(self, measured: dict[str, Record], sample: Sample, generators: dict[str, Generator],
+                 tokenizer: Any) -> None:
+        """Every greedy output that is not ``ar``'s gets its first difference and ``ar``'s logits there
+        (:mod:`goose.bench.mismatch`), replayed through ``ar``'s own verifier (not timed)."""
+        base = measured.get(BASELINE)
+        if base is None:
+            return
+        verifier = generators[BASELINE].decoder.verifier  # type: ignore[attr-defined]
+        for record in measured.values():
+            if record["identical_to_ar"] is not False or record["method"] not in generators or \
+                    generators[record["method"]].method.kind == "hf":
+                continue
+            for turn, (reference, other) in enumerate(zip(base["new_token_ids"], record["new_token_ids"],
+                                                          strict=True)):
+                if reference != other:
+                    prompt_ids = turn_prompt_ids(tokenizer, sample.turns[: turn + 1],
+                                                 base["choices"][0]["turns"][:turn], chat=self.settings.chat)
+                    found = explain(verifier, prompt_ids, reference, other, tokenizer)
+                    record["first_difference"] = {"turn": turn, "index": first_difference(reference, other)} \
+                        if found is None else {"turn": turn, **found}
+                    break
 
     def _generators(self, run: ModelRun, model: Any, tokenizer: Any, bar: tqdm) -> dict[str, Generator]:
         baseline = DecoderGenerator(self.methods[0], model, tokenizer)  # resolve_methods puts ar first
@@ -350,6 +379,7 @@ class Bench:
             "seed": settings.seed,
             "quantize": settings.quantize,
             "threads": torch.get_num_threads(),
+            "engine": settings.engine,
             "chat_template": settings.chat,
             "warmup_tokens": settings.warmup_tokens,
             "warm_sources": settings.warm_sources,

@@ -12,8 +12,8 @@ import torch
 
 from goose.config import GooseConfig
 from goose.contract.tree import TreeBuilder
+from goose.cycle.engine import new_verifier
 from goose.cycle.readout import read
-from goose.cycle.verifier import Verifier
 from goose.planning.cost import BATCH_WIDTHS, CostCurve, cached, curve_path, monotone
 
 DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -32,7 +32,7 @@ def measure(model: torch.nn.Module, sizes: tuple[int, ...] = DEFAULT_SIZES, roun
     pass does not cost what one request's pass of as many rows does (every request attends over its
     own context, and small per-request blocks use the kernels less well), hence a curve per batch size.
     """
-    verifier = Verifier(model, batch)
+    verifier = new_verifier(model, batch)
     vocab = verifier.vocab_size
     generator = np.random.default_rng(0)
     contexts = [generator.integers(100, min(vocab, 30_000), context_length).tolist() for _ in range(batch)]

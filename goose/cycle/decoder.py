@@ -4,7 +4,8 @@ Both turn prompts and options into requests and drive them through one engine, a
 :class:`goose.cycle.session.Session` (the cycle, top to bottom, is there): a single request is a
 session of one over the decoder's own verifier, many requests a session of several
 (:meth:`_Decoding.batch`). The autoregressive decoder drafts nothing: every pass verifies the bare
-anchor, one token a row.
+anchor, one token a row. ``model`` is a Hugging Face model (the torch engine) or a GGUF file in
+llama.cpp (:class:`goose.llama_model.LlamaModel`); :mod:`goose.cycle.engine` gives each its verifier.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from goose.config import GooseConfig, SamplingParams
 from goose.cycle.drafting import Drafter
+from goose.cycle.engine import check_sources, eos_ids, new_verifier
 from goose.cycle.logprobs import check_top_logprobs
 from goose.cycle.request import GenerationResult, Prompt, Request, check_request
 from goose.cycle.sampling import Sampler, random_seed
 from goose.cycle.session import Chunk, Session
-from goose.cycle.verifier import ContextOverflowError, Verifier
+from goose.cycle.verifier import ContextOverflowError
 from goose.planning.budget import BudgetPlanner
 from goose.planning.cost import CostCurve
 
@@ -46,8 +48,8 @@ class _Decoding:
         self.tokenizer = tokenizer
         self.chat = chat
         self.sampling = sampling or SamplingParams()
-        self.verifier = Verifier(model)  # one request at a time: generate and stream
-        self.eos_ids = _eos_ids(model, tokenizer)
+        self.verifier = new_verifier(model)  # one request at a time: generate and stream
+        self.eos_ids = eos_ids(model, tokenizer)
         self.last_result: GenerationResult | None = None
 
     def stream(self, prompt: Prompt, max_new_tokens: int = 128, **options: Any) -> Iterator[Chunk]:
@@ -92,7 +94,8 @@ class _Decoding:
         ``cache_positions``: the KV cache's budget in positions over all slots (each request's prompt and
         output must fit a slot's equal share, or it is refused at submit); None: a slot holds the model's context.
         """
-        return Session(Verifier(self.model, max_batch, cache_positions), self._request, self.tokenizer, self.drafter)
+        return Session(new_verifier(self.model, max_batch, cache_positions), self._request, self.tokenizer,
+                       self.drafter)
 
     def generate_batch(self, prompts: list[Prompt], max_new_tokens: int = 128, max_batch: int | None = None,
                        cache_positions: int | None = None, **options: Any) -> list[GenerationResult]:
@@ -203,6 +206,7 @@ class GooseDecoder(_Decoding):
         self.config = (config or GooseConfig()).merged(overrides) if overrides else config or GooseConfig()
         super().__init__(model, tokenizer, chat, self.config.sampling_params())
         self.drafter = Drafter(model, tokenizer, self.config, self.verifier.vocab_size, profile, cost_curve)
+        check_sources(model, self.drafter.sources)
         self.sources, self.topology, self.source_names = self.drafter.sources, self.drafter.topology, \
             self.drafter.source_names
 
@@ -210,16 +214,6 @@ class GooseDecoder(_Decoding):
     def budget_planner(self) -> BudgetPlanner | None:
         """The planner that prices rows with the cost curve (see :attr:`Drafter.budget_planner`)."""
         return self.drafter.budget_planner if self.drafter is not None else None
-
-
-def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> frozenset[int]:
-    ids: set[int] = set()
-    for value in (getattr(model.generation_config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list | tuple):
-            ids.update(int(v) for v in value)
-    return frozenset(ids)
 
 
 def generate(

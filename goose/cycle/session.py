@@ -10,7 +10,7 @@ or, one cycle of every row decoding:
 1. every row's sources draft (:class:`goose.cycle.drafting.RowCycle`); the pool ranks them;
 2. the budget: one row takes the cost curve's best for its pool; several split the pass's rows by
    expected yield (:meth:`goose.planning.budget.BudgetPlanner.split`); each row's topology plans its tree;
-3. one pass of the :class:`goose.cycle.verifier.Verifier` verifies every tree;
+3. one pass of the verifier verifies every tree (:mod:`goose.cycle.engine`: torch or llama.cpp);
 4. each row walks (the longest path the target agrees with, then the bonus token) and commits to
    its own slot;
 5. its sources learn from the outcome, and the planner from the cycle's times and yields. A
@@ -44,9 +44,9 @@ from goose.contract.tree import DraftTree
 from goose.cycle.calibration import load_or_measure
 from goose.cycle.detokenize import IncrementalText
 from goose.cycle.drafting import Drafter, RowCycle
+from goose.cycle.engine import Verifying
 from goose.cycle.logprobs import TokenLogprob
 from goose.cycle.request import GenerationResult, Prompt, Request
-from goose.cycle.verifier import Verifier
 from goose.planning.cost import BatchCosts
 
 # prompt, max_new_tokens, options -> the request (bad input raises here)
@@ -87,7 +87,7 @@ class Session:
     stop a request with :meth:`cancel`. Call all three from one thread.
     """
 
-    def __init__(self, verifier: Verifier, intake: Intake, tokenizer: Any, drafter: Drafter | None) -> None:
+    def __init__(self, verifier: Verifying, intake: Intake, tokenizer: Any, drafter: Drafter | None) -> None:
         self.verifier = verifier
         self.max_batch = verifier.slots
         self.intake, self.tokenizer, self.drafter = intake, tokenizer, drafter

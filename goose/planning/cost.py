@@ -60,6 +60,8 @@ def monotone(seconds: list[float]) -> np.ndarray:
 
 
 def cache_key(model: torch.nn.Module) -> str:
+    if not isinstance(model, torch.nn.Module):  # another engine's model names its own key (goose.llama_model)
+        return f"v{CURVE_FORMAT}-{model.cache_key()}"
     parameter = next(model.parameters())
     config = model.config
     parts = [f"v{CURVE_FORMAT}", getattr(config, "_name_or_path", "") or config.model_type,
@@ -74,6 +76,11 @@ def _processor_name(device: torch.device) -> str:
     """The chip the curve was measured on: the same VM image can land on different CPUs."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
+    return cpu_name()
+
+
+def cpu_name() -> str:
+    """This machine's processor model, for a cache key."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -170,6 +177,8 @@ def output_layer_weight(model: torch.nn.Module) -> float:
     harvest it bounds is never underestimated in cost. An int8 layer's weights are not parameters
     (:class:`goose.quantize.Int8Linear`) and are counted by its shape.
     """
+    if not isinstance(model, torch.nn.Module):  # another engine's model counts from its file (goose.llama_model)
+        return float(model.output_layer_weight())
     head = model.get_output_embeddings()
     counted = {model.get_input_embeddings().weight.data_ptr(), *(p.data_ptr() for p in head.parameters())}
     body = sum(p.numel() for p in model.parameters() if p.data_ptr() not in counted)

@@ -29,8 +29,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from goose.config import GooseConfig
 from goose.cycle.decoder import GenerationResult, GooseDecoder
+from goose.cycle.engine import new_verifier
 from goose.cycle.session import Session
-from goose.cycle.verifier import Verifier
 from goose.plugins import PluginError, registry
 from goose.serve.errors import APIError, bad_request, from_validation_error, rejection
 from goose.serve.job import Decoding, Delta, Failed, Finished, Job
@@ -83,8 +83,9 @@ class Engine:
         self.max_queue = max_queue
         self.metrics = metrics or ServerMetrics()
         self.default_decoding = Decoding(tuple(self.config.sources), self.config.topology, self.config.budget)
-        shape = Verifier(model)  # the context and vocabulary every decoder of this model works within
+        shape = new_verifier(model)  # the context and vocabulary every decoder of this model works within
         self.context, self.vocab_size = shape.max_positions, shape.vocab_size
+        del shape
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._decoders: OrderedDict[Decoding, GooseDecoder] = OrderedDict()
         self._threads = torch.get_num_threads()

@@ -1,0 +1,317 @@
+"""The llama.cpp verifier: the draft trees of one request or of many in one ``llama_batch``, on a GGUF file as shipped.
+
+It keeps :class:`goose.cycle.verifier.Verifier`'s interface (prefill, verify, commit, release, room),
+so the same :class:`goose.cycle.session.Session`, sources, topologies, planner and walker run on it.
+Only llama-cpp-python's public low-level bindings are used: ``llama_batch_init``, ``llama_decode``,
+``llama_get_logits`` and the memory functions ``llama_memory_seq_cp`` / ``seq_rm``.
+
+A tree rides in a batch as llama.cpp's sequences. Every leaf of a request's tree is a sequence
+id; a node belongs to the sequences of the leaves below it (the root-to-leaf paths through it),
+at position context + depth. The KV cache is unified (``kv_unified``): a cell holds one node's keys
+once, whatever sequences it belongs to, and a row attends to the cells of its first sequence up
+to its own position, which are the context and the node's ancestors: the tree attention mask,
+built by llama.cpp from the sequence ids. The context is in every leaf's sequence (``seq_cp`` from
+the request's main sequence before the pass); the batch asks logits for the tree's rows only.
+
+Each request (slot) owns a pool of sequence ids. Between passes only its main sequence holds
+cells: its context. A commit keeps the accepted path: the chosen leaf (one below the deepest
+accepted node) becomes the main sequence, every other sequence of the pass is removed, and the
+chosen path's nodes below the accepted ones are cut (``seq_rm`` from the first position not
+kept). No key moves: llama.cpp finds a cell by its sequence and position, not by its index.
+
+A rejected node's cell is not freed but handed to a *tombstone* sequence that no row reads.
+llama.cpp fills the lowest free cells first, so a freed cell would soon hold a later token below
+the cells of earlier positions, and its attention sums a row's cells in cell order (in half
+precision, flash attention's values): a token out of order moved SmolLM2's logits by up to 0.7
+and parted the output from ``ar``'s. With tombstones every sequence's cells stay in position order
+and a tree's rows are bit for bit the one-token rows. A released request's cells become tombstones
+too (the last request to leave empties the cache). When a pass would not fit beside them they are
+all freed at once (the rows after that may round differently: a near-tie can then flip).
+
+A pass that is not committed (the calibration's) is forgotten at the start of the next one.
+The logits of a verify pass are views of llama.cpp's output buffer: valid until the next pass
+(the cycle reads them before it); a prefill's are copied (a session keeps them a step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from goose.contract.outcome import AuxiliaryRows
+from goose.contract.tree import DraftTree
+from goose.cycle.verifier import CacheBudgetError, ContextOverflowError
+from goose.llama_model import LlamaEngineError, LlamaModel, bindings, recent_errors
+
+MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
+SLOT_SEQUENCES = 64  # sequence ids a request's pool holds at most: its tree's leaves, so its draft rows
+BATCH_TOKENS = 2048  # tokens one llama_decode takes: a prompt is fed in pieces of this many
+
+
+@dataclass
+class _Slot:
+    """One request's part of the context: its sequence ids, its main one, and its pass awaiting a commit."""
+
+    pool: np.ndarray  # int32 sequence ids this request owns
+    main: int  # the sequence that holds its context between passes
+    length: int = 0  # positions in its context (the anchor of the next pass sits at this position)
+    leaves: np.ndarray | None = None  # the last pass's leaf sequence ids (None: no pass awaits a commit)
+    member: np.ndarray | None = None  # bool [nodes, leaves]: node i lies on leaf k's root path
+
+
+class LlamaVerifier:
+    """Owns a llama.cpp context holding up to ``slots`` requests; the interface of
+    :class:`goose.cycle.verifier.Verifier`.
+
+    ``cache_positions``: KV cells over all slots (each slot an equal share, at most the model's
+    context); None: each slot holds ``model.context`` positions. The cells are reserved when the
+    verifier is made (llama.cpp allocates its KV cache up front).
+    """
+
+    def __init__(self, model: LlamaModel, slots: int = 1, cache_positions: int | None = None) -> None:
+        if slots < 1:
+            raise ValueError(f"max_batch must be at least 1, got {slots}")
+        if slots > MAX_SEQUENCES:
+            raise ValueError(f"llama.cpp holds {MAX_SEQUENCES} sequences at most: max_batch {slots} is too many")
+        if cache_positions is not None and cache_positions < slots * 2:
+            raise ValueError(f"a cache budget of {cache_positions} positions is too small for {slots} slots")
+        self.llama = bindings()
+        self.model = model
+        self.slots = slots
+        self.vocab_size = model.vocab_size
+        self.max_positions = model.context
+        self.sliding_window = None  # llama.cpp keeps a sliding-window layer's cache itself
+        self.budgeted = cache_positions is not None and cache_positions // slots < self.max_positions
+        self.slot_positions = cache_positions // slots if self.budgeted and cache_positions else self.max_positions
+        self.pool_size = min(SLOT_SEQUENCES, (MAX_SEQUENCES - 1) // slots)
+        sequences = self.pool_size * slots + 1
+        self.tombstone = sequences - 1  # the sequence of rejected and released cells (see the module's docstring)
+        self.cells = self.slot_positions * slots
+        self.context = model.new_context(self.cells, sequences, BATCH_TOKENS)
+        self.memory = self.llama.llama_get_memory(self.context)
+        self.batch = self.llama.llama_batch_init(BATCH_TOKENS, 0, sequences)
+        llama_batch = self.batch
+        self._tokens = np.ctypeslib.as_array(llama_batch.token, shape=(BATCH_TOKENS,))
+        self._positions = np.ctypeslib.as_array(llama_batch.pos, shape=(BATCH_TOKENS,))
+        self._counts = np.ctypeslib.as_array(llama_batch.n_seq_id, shape=(BATCH_TOKENS,))
+        self._outputs = np.ctypeslib.as_array(llama_batch.logits, shape=(BATCH_TOKENS,))
+        self._row_sequences = [np.ctypeslib.as_array(llama_batch.seq_id[row], shape=(sequences,))
+                               for row in range(BATCH_TOKENS)]
+        self._pools = [np.arange(i * self.pool_size, (i + 1) * self.pool_size, dtype=np.int32) for i in range(slots)]
+        self.reset()
+
+    def close(self) -> None:
+        """Free the context and the batch (the verifier is unusable after)."""
+        if getattr(self, "context", None):
+            self.llama.llama_batch_free(self.batch)
+            self.llama.llama_free(self.context)
+            self.context = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at interpreter exit the bindings may be gone: the process frees it
+            self.close()
+
+    def reset(self) -> None:
+        """Drop every slot and every cell of the KV cache."""
+        self.llama.llama_memory_clear(self.memory, False)
+        self.buried = 0  # cells the tombstone sequence holds
+        self._slots: list[_Slot] = []
+        self._free = list(range(self.slots))  # pools not held by a live slot
+
+    @property
+    def lengths(self) -> list[int]:
+        return [slot.length for slot in self._slots]
+
+    @property
+    def live(self) -> int:
+        return len(self._slots)
+
+    def check_fits(self, positions: int) -> None:
+        """As :meth:`goose.cycle.verifier.Verifier.check_fits`."""
+        if self.budgeted and positions > self.slot_positions:
+            raise CacheBudgetError(f"a request of up to {positions} positions (prompt + max_new_tokens) does not fit "
+                                   f"a slot's share of the cache budget ({self.slots} slots): {self.slot_positions} "
+                                   f"positions; lower max_new_tokens")
+
+    def full(self) -> list[int]:
+        return [i for i, slot in enumerate(self._slots) if slot.length >= self.slot_positions - 1]
+
+    def room(self) -> list[int]:
+        """Per live slot, the rows after the anchor its next pass may hold: its free positions, and no more draft
+        rows than its pool has sequence ids (a tree of r draft rows has at most r leaves)."""
+        return [max(0, min(self.slot_positions - 1 - slot.length, self.pool_size)) for slot in self._slots]
+
+    def prefill(self, prompt_ids: list[int], logits_to_keep: int = 1) -> torch.Tensor:
+        """Run a joining request's prompt into the next free slot (in pieces of ``BATCH_TOKENS``); the logits
+        [k, V] of its last k positions (a copy)."""
+        if not prompt_ids:
+            raise ValueError("empty prompt: give at least one token")
+        if len(prompt_ids) >= self.max_positions:
+            raise ContextOverflowError(
+                f"prompt of {len(prompt_ids)} tokens does not fit the model's context of {self.max_positions}")
+        if len(prompt_ids) >= self.slot_positions:
+            raise CacheBudgetError(f"prompt of {len(prompt_ids)} tokens does not fit a slot's {self.slot_positions} "
+                                   "positions")
+        if self.live >= self.slots:
+            raise RuntimeError(f"every one of the {self.slots} slots is taken")
+        for live in self._slots:
+            self._forget(live)
+        if sum(self.lengths) + self.buried + len(prompt_ids) > self.cells:
+            self._free_tombstones()
+        pool = self._pools[self._free.pop(0)]
+        slot = _Slot(pool=pool, main=int(pool[0]))
+        self._slots.append(slot)
+        ids = np.asarray(prompt_ids, dtype=np.int32)
+        keep = max(1, min(logits_to_keep, ids.shape[0]))
+        first_kept = ids.shape[0] - keep
+        rows = []
+        for start in range(0, ids.shape[0], BATCH_TOKENS):
+            piece = ids[start : start + BATCH_TOKENS]
+            n = piece.shape[0]
+            self._tokens[:n] = piece
+            self._positions[:n] = np.arange(start, start + n)
+            self._counts[:n] = 1
+            for row in range(n):
+                self._row_sequences[row][0] = slot.main
+            self._outputs[:n] = np.arange(start, start + n) >= first_kept
+            outputs = int(self._outputs[:n].sum())
+            self._decode(n)
+            if outputs:
+                rows.append(self._logits(outputs).copy())
+        slot.length = ids.shape[0]
+        return torch.from_numpy(np.concatenate(rows) if len(rows) > 1 else rows[0])
+
+    def verify(self, trees: Sequence[DraftTree], auxiliary: Sequence[Sequence[AuxiliaryRows]] | None = None
+               ) -> list[torch.Tensor]:
+        """Logits [n_i, V] of every node of live slot i's tree ``trees[i]``, all in one ``llama_decode``.
+
+        Each tree's anchor (node 0) is not yet in the cache; it enters here with its draft. Call
+        :meth:`commit` for every slot before the next pass (without a commit the pass is forgotten).
+        """
+        if len(trees) != self.live:
+            raise ValueError(f"{len(trees)} trees for {self.live} live slots")
+        if auxiliary is not None and any(len(rows) for rows in auxiliary):
+            raise ValueError("the llama.cpp engine verifies trees only: auxiliary rows (lookahead's window) need an "
+                             "attention mask of their own")
+        total = sum(tree.size for tree in trees)
+        if total > BATCH_TOKENS:
+            raise ValueError(f"a pass of {total} rows is more than the {BATCH_TOKENS} one llama_decode takes")
+        for slot in self._slots:
+            self._forget(slot)
+        if sum(self.lengths) + self.buried + total > self.cells:
+            self._free_tombstones()
+        row = 0
+        for slot, tree in zip(self._slots, trees, strict=True):
+            if slot.length + tree.size > self.slot_positions:
+                raise ContextOverflowError(f"a pass of {tree.size} rows after {slot.length} positions does not fit a "
+                                           f"slot's {self.slot_positions} positions")
+            row = self._lay(slot, tree, row)
+        self._decode(total)
+        logits = torch.from_numpy(self._logits(total))
+        sizes = np.cumsum([0, *(tree.size for tree in trees)])
+        return [logits[sizes[i] : sizes[i + 1]] for i in range(len(trees))]
+
+    def _lay(self, slot: _Slot, tree: DraftTree, row: int) -> int:
+        """Write ``slot``'s tree into the batch from ``row``: tokens, positions, the sequences of each node's
+        root-to-leaf paths; give every leaf but the first its own sequence holding the context. Returns the next
+        free row."""
+        n = tree.size
+        has_child = np.zeros(n, dtype=np.bool_)
+        has_child[tree.parents[1:]] = True
+        leaves = np.flatnonzero(~has_child)
+        if leaves.shape[0] > slot.pool.shape[0]:
+            raise ValueError(f"a tree of {leaves.shape[0]} leaves is more than a slot's {slot.pool.shape[0]} sequences")
+        others = [int(s) for s in slot.pool if s != slot.main][: leaves.shape[0] - 1]
+        sequences = np.asarray([slot.main, *others], dtype=np.int32)
+        for sequence in others:  # a leaf's sequence sees the context: the cells of the main sequence
+            self.llama.llama_memory_seq_cp(self.memory, slot.main, sequence, -1, -1)
+        member = tree.ancestors[leaves].T  # [n, leaves]: node i is on the root path of leaf k
+        self._tokens[row : row + n] = tree.tokens
+        self._positions[row : row + n] = slot.length + tree.depths
+        self._outputs[row : row + n] = 1
+        counts = member.sum(axis=1)
+        self._counts[row : row + n] = counts
+        for node in range(n):
+            self._row_sequences[row + node][: counts[node]] = sequences[member[node]]
+        slot.leaves, slot.member = sequences, member
+        return row + n
+
+    def commit(self, slot_index: int, path: np.ndarray) -> None:
+        """Keep slot ``slot_index``'s anchor and accepted draft nodes ``path`` of the last pass: a leaf below the
+        deepest of them becomes the main sequence; the pass's other sequences and that leaf's nodes past the
+        path are removed from the KV cache."""
+        slot = self._slots[slot_index]
+        assert slot.leaves is not None and slot.member is not None, "commit without a pass"
+        deepest = int(path[-1]) if len(path) else 0
+        chosen = int(slot.leaves[int(np.argmax(slot.member[deepest]))])
+        kept = len(path) + 1
+        rejected = slot.member.shape[0] - kept
+        end = slot.length + kept
+        if rejected:  # the rejected nodes' cells go to the tombstone (kept ones may carry it too: harmless)
+            for sequence in slot.leaves:
+                if sequence != chosen:
+                    self.llama.llama_memory_seq_cp(self.memory, int(sequence), self.tombstone, slot.length, -1)
+            self.llama.llama_memory_seq_cp(self.memory, chosen, self.tombstone, end, -1)
+            self.buried += rejected
+        for sequence in slot.leaves:
+            if sequence != chosen:
+                self.llama.llama_memory_seq_rm(self.memory, int(sequence), -1, -1)
+        self.llama.llama_memory_seq_rm(self.memory, chosen, end, -1)
+        slot.main, slot.length = chosen, end
+        slot.leaves = slot.member = None
+
+    def _forget(self, slot: _Slot) -> None:
+        """Remove an uncommitted pass's cells: its leaves' sequences, and the main sequence past the context."""
+        if slot.leaves is None:
+            return
+        for sequence in slot.leaves:
+            if sequence != slot.main:
+                self.llama.llama_memory_seq_rm(self.memory, int(sequence), -1, -1)
+        self.llama.llama_memory_seq_rm(self.memory, slot.main, slot.length, -1)
+        slot.leaves = slot.member = None
+
+    def release(self, slot_index: int) -> int | None:
+        """Free ``slot_index``; the last live slot's request moves into it. Returns the slot that moved (or None)."""
+        slot = self._slots[slot_index]
+        if self.live == 1:  # the last request leaves: the next one starts from an empty cache, as ar's first does
+            self.reset()
+            return None
+        self._forget(slot)
+        self.llama.llama_memory_seq_cp(self.memory, slot.main, self.tombstone, -1, -1)
+        self.llama.llama_memory_seq_rm(self.memory, slot.main, -1, -1)
+        self.buried += slot.length
+        self._free.append(int(slot.pool[0]) // self.pool_size)
+        last = self.live - 1
+        if slot_index != last:
+            self._slots[slot_index] = self._slots[last]
+        self._slots.pop()
+        return last if slot_index != last else None
+
+    def _free_tombstones(self) -> None:
+        self.llama.llama_memory_seq_rm(self.memory, self.tombstone, -1, -1)
+        self.buried = 0
+
+    def kept_positions(self, slot_index: int) -> tuple[int, int]:
+        """(first, last) position the main sequence of ``slot_index`` holds in the KV cache (-1, -1: none)."""
+        main = self._slots[slot_index].main
+        return (int(self.llama.llama_memory_seq_pos_min(self.memory, main)),
+                int(self.llama.llama_memory_seq_pos_max(self.memory, main)))
+
+    def _decode(self, tokens: int) -> None:
+        self.batch.n_tokens = tokens
+        status = self.llama.llama_decode(self.context, self.batch)
+        if status == 1:
+            raise ContextOverflowError(f"llama.cpp found no room for {tokens} tokens in its KV cache")
+        if status != 0:
+            raise LlamaEngineError(f"llama_decode failed (status {status}) on a batch of {tokens} tokens: "
+                                   f"{recent_errors() or 'no reason given'}")
+
+    def _logits(self, rows: int) -> np.ndarray:
+        """The last decode's output rows [rows, V], a view of llama.cpp's buffer (valid until the next decode)."""
+        pointer: Any = self.llama.llama_get_logits(self.context)
+        return np.ctypeslib.as_array(pointer, shape=(rows, self.vocab_size))

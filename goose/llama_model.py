@@ -1,0 +1,183 @@
+"""A GGUF file as shipped, loaded by llama.cpp: the model of the ``llama.cpp`` engine (``--engine llama.cpp``).
+
+llama-cpp-python's public low-level bindings (``llama_cpp.llama_model_load_from_file`` and
+friends) load the file with its quantized weights; :mod:`goose.cycle.llama_verifier` verifies
+Goose's trees on it. Nothing here imports ``llama_cpp`` until a model is loaded, so ``import goose``
+never needs it; a missing or broken installation is a :class:`LlamaEngineError` saying how to get it.
+
+llama.cpp logs to stderr from C; its lines go to the ``goose.llama`` logger instead (debug level),
+and the last error lines are kept for the message of a failed call.
+
+Every context is made so that a row's logits do not depend on the pass it rides in, so that a tree's
+rows are the rows of llama.cpp's own one-token decoding (checked bit for bit in the tests):
+
+- flash attention on (llama.cpp's default on a CPU is ``auto``, which takes it; llama-cpp-python's
+  ``Llama`` turns it off unless asked), with the V cache in bfloat16. ggml's CPU flash attention
+  sums a row's values in half precision when V is float16, and it picks its path by the pass's
+  shape: a one-row pass over 512 cells or more splits the cells among the threads, a pass of
+  more rows does not, so a one-token pass and a tree's row summed the same values in another
+  order and parted by up to 1.3 logits (SmolLM2). With a V cache in any other type it sums in
+  float32 and takes the same path for every pass.
+- ggml's tiled K-quant matmul off (``GGML_CPU_TILED_MM=0``, its own switch, unless the environment
+  sets it): it is taken from 8 rows on and rounds otherwise than the stock path, and on the 2-core
+  AMD EPYC of docs/results.md it made a pass of 8 to 24 rows 15-35% dearer (Qwen2.5-Coder-1.5B
+  Q4_K_M). It changes no pass of one row. The cost curve's cache key records it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from goose.planning.cost import cpu_name
+
+logger = logging.getLogger("goose.llama")
+
+ENGINE = "llama.cpp"
+DEFAULT_CONTEXT = 8192  # positions a request may hold (prompt and output) unless the file's training context is less
+
+
+class LlamaEngineError(ValueError):
+    """llama.cpp is missing, or refused a file or a call; the message is one line that says why."""
+
+
+_state: dict[str, Any] = {}  # the binding, loaded once per process, and the log callback it keeps
+_recent_errors: deque[str] = deque(maxlen=8)
+
+
+TILED_SWITCH = "GGML_CPU_TILED_MM"
+GGML_TYPE_BF16 = 30  # ggml.h's enum ggml_type (llama-cpp-python names no constant for it)
+
+
+def bindings() -> Any:
+    """The ``llama_cpp`` module, its backend initialised and its log routed to the ``goose.llama`` logger."""
+    if "module" in _state:
+        return _state["module"]
+    os.environ.setdefault(TILED_SWITCH, "0")  # read by ggml at its first matmul (see the module's docstring)
+    try:
+        import llama_cpp
+    except ImportError as error:
+        raise LlamaEngineError(f"--engine llama.cpp needs llama-cpp-python ({error}); `make llama-setup` builds it "
+                               "for this CPU") from None
+    except OSError as error:  # the shared library would not load (built for another CPU)
+        raise LlamaEngineError(f"llama-cpp-python's library does not load here: {error}; rebuild it with "
+                               "`make llama-setup`") from None
+
+    @llama_cpp.llama_log_callback
+    def route(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+        line = text.decode("utf-8", errors="replace").rstrip()
+        if level == 3 and line:  # GGML_LOG_LEVEL_ERROR
+            _recent_errors.append(line)
+        if line:
+            logger.debug("%s", line)
+
+    llama_cpp.llama_log_set(route, ctypes.c_void_p(0))
+    llama_cpp.llama_backend_init()
+    _state["module"], _state["callback"] = llama_cpp, route  # the callback must outlive every call
+    return llama_cpp
+
+
+def recent_errors() -> str:
+    """llama.cpp's last error lines (since the last call of this function), as one line."""
+    text = " | ".join(_recent_errors)
+    _recent_errors.clear()
+    return text
+
+
+class LlamaModel:
+    """The weights of one GGUF file in llama.cpp, and what a verifier needs to know of them.
+
+    ``threads``: llama.cpp's threads for every context of this model (default: the CPU count).
+    ``context``: the positions one request may hold (default: the file's training context, at most
+    :data:`DEFAULT_CONTEXT`); a context reserves its KV cache for them when it is made.
+    """
+
+    def __init__(self, path: str | Path, *, name: str | None = None, threads: int | None = None,
+                 context: int | None = None) -> None:
+        llama = bindings()
+        self.path = Path(path).expanduser().resolve()
+        if not self.path.is_file():
+            raise LlamaEngineError(f"no GGUF file at {path}")
+        self.name = name or self.path.stem
+        if threads is not None and threads < 1:
+            raise LlamaEngineError(f"threads must be at least 1, got {threads}")
+        self.threads = threads or os.cpu_count() or 1
+        params = llama.llama_model_default_params()
+        params.n_gpu_layers = 0  # the CPU engine: what this build was made for
+        pointer = llama.llama_model_load_from_file(str(self.path).encode(), params)
+        if not pointer:
+            raise LlamaEngineError(f"llama.cpp could not load {self.path}: {recent_errors() or 'no reason given'}")
+        self.pointer = pointer
+        self.vocab = llama.llama_model_get_vocab(pointer)
+        self.vocab_size = int(llama.llama_vocab_n_tokens(self.vocab))
+        self.training_context = int(llama.llama_model_n_ctx_train(pointer))
+        if context is not None and context < 2:
+            raise LlamaEngineError(f"context must be at least 2 positions, got {context}")
+        self.context = min(context or DEFAULT_CONTEXT, self.training_context)
+        self.parameters = int(llama.llama_model_n_params(pointer))
+        self.embedding = int(llama.llama_model_n_embd(pointer))
+        self.layers = int(llama.llama_model_n_layer(pointer))
+        described = ctypes.create_string_buffer(256)
+        llama.llama_model_desc(pointer, described, 256)
+        self.description = described.value.decode(errors="replace")
+        # the tokens that end a generation in llama.cpp (EOS, EOT, <|im_end|>, ...): its own stopping rule
+        self.end_ids = frozenset(t for t in range(self.vocab_size) if llama.llama_vocab_is_eog(self.vocab, t))
+
+    def __repr__(self) -> str:
+        return f"LlamaModel({self.name!r}, {self.description}, threads={self.threads})"
+
+    def close(self) -> None:
+        """Free the weights (every context made from them must be freed first)."""
+        if getattr(self, "pointer", None):
+            bindings().llama_model_free(self.pointer)
+            self.pointer = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at interpreter exit the bindings may be gone: the process frees it
+            self.close()
+
+    def new_context(self, positions: int, sequences: int, batch: int = 2048) -> Any:
+        """A llama.cpp context of ``positions`` KV cells over ``sequences`` sequence ids, one unified KV buffer
+        (a token may belong to several sequences: a tree), taking up to ``batch`` tokens a decode call."""
+        llama = bindings()
+        params = llama.llama_context_default_params()
+        params.n_ctx = positions
+        params.n_batch = min(batch, positions)
+        params.n_ubatch = min(512, positions)
+        params.n_seq_max = sequences
+        params.n_threads = params.n_threads_batch = self.threads
+        params.kv_unified = True
+        # a row's arithmetic must not depend on the pass it rides in (see the module's docstring)
+        params.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        params.type_v = GGML_TYPE_BF16
+        params.no_perf = True
+        context = llama.llama_init_from_model(self.pointer, params)
+        if not context:
+            raise LlamaEngineError(f"llama.cpp could not make a context of {positions} positions and {sequences} "
+                                   f"sequences for {self.name}: {recent_errors() or 'no reason given'}")
+        return context
+
+    def cache_key(self) -> str:
+        """What a cost curve measured on this model is cached under: the file, the threads, the build, the CPU."""
+        llama = bindings()
+        stat = self.path.stat()
+        build = hashlib.sha256(f"{llama.__version__}\0{llama.llama_print_system_info().decode(errors='replace')}"
+                               .encode()).hexdigest()[:10]
+        file = hashlib.sha256(f"{self.path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:10]
+        parts = [ENGINE, self.path.stem[:60], file, f"threads{self.threads}", f"build{build}",
+                 f"tiled{os.environ.get(TILED_SWITCH, '')}", platform.machine(), cpu_name()]
+        return "-".join(p.replace("/", "_").replace(" ", "_") for p in parts if p)
+
+    def output_layer_weight(self) -> float:
+        """One output-layer row's multiply-adds against one token's pass through the body (see
+        :func:`goose.planning.cost.output_layer_weight`), from the file's shapes: vocabulary x width against the
+        parameters less the input and output tables (tied or not, both counted out: the bound it gives is safe)."""
+        head = self.vocab_size * self.embedding
+        return head / max(1, self.parameters - 2 * head)
