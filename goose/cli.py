@@ -66,6 +66,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, dtype: str = "float3
     parser.add_argument("--device", default=_Default("cpu"), help="cpu, cuda, cuda:N or auto")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice; "
                         "llama.cpp: the CPU count)")
+    parser.add_argument("--quantize", choices=("int8",), default=None,
+                        help="int8: every linear layer in int8 through oneDNN (CPU with VNNI or AMX), the rest in "
+                             "--dtype; lossless against the int8 model's own decoding")
 
 
 def check_engine(args: argparse.Namespace) -> None:

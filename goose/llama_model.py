@@ -53,6 +53,7 @@ _recent_errors: deque[str] = deque(maxlen=8)
 
 
 TILED_SWITCH = "GGML_CPU_TILED_MM"
+CELL_PADDING = 256  # llama.cpp rounds a context's cells up to a multiple of this
 GGML_TYPE_BF16 = 30  # ggml.h's enum ggml_type (llama-cpp-python names no constant for it)
 
 
@@ -148,6 +149,9 @@ class LlamaModel:
         (a token may belong to several sequences: a tree), taking up to ``batch`` tokens a decode call."""
         llama = bindings()
         params = llama.llama_context_default_params()
+        # llama.cpp pads a context to a multiple of 256 cells and then reserves outputs for the padded size, so a
+        # smaller n_batch than that fails its own GGML_ASSERT (an abort, not an error): pad it here as it would
+        positions = -(-positions // CELL_PADDING) * CELL_PADDING
         params.n_ctx = positions
         params.n_batch = min(batch, positions)
         params.n_ubatch = min(512, positions)
