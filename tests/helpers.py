@@ -51,6 +51,15 @@ PROMPT_BEFORE_WINDOW = 488  # the prompt ends 24 tokens before the window; 48 ne
 WINDOW_TOKENS = 48
 
 
+def drafting(decoder: Any, result: GenerationResult | None = None) -> tuple[int, int]:
+    """(draft tokens the target tested, accepted) of ``result`` (default: the decoder's last), after checking that no
+    plugin fault was logged: a source that raised every cycle would be skipped by the guard and the output would
+    stay lossless, so a lossless test that checks only the output cannot see it."""
+    assert not decoder.drafter.sources.faults.counts, f"plugin faults: {decoder.drafter.sources.faults.counts}"
+    stats = (result or decoder.last_result).stats
+    return sum(stats.source_tested.values()), sum(stats.source_accepted.values())
+
+
 def lossless_prompts(model: str) -> list[str]:
     """The lossless suite's prompts for ``model`` ("smollm2": 9, "gemma3": 4), read on first use."""
     return list(_lossless_prompts(model))

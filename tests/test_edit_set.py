@@ -59,7 +59,7 @@ def test_a_bugfix_shows_a_flipped_comparison_and_names_the_fix(tasks):
         assert shown.strip() == wrong and wrong != right
         # the mutation changed the code, and the fix restores a line of the package's own source
         assert task.prediction.replace(wrong, right, 1) != task.prediction
-        assert ast.parse(task.prediction.replace(wrong, right, 1))
+        ast.parse(task.prediction.replace(wrong, right, 1))  # SyntaxError unless the fixed code parses
         sources = "".join(path.read_text(encoding="utf-8") for path in edit_set._files(task.package))
         assert right in sources and wrong not in sources, task.question_id
 

@@ -29,7 +29,7 @@ from transformers.generation import GenerateDecoderOnlyOutput
 import goose.hf
 from goose.config import GooseConfig
 from goose.cycle.decoder import AutoregressiveDecoder
-from tests.helpers import dataset_prompts
+from tests.helpers import dataset_prompts, drafting
 
 pytestmark = pytest.mark.xdist_group("hf")  # one worker: the module's generate() references are computed once
 
@@ -55,13 +55,23 @@ def smollm2_cases(smollm2):
     return cases
 
 
+def hf_decoder(model):
+    """The decoder goose.hf made for the default config (kept on the model)."""
+    return next(d for d in model.__dict__["_goose_hf_state"].decoders.values() if d.config == GooseConfig())
+
+
 def test_smollm2_chat_prompts_equal_plain_generate(smollm2, smollm2_cases):
     model, _ = smollm2
+    accepted = 0
     for inputs, plain in smollm2_cases:
         out = model.generate(**inputs, max_new_tokens=SMOLLM2_TOKENS, do_sample=False,
                              custom_generate=goose.hf.generate)
         assert isinstance(out, torch.Tensor)
         assert torch.equal(out, plain)
+        tested, kept = drafting(hf_decoder(model))
+        assert tested > 0
+        accepted += kept
+    assert accepted > 0  # the sources drafted through model.generate and the target kept some of it
 
 
 def test_gemma3_raw_prompts_equal_plain_generate(gemma3):
@@ -72,6 +82,7 @@ def test_gemma3_raw_prompts_equal_plain_generate(gemma3):
         out = model.generate(**inputs, max_new_tokens=GEMMA3_TOKENS, do_sample=False,
                              custom_generate=goose.hf.generate)
         assert torch.equal(out, plain)
+        assert drafting(hf_decoder(model))[0] > 0
 
 
 def test_goose_config_and_return_dict(smollm2, smollm2_cases):

@@ -20,6 +20,7 @@ from tests.helpers import (
     SMOLLM2_TOKENS,
     WINDOW_TOKENS,
     dataset_prompts,
+    drafting,
     lossless_prompts,
 )
 
@@ -48,10 +49,15 @@ def assert_topologies_lossless(ar_reference, model, tokenizer, prompt: str, chat
                                tokens: int) -> None:
     reference = ar_reference(model, tokenizer, prompt, tokens, chat=chat)
     assert reference.new_token_ids
+    accepted = 0
     for name in configs_for(index):
         decoder = GooseDecoder(model, tokenizer, CONFIGS[name], chat=chat)
         result = decoder.generate(prompt, tokens)
         assert result.new_token_ids == reference.new_token_ids, f"{name}: {first_difference(result, reference)}"
+        tested, kept = drafting(decoder, result)
+        assert tested > 0, f"{name}: no draft token was tested"
+        accepted += kept
+    assert accepted > 0, "no configuration had a draft token accepted"
 
 
 @pytest.mark.slow
@@ -82,6 +88,8 @@ def test_gemma3_context_grows_past_the_sliding_window(gemma3, ar_reference) -> N
     length = len(tokenizer.encode(prompt))
     assert length + WINDOW_TOKENS // 4 < 512 < length + WINDOW_TOKENS - WINDOW_TOKENS // 4
     reference = ar_reference(model, tokenizer, prompt, WINDOW_TOKENS, chat=False)
-    result = GooseDecoder(model, tokenizer, GooseConfig(), chat=False).generate(prompt, WINDOW_TOKENS)
+    decoder = GooseDecoder(model, tokenizer, GooseConfig(), chat=False)
+    result = decoder.generate(prompt, WINDOW_TOKENS)
     assert len(result.prompt_ids) + len(result.new_token_ids) > 512 + WINDOW_TOKENS // 4
     assert result.new_token_ids == reference.new_token_ids
+    assert drafting(decoder, result)[1] > 0  # past the window too, drafts were accepted
