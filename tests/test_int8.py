@@ -19,14 +19,14 @@ import torch
 from torch import nn
 
 from goose import cli, models
-from goose.bench.prompts import load_samples
+from goose.bench.prompts import PACKAGED_DATA, load_samples
 from goose.config import GooseConfig
 from goose.contract.tree import TreeBuilder
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.cycle.verifier import Verifier
 from goose.planning.cost import cache_key, output_layer_weight
 from goose.quantize import Int8Linear, QuantizeError, check, quantized
-from tests.helpers import DATA_DIR, REPO, SMOLLM2_TOKENS, lossless_prompts
+from tests.helpers import REPO, SMOLLM2_TOKENS, lossless_prompts
 
 PROMPTS = lossless_prompts("smollm2")
 CONFIGS = {"spine": GooseConfig(), "chain": GooseConfig(topology="chain"),
@@ -202,7 +202,7 @@ def test_quality_script_scores_the_text_and_agreement(tmp_path) -> None:
     """On SmolLM2: perplexity of every variant (and llama.cpp's where its environment is built), the int8 model's
     teacher-forced agreement with a bfloat16 `ar` text, and the identical-text count of two runs."""
     model, tokenizer = models.load("smollm2-135m", dtype="bfloat16")
-    sample = load_samples("humaneval", DATA_DIR, 1)[0]
+    sample = load_samples("humaneval", PACKAGED_DATA, 1)[0]
     ar = AutoregressiveDecoder(model, tokenizer).generate(sample.turns[0], 16)
     record = {"method": "ar", "dataset": sample.dataset, "question_id": sample.question_id,
               "new_token_ids": [ar.new_token_ids]}
@@ -212,7 +212,7 @@ def test_quality_script_scores_the_text_and_agreement(tmp_path) -> None:
     llama = sys.executable
     command = [sys.executable, str(REPO / "scripts" / "int8_quality.py"), "--model", "smollm2-135m", "--threads", "1",
                "--windows", "2", "--window", "48", "--variants", "bfloat16,int8", "--reference", str(results),
-               "--compare", str(results), "--data-dir", str(DATA_DIR), "--out", str(tmp_path / "quality.json"),
+               "--compare", str(results), "--data-dir", str(PACKAGED_DATA), "--out", str(tmp_path / "quality.json"),
                *(["--llama-python", str(llama)] if built else [])]
     run = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
     assert run.returncode == 0, run.stderr
