@@ -21,8 +21,7 @@ own mean acceptance length (1 + accepted / drafts, over steps that drafted) and 
 outputs token-identical to vLLM without speculation (at concurrency 1, and at the same
 concurrency: in bfloat16 vLLM's own output changes with the batch's shape). Writes ``results.json``
 (every output and counter) and ``report.md`` into ``--out``. ``--peer`` adds a method of vLLM's own
-with a speculative config of your choice, e.g. ``ngram`` tuned otherwise (``scripts/vllm_replay.py
---ngram-sweep`` models which lookup lengths and K suit a machine).
+with a speculative config of your choice, e.g. ``ngram`` tuned otherwise.
 """
 
 from __future__ import annotations
