@@ -143,7 +143,7 @@ def test_the_chosen_budget_is_the_fastest_chain_worked_out_by_hand() -> None:
 
 
 def test_a_decoder_plans_with_a_given_curve(smollm2, tmp_path) -> None:
-    """``cost_curve`` (what ``goose bench --cost-curve`` prices with) steers the real decoder, and the output stays greedy."""
+    """``cost_curve`` (as ``goose bench --cost-curve`` prices) steers the real decoder; the output stays greedy."""
     model, tokenizer = smollm2
     path = tmp_path / "curve.json"
     path.write_text(json.dumps(FLAT.to_dict()))
