@@ -9,8 +9,9 @@ The index must cost next to nothing every cycle, even on long prompts: for each 
 dict from the n-gram's bytes to where its continuation starts, filled incrementally (the context
 only grows at its end), one probe per length a lookup. The index's choice is the longest match;
 then the **rules** of :data:`RULES` may choose another occurrence to copy from, each a small method
-switched off by its option. The measured gain of each in tau, on prompts it was not chosen on, is in
-``docs/bench/context-match-rules/report.md``.
+switched off by its option. A rule stays while it gains at least 1% in tau on prompts it was not
+chosen on (``docs/bench/context-match-rules/report.md``): follow does; rejoin, resume and short
+matches did not and went.
 
 Every draft token gets its copy-depth estimate (:class:`CopyDepthEstimate`): how often a copy that
 has shared D tokens with the present holds for one more. A fresh 3-gram hit is often chance, a copy
@@ -71,24 +72,10 @@ class ContextMatchOptions(BaseModel):
     # the rules (RULES), each off with its own value
     follow_copy: bool = Field(default=True, description="follow: keep copying the last draft's occurrence while "
                               "every token since followed it, if it shares a longer history than the index's")
-    rejoin_copy: int = Field(default=16, ge=0, description="rejoin: for this many tokens after a held copy breaks, "
-                             "copy from the matched n-gram's occurrence nearest past the break. 0: off")
-    resume_copy: int = Field(default=12, ge=0, description="resume: when a copy held this long breaks on the "
-                             "target's own token and nothing matches, go on after the replaced text. 0: off "
-                             "(also the hold rejoin needs)")
-    short_sizes: tuple[int, ...] = Field(default=(2, 1), description="short: in the answer's opening, when nothing "
-                                         "drafts, a 2- or 1-gram that occurred once drafts. () = off")
-    short_window: int = Field(default=16, ge=0, description="output tokens from the start where short matches run")
-    short_prior: float | tuple[float, ...] = Field(default=0.3, description="copy-depth prior of short matches")
 
     _longest_first = field_validator("ngram_sizes")(staticmethod(longest_first))
-    _ladder = field_validator("depth_prior", "short_prior")(staticmethod(probability_ladder))
+    _ladder = field_validator("depth_prior")(staticmethod(probability_ladder))
     _increasing = field_validator("depth_edges")(staticmethod(increasing_edges))
-
-    @field_validator("short_sizes")
-    @classmethod
-    def _short_longest_first(cls, sizes: tuple[int, ...]) -> tuple[int, ...]:
-        return longest_first(sizes) if sizes else ()
 
 
 class NgramIndex:
@@ -147,15 +134,6 @@ def match_depth(tokens: np.ndarray, start: int, cap: int) -> int:
     return int(differ[0]) if differ.size else span
 
 
-def ngram_starts(tokens: np.ndarray, n: int, first: int, last: int) -> np.ndarray:
-    """Continuation starts ``c`` in ``first..last`` whose n tokens before equal the context's last n, ascending."""
-    first = max(first, n)
-    if n >= tokens.shape[0] or last < first:
-        return np.empty(0, dtype=np.int64)
-    windows = np.lib.stride_tricks.sliding_window_view(tokens[first - n:last], n)  # the n-grams ending at each start
-    return np.flatnonzero((windows == tokens[-n:]).all(axis=1)) + first
-
-
 @dataclass
 class Copy:
     """This cycle's choice: the occurrence to copy from (n, its continuation start), its tokens, the second
@@ -165,7 +143,6 @@ class Copy:
     start: int
     tokens: list[int]
     others: list[int] = field(default_factory=list)
-    short: bool = False
 
 
 @dataclass
@@ -174,12 +151,10 @@ class Cycle:
     context: DecodeContext
     matches: list[tuple[int, int]]
     copy: Copy | None = None
-    followed: int = -1  # where the last draft's occurrence continues now, if every token since followed it
 
 
 # The rules, tried in this order after the index's choice; each is ContextMatchSource._<name>, off by its option.
-RULES: tuple[tuple[str, str], ...] = (("follow", "follow_copy"), ("rejoin", "rejoin_copy"), ("resume", "resume_copy"),
-                                      ("short", "short_sizes"))
+RULES: tuple[tuple[str, str], ...] = (("follow", "follow_copy"),)
 
 
 class ContextMatchSource:
@@ -193,11 +168,7 @@ class ContextMatchSource:
         self.index = NgramIndex(options.ngram_sizes, options.occurrence)
         self.by_depth = CopyDepthEstimate(options.depth_edges, options.depth_prior, options.depth_memory) \
             if options.depth_edges else None
-        # short matches keep an estimate of their own; with depth_edges=() (the paper) none are tried
-        self.short_by_depth = CopyDepthEstimate(options.depth_edges, options.short_prior, options.depth_memory) \
-            if self.by_depth is not None else None
         self.rules = [getattr(self, f"_{rule}") for rule, option in RULES if getattr(options, option)]
-        self.short_sizes = tuple(n for n in options.short_sizes if n < options.ngram_sizes[-1])
         self.goose_reset()
 
     @goose.hookimpl
@@ -206,7 +177,6 @@ class ContextMatchSource:
         self.last_match_length = self.last_match_depth = self.last_consensus = 0
         self._estimate, self._first_depth = self.by_depth, 0  # the last draft's estimate and first copy depth
         self._copy_start = self._copy_context = -1  # the last draft's occurrence, and the context length then
-        self._broke_at = self._broke_context = -1  # where the last held copy broke, and the context length there
 
     @goose.hookimpl
     def goose_prefill(self, context: DecodeContext) -> None:
@@ -230,14 +200,14 @@ class ContextMatchSource:
             self.last_match_length = self.last_match_depth = self.last_consensus = 0
             return None
         self._copy_start, self._copy_context = copy.start, tokens.shape[0]
-        self._estimate = self.short_by_depth if copy.short else self.by_depth
+        self._estimate = self.by_depth
         if self._estimate is not None:
             depth = match_depth(tokens, copy.start, int(self._estimate.edges[-1]))
             estimates = self._estimate.profile(depth, len(copy.tokens))
             profile = without_trailing_repeats(estimates.tolist())
         else:  # the paper's single estimate: the decoder's
             depth, estimates, profile = copy.n, np.full(len(copy.tokens), acceptance), ()
-        self._first_depth = max(depth, 1)  # a resumed copy shares no history with the present (0 is "none")
+        self._first_depth = max(depth, 1)  # 0 means "no draft"
         consensus = 0
         for other in copy.others:  # another occurrence agreeing on what comes next
             if other != copy.start and consensus < len(copy.tokens):
@@ -264,93 +234,11 @@ class ContextMatchSource:
                 self._copy(cycle.tokens[: self._copy_context], self._copy_start, added),
                 cycle.tokens[self._copy_context:]):
             return
-        cycle.followed = start
-        self._broke_at = self._broke_context = -1
         found = cycle.copy.start if cycle.copy is not None else -1
         if found >= 0 and (start == found or self._depth(cycle.tokens, start) <= self._depth(cycle.tokens, found)):
             return
         if copied := self._continuation(cycle.tokens, start, cycle.context.eos_token_ids):
             cycle.copy = Copy(self.last_match_length, start, copied, [s for _, s in cycle.matches])
-
-    def _rejoin(self, cycle: Cycle) -> None:
-        """After a held copy broke on a multi-token edit (a misspelt name quoted back spelt right), the first n-gram
-        past the edit is also the index's latest elsewhere: for ``rejoin_copy`` tokens, its occurrence nearest past
-        the break wins, unless the index's shares a longer history."""
-        tokens = cycle.tokens
-        if cycle.followed < 0:
-            self._note_break(tokens)
-        if cycle.followed >= 0 or cycle.copy is None or self._broke_at < 0:
-            return
-        since = tokens.shape[0] - self._broke_context  # tokens written since the break, its own included
-        if since > self.options.rejoin_copy:
-            self._broke_at = self._broke_context = -1
-            return
-        expected = self._broke_at + since  # where the occurrence would be had nothing been inserted or dropped
-        last = min(expected + self.options.rejoin_copy, tokens.shape[0] - 1)
-        for n in self.options.ngram_sizes:
-            hits = ngram_starts(tokens, n, self._broke_at + 1, last)
-            if hits.size:
-                start = int(hits[np.argmin(np.abs(hits - expected))])  # the nearest; ties: the earlier
-                found = cycle.copy.start
-                if start != found and self._depth(tokens, start) >= self._depth(tokens, found) and (
-                        copied := self._continuation(tokens, start, cycle.context.eos_token_ids)):
-                    cycle.copy = Copy(n, start, copied, [found, *(s for _, s in cycle.matches)])
-                return
-
-    def _note_break(self, tokens: np.ndarray) -> None:
-        """Remember where the last draft's copy broke, if it had held for ``resume_copy`` tokens there."""
-        added = tokens.shape[0] - self._copy_context
-        if self._copy_start < 0 or added <= 0:
-            return
-        kept = common_prefix(self._copy(tokens[: self._copy_context], self._copy_start, added),
-                             tokens[self._copy_context:])
-        broke = self._copy_start + kept  # the occurrence's token the target did not keep
-        held = self.options.resume_copy
-        if kept < added and broke < self._copy_context and \
-                match_depth(tokens[: self._copy_context + kept], broke, held) >= held:
-            self._broke_at, self._broke_context = broke, self._copy_context + kept
-
-    def _resume(self, cycle: Cycle) -> None:
-        """A quoted class often comes back with one small change (two newlines for three) and then verbatim: when a
-        copy that held ``resume_copy`` tokens breaks on the target's own token and nothing matches, it goes on after
-        the run of the occurrence's tokens whose text is nearest in length to the written token's."""
-        tokens = cycle.tokens
-        added = tokens.shape[0] - self._copy_context
-        broke = self._copy_start + added - 1  # the occurrence's token the target did not keep
-        if cycle.copy is not None or self._copy_start < 0 or added <= 0 or broke + 2 >= self._copy_context:
-            return
-        written = int(tokens[-1])
-        if tokens[broke] == written or not np.array_equal(tokens[self._copy_start:broke],
-                                                           tokens[self._copy_context:-1]) or \
-                match_depth(tokens[:-1], broke, self.options.resume_copy) < self.options.resume_copy:
-            return
-        spelled = getattr(cycle.context.tokenizer, "convert_ids_to_tokens", None)
-        if tokens[broke + 1] == written:  # the target skipped a token
-            start = broke + 2
-        elif spelled is None:
-            start = broke + 1
-        else:
-            replaced = tokens[broke:min(broke + 3, self._copy_context - 1)].tolist()
-            widths = np.cumsum([len(text or "") for text in spelled(replaced)])
-            start = broke + 1 + int(np.argmin(np.abs(widths - len(spelled([written])[0] or ""))))
-        if copied := self._continuation(tokens, start, cycle.context.eos_token_ids):
-            cycle.copy = Copy(self.last_match_length, start, copied)
-
-    def _short(self, cycle: Cycle) -> None:
-        """A quoted function's first line follows the answer's own code fence, which the prompt lacks, so its name
-        matches only as a 1- or 2-gram: in the answer's opening, when nothing drafts, the longest short n-gram that
-        occurred exactly once drafts (many occurrences are chance), judged by an estimate of its own."""
-        tokens = cycle.tokens
-        if cycle.copy is not None or self.short_by_depth is None or \
-                tokens.shape[0] - cycle.context.prompt_length >= self.options.short_window:
-            return
-        for n in self.short_sizes:
-            starts = ngram_starts(tokens, n, n, tokens.shape[0] - 1)
-            if starts.size:
-                if starts.size == 1 and (copied := self._continuation(tokens, int(starts[0]),
-                                                                      cycle.context.eos_token_ids)):
-                    cycle.copy = Copy(n, int(starts[0]), copied, short=True)
-                return
 
     # --- helpers --------------------------------------------------------------------------------
 

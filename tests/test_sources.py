@@ -6,18 +6,14 @@ token by token; the bigram transition table against a plain-Python model of the 
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
-from transformers import AutoTokenizer
 
 from goose import DecodeContext, GooseConfig, Harvest
 from goose.boundary import SourceSet
-from goose.models import pretrained_location
 from goose.plugins import BUILTIN_ORIGIN, registry
 from goose.sources.bigram_transition import (
     EMPTY,
@@ -25,7 +21,7 @@ from goose.sources.bigram_transition import (
     SuccessorTable,
     bigram_bucket,
 )
-from goose.sources.context_match import DEPTH_PRIOR, ContextMatchOptions, ContextMatchSource, match_depth
+from goose.sources.context_match import ContextMatchOptions, ContextMatchSource, match_depth
 from goose.sources.toolkit import CopyDepthEstimate
 from tests.helpers import make_outcome, own
 
@@ -123,102 +119,10 @@ def test_a_copy_in_progress_is_followed_past_an_ambiguous_ngram() -> None:
         assert propose(source, opening)[:len(quoted)] == quoted
         # the index's latest [1 2 3 4 5] is the output's own first quote (-> 50..); the copy goes on to 60..
         assert propose(source, opening + quoted)[:4] == expected
-    # a token that left the copy: no longer followed; the index's latest occurrence again (the output's
-    # own, 54 included), or with rejoin_copy the passage after the edit (the copy had held 13 tokens)
-    for rejoin, expected in ((0, [50, 51, 52, 54]), (16, [60, 61, 62, 63])):
-        source = ContextMatchSource(make_config(context_match={"rejoin_copy": rejoin}))
-        propose(source, opening)
-        assert propose(source, [*opening, 1, 2, 3, 4, 5, 50, 51, 52, 54, 1, 2, 3, 4, 5])[:4] == expected
-
-
-def test_a_held_copy_resumes_after_a_one_token_edit() -> None:
-    # a passage quoted back (ClassEval: the model writes two newlines where the class had three, then goes on)
-    lead = list(range(100, 112))  # 12 tokens: the copy has held long enough to be resumed (resume_copy's default)
-    passage = [*lead, 1, 2, 3, 4, 5, 6, 7, 8]
-    opening = [*passage, 0, *lead[:-1]]
-    for resume, edit, expected in ((12, 77, [4, 5, 6, 7, 8]),  # 3 replaced by 77: resume after 3
-                                   (12, 4, [5, 6, 7, 8, 0]),  # 3 skipped: resume after the 4 written
-                                   (0, 77, None),  # the index alone: no n-gram ends in 77
-                                   (20, 77, None)):  # the copy held 14 tokens, fewer than asked
-        source = ContextMatchSource(make_config(context_match={"resume_copy": resume}))
-        assert propose(source, opening)[:4] == [111, 1, 2, 3]
-        # 111 1 2 accepted, then the target's own token where the draft had 3
-        drafted = propose(source, [*opening, 111, 1, 2, edit])
-        assert (drafted if drafted is None else drafted[:5]) == expected
-    # a fresh match that broke is not resumed: it had 8 tokens of history
-    source = ContextMatchSource(GooseConfig())
-    fresh = [*passage, 0, 106, 107, 108, 109, 110, 111]
-    assert propose(source, fresh)[:3] == [1, 2, 3]
-    assert propose(source, [*fresh, 1, 77]) is None
-
-
-def test_a_held_copy_rejoins_after_a_multi_token_edit() -> None:
-    # quoted code with a typo fixed (ClassEval: `self.requried` written back as `self.required`): the
-    # target writes 21 22 where the passage had 2, then goes on; the first n-gram after the edit,
-    # [3 4 5], last occurred elsewhere (followed by 60..), but the copy goes on after the edit
-    lead = list(range(100, 112))  # 12 tokens: held long enough (resume_copy's default)
-    passage = [*lead, 1, 2, 3, 4, 5, 6, 7, 8, 9]
-    opening = [*passage, 0, 3, 4, 5, 60, 61, 62, 0, *lead[:-1]]
-    for rejoin, expected in ((16, [6, 7, 8, 9]), (0, [60, 61, 62, 0])):
-        source = ContextMatchSource(make_config(context_match={"rejoin_copy": rejoin}))
-        assert propose(source, opening)[:4] == [111, 1, 2, 3]
-        assert propose(source, [*opening, 111, 1, 21])[:3] == [3, 4, 5]  # resumed after the one token replaced
-        assert propose(source, [*opening, 111, 1, 21, 22]) is None  # 22: that was no one-token edit
-        assert propose(source, [*opening, 111, 1, 21, 22, 3, 4, 5])[:4] == expected
-    # too far past the break: the index's latest occurrence
+    # a token that left the copy: no longer followed; the index's latest occurrence again (the output's own)
     source = ContextMatchSource(GooseConfig())
     propose(source, opening)
-    propose(source, [*opening, 111, 1, 21])
-    far = [*opening, 111, 1, 21, *range(200, 217), 3, 4, 5]
-    assert propose(source, far)[:4] == [60, 61, 62, 0]
-
-
-def test_a_short_match_drafts_when_nothing_longer_does() -> None:
-    # the prompt's function (9 = `def`, after a three-newline token 8); the output opens its own fence
-    # (70 71 72 = ```, python, newline): `def` matches only as a 1-gram
-    prompt = [50, 51, 52, 8, 9, 60, 61, 62, 63, 64, 0]
-    opening = [*prompt, 70, 71, 72, 9]
-    source = ContextMatchSource(GooseConfig())
-    draft = source.goose_propose(make_context(opening), 0.5)
-    assert draft.tokens[:6].tolist() == [60, 61, 62, 63, 64, 0] and source.last_match_length == 1
-    assert draft.scores[0] == pytest.approx(ContextMatchOptions().short_prior)  # its own estimate's prior
-    assert propose(ContextMatchSource(make_config(context_match={"short_sizes": ()})), opening) is None
-    # an n-gram that occurred twice is chance, and so is a short match past the answer's opening
-    assert propose(ContextMatchSource(GooseConfig()), [*prompt, 9, 65, 70, 71, 72, 9]) is None
-    window = ContextMatchOptions().short_window
-    for output_length, drafts in ((window - 1, True), (window, False)):
-        context = dataclasses.replace(make_context(opening), prompt_length=len(opening) - output_length)
-        assert (ContextMatchSource(GooseConfig()).goose_propose(context, 0.5) is not None) == drafts
-    # its first token rejected: the short estimate learns it, the long matches' estimate does not move
-    before = source.by_depth.rates.copy()
-    outcome = make_outcome(("context_match",), {"context_match": draft.tokens[:3].tolist()}, {"context_match": 0})
-    source.goose_observe(outcome, own(outcome, "context_match"))
-    assert source.short_by_depth.rates[0] < ContextMatchOptions().short_prior
-    assert np.array_equal(source.by_depth.rates, before)
-    # a 3-gram match drafts from the longer lengths' estimate, and a short length is never a second opinion
-    longer = ContextMatchSource(GooseConfig())
-    draft = longer.goose_propose(make_context([1, 2, 3, 40, 41, 9, 7, 3, 42, 1, 2, 3]), 0.5)
-    assert draft.tokens[:2].tolist() == [40, 41] and draft.scores[0] == pytest.approx(DEPTH_PRIOR[0])
-    assert draft.consensus == 0 and longer.last_match_length == 3
-
-
-def test_a_copy_resumes_where_the_written_tokens_text_ends() -> None:
-    # the target merges two of the occurrence's tokens into one (two newline tokens written as one
-    # two-newline token): the copy resumes after both, found by the tokens' text widths
-    tokenizer = AutoTokenizer.from_pretrained(pretrained_location("smollm2-135m"))
-    newline, two_newlines, three_newlines_indent, two_newlines_indent, quotes = tokenizer.convert_tokens_to_ids(
-        ["Ċ", "ĊĊ", "ĊĊĊĠĠĠ", "ĊĊĠĠĠ", 'Ġ"""'])
-    rest = tokenizer.convert_tokens_to_ids(["Ġdef", "Ġ__", "init", "__("])
-    head = [*range(100, 112), quotes]
-    for between, written in (([newline, newline], two_newlines),  # two tokens written as one
-                             ([three_newlines_indent], two_newlines_indent)):  # one for one
-        passage = [*head, *between, *rest, 7, 8]
-        opening = [*passage, 0, *head[:-2]]
-        source = ContextMatchSource(GooseConfig())
-        assert propose(source, opening)[:2] == [111, quotes]
-        context = make_context([*opening, 111, quotes, written], vocab_size=tokenizer.vocab_size, tokenizer=tokenizer)
-        assert source.goose_propose(context, 0.5).tokens[:4].tolist() == rest
-
+    assert propose(source, [*opening, 1, 2, 3, 4, 5, 50, 51, 52, 54, 1, 2, 3, 4, 5])[:4] == [50, 51, 52, 54]
 
 def test_continuation_is_capped() -> None:
     tokens = [1, 2, 3, *range(100, 220), 1, 2, 3]
@@ -236,9 +140,8 @@ def test_a_copy_reaching_the_context_end_repeats_the_run() -> None:
     plain = ContextMatchSource(make_config(context_match={"repeat_runs": False}))
     assert propose(plain, [7] * 10) == [7]
     assert propose(plain, days) == [1, 2, 3, 4, 5, 6, 7]
-    # too short for any earlier 3-gram: a short match (a 2-gram), or nothing without them
-    assert propose(ContextMatchSource(GooseConfig()), [7, 7, 7]) == [7] * CAP
-    assert propose(ContextMatchSource(make_config(context_match={"short_sizes": ()})), [7, 7, 7]) is None
+    # too short for any earlier 3-gram: nothing
+    assert propose(ContextMatchSource(GooseConfig()), [7, 7, 7]) is None
 
 
 def test_draft_stops_before_eos() -> None:
@@ -496,11 +399,9 @@ def test_incremental_index_equals_brute_force(seed: int, length: int, alphabet: 
                                               eos: frozenset[int]) -> None:
     rng = np.random.default_rng(seed)
     tokens = random_text(rng, length, alphabet)
-    # the index alone (follow_copy, resume_copy, rejoin_copy off: the brute force knows no copy in progress;
-    # short matches are tested below)
+    # the index alone (follow_copy off: the brute force knows no copy in progress)
     config = make_config(context_match={"ngram_sizes": sizes, "max_continuation": cap, "occurrence": occurrence,
-                                        "follow_copy": False, "resume_copy": 0, "rejoin_copy": 0,
-                                        "short_sizes": ()})
+                                        "follow_copy": False})
     source = ContextMatchSource(config)
     known = max(1, int(prompt_share * length))
     source.goose_prefill(make_context(tokens[:known], eos=tuple(eos)))
