@@ -309,9 +309,9 @@ def test_a_topology_reads_its_own_options_and_unknown_ones_are_refused() -> None
     known = registry_with("capped", Capped, kind="topology")
     config = GooseConfig(topology_options={"capped": {"cap": 2}})
     planner = TopologyPlanner("capped", config, VOCAB, known=known)
-    pool = SourceSet(["context_match"], config, VOCAB).propose(DecodeContext(np.array([4, 5, 6, 4, 5]), 5, VOCAB,
-                                                                               frozenset()))[0]
-    assert planner.plan(pool, 8).tokens.tolist() == [5, 6, 4]  # the anchor and two of the copy [6, 4, 5]
+    pool = SourceSet(["context_match"], config, VOCAB).propose(DecodeContext(np.array([4, 5, 6, 7, 4, 5, 6]), 7,
+                                                                               VOCAB, frozenset()))[0]
+    assert planner.plan(pool, 8).tokens.tolist() == [6, 7, 4]  # the anchor and two of the copy [7, 4, 5, 6]
     assert GooseConfig(topology_options={"capped": {"cap": 2}}).digest()["topology_options"] == {"capped": {"cap": 2}}
     with pytest.raises(plugins.PluginError, match="topology_options names 'cappd', not a registered topology"):
         TopologyPlanner("capped", GooseConfig(topology_options={"cappd": {}}), VOCAB, known=known)
