@@ -55,7 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from goose import plugins
 from goose.boundary import FaultLog, Guarded, SourceSet, made
 from goose.config import GooseConfig
-from goose.contract.candidates import DecodeContext
+from goose.contract.candidates import DecodeContext, eos_token_ids
 from goose.contract.outcome import Harvest, PathKind, VerifyOutcome
 from goose.contract.tree import ROOT, DraftTree, TreeBuilder
 
@@ -402,7 +402,7 @@ class GooseProposer:
         self.max_model_len = int(model_config.max_model_len)
         self.vocab_size = int(model_config.get_vocab_size())
         self.tokenizer = _load_tokenizer(model_config)
-        self.eos_token_ids = _eos_token_ids(model_config.hf_config, self.tokenizer)
+        self.eos_token_ids = eos_token_ids(model_config.hf_config, self.tokenizer)
         self.goose_config = settings.goose_config(share=f"goose.vllm.{os.getpid()}.{next(_PROPOSERS)}")
         self.min_path_probability = settings.min_path_probability
         self.faults = FaultLog()
@@ -547,17 +547,6 @@ def _load_tokenizer(model_config: Any) -> Any:
         logger.warning("Goose proposer: the tokenizer of %s did not load (%s); text-based sources will not draft",
                        model_config.tokenizer, error)
         return None
-
-
-def _eos_token_ids(hf_config: Any, tokenizer: Any) -> frozenset[int]:
-    """The model's end-of-sequence tokens: a draft stops before one (drafting it gains nothing)."""
-    found: set[int] = set()
-    for value in (getattr(hf_config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
-        if isinstance(value, int):
-            found.add(value)
-        elif isinstance(value, list | tuple):
-            found.update(int(v) for v in value)
-    return frozenset(found)
 
 
 def _ensure_log_output() -> None:

@@ -40,6 +40,18 @@ def without_trailing_repeats(values: Sequence[float]) -> tuple[float, ...]:
     return tuple(values[:end])
 
 
+def eos_token_ids(*holders: Any) -> frozenset[int]:
+    """The end-of-sequence ids the ``eos_token_id`` of each holder names (a generation config, a tokenizer): an
+    int, a list of them, or nothing."""
+    found: set[int] = set()
+    for value in (getattr(holder, "eos_token_id", None) for holder in holders):
+        if isinstance(value, int):
+            found.add(value)
+        elif isinstance(value, list | tuple):
+            found.update(int(v) for v in value)
+    return frozenset(found)
+
+
 @dataclass(frozen=True)
 class DecodeContext:
     """What a source sees when asked to draft: the token context, anchor last.

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from goose.contract.candidates import eos_token_ids
 from goose.contract.outcome import AuxiliaryRows
 from goose.contract.tree import DraftTree
 from goose.cycle.verifier import Verifier
@@ -75,14 +76,8 @@ def model_device(model: Any) -> torch.device:
 def eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     """The tokens that end an output: the model's generation config's and the tokenizer's EOS; a GGUF file in
     llama.cpp: every end-of-generation token its vocabulary marks (llama.cpp's own rule) and the tokenizer's."""
-    ids: set[int] = set(model.end_ids) if isinstance(model, LlamaModel) else set()
-    config = getattr(model, "generation_config", None)
-    for value in (getattr(config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list | tuple):
-            ids.update(int(v) for v in value)
-    return frozenset(ids)
+    own = frozenset(model.end_ids) if isinstance(model, LlamaModel) else frozenset()
+    return own | eos_token_ids(getattr(model, "generation_config", None), tokenizer)
 
 
 def check_sources(model: Any, sources: Any) -> None:
