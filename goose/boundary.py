@@ -1,19 +1,17 @@
 """The plugin boundary: every call from the decoder into a source or a topology, through pluggy, guarded and checked.
 
-A plugin may raise, or answer with something malformed. Either costs that plugin's contribution for
-the cycle, with one logged warning per (plugin, hook), and never the output: a skipped draft is a
-draft not verified, a skipped tree the bare anchor, a skipped hint the planner's own estimate. The
-answers are checked here, by the checks that live with the contract's types (``Draft.validated``,
-``AuxiliaryRows.validated``, ``checked_successors``, ``checked_tree``); sources, topologies and
-the decoder trust what comes out. Each instance has a pluggy manager of its own, so a hook is
-called through pluggy and acceptance stays per source. The sources' acceptance estimates live here
-too (one :class:`AcceptanceEstimate` per registered name), handed to ``goose_propose`` and updated
-from every outcome.
+A plugin that raises or answers something malformed costs its contribution for the cycle (a skipped draft is a
+draft not verified, a skipped tree the bare anchor, a skipped hint the planner's own estimate), with one warning
+per (plugin, hook), never the output. Answers are checked by the contract types' own checks (``Draft.validated``,
+``AuxiliaryRows.validated``, ``checked_successors``, ``checked_tree``), so the decoder trusts what comes out. Each
+instance has a pluggy manager of its own; the sources' acceptance estimates, one per registered name, live here.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,7 +20,6 @@ from pydantic import ValidationError
 from goose.config import GooseConfig, first_error
 from goose.contract.acceptance import AcceptanceEstimate
 from goose.contract.candidates import (
-    CandidateError,
     CandidatePool,
     DecodeContext,
     Draft,
@@ -32,7 +29,7 @@ from goose.contract.candidates import (
 )
 from goose.contract.outcome import AuxiliaryRows, Harvest, VerifyOutcome
 from goose.contract.tree import DraftTree, checked_tree
-from goose.plugins import HOOKS, PluginError, Registration, Registry, manager, registry
+from goose.plugins import PluginError, Registration, Registry, implemented, manager, registry
 
 logger = logging.getLogger("goose.plugins")
 
@@ -41,10 +38,10 @@ class FaultLog:
     """Logs a plugin fault once per (plugin, hook); later faults of the same kind are counted, not logged."""
 
     def __init__(self) -> None:
-        self.counts: dict[tuple[str, str], int] = {}
+        self.counts: Counter[tuple[str, str]] = Counter()
 
-    def warn(self, kind: str, name: str, hook: str, problem: str) -> None:
-        self.counts[name, hook] = self.counts.get((name, hook), 0) + 1
+    def warn(self, kind: str, name: str, hook: str, problem: object) -> None:
+        self.counts[name, hook] += 1
         if self.counts[name, hook] == 1:
             logger.warning("%s %r skipped in %s: %s (further faults of this kind are not logged)", kind, name, hook,
                            problem)
@@ -60,27 +57,37 @@ def made(registration: Registration, config: GooseConfig) -> Any:
                           f"{detail}") from error
 
 
+def validated(kind: type, vocab_size: int, *default_score: float) -> Callable[[Any], Any]:
+    """A check for a ``kind`` answer (``Draft``, ``AuxiliaryRows``): its ``validated`` arrays."""
+    def check(answer: Any) -> Any:
+        if not isinstance(answer, kind):
+            raise TypeError(f"{type(answer).__name__}, not {kind.__name__}")
+        return answer.validated(vocab_size, *default_score)
+    return check
+
+
 class Guarded:
     """One plugin instance and the pluggy manager its hooks are called through; a fault is logged, not raised."""
 
     def __init__(self, name: str, kind: str, instance: Any, faults: FaultLog) -> None:
-        self.name, self.kind, self.instance, self.faults = name, kind, instance, faults
-        self.hooks = manager(instance, kind, name).hook  # PluginError on a misspelt, unmarked or misnamed hook
-        self.implements = {hook for hook in HOOKS[kind] if getattr(self.hooks, hook).get_hookimpls()}
+        self.name, self.kind, self.faults = name, kind, faults
+        plugins = manager(instance, kind, name)  # PluginError on a misspelt, unmarked or misnamed hook
+        self.hooks, self.implements = plugins.hook, implemented(plugins, kind)
 
-    def call(self, hook: str, **arguments: Any) -> Any:
-        """The hook's answer (pluggy's list of one unwrapped), None when missing, None on a fault (logged)."""
+    def call(self, hook: str, check: Callable[[Any], Any] = lambda answer: answer, **arguments: Any) -> Any:
+        """The hook's answer (pluggy's list of one unwrapped) through ``check``; None when the plugin lacks the hook
+        or answers None, and on a fault: the hook raised, or ``check`` did (a malformed answer)."""
         if hook not in self.implements:
             return None
         try:
             answer = getattr(self.hooks, hook)(**arguments)
         except Exception as error:  # a faulty plugin costs its contribution for the cycle, never the output
-            self.faults.warn(self.kind, self.name, hook, f"raised {type(error).__name__}: {error}")
-            return None
-        return (answer[0] if answer else None) if isinstance(answer, list) else answer
-
-    def fault(self, hook: str, problem: object) -> None:
-        self.faults.warn(self.kind, self.name, hook, str(problem))
+            return self.faults.warn(self.kind, self.name, hook, f"raised {type(error).__name__}: {error}")
+        answer = (answer[0] if answer else None) if isinstance(answer, list) else answer
+        try:
+            return None if answer is None else check(answer)
+        except (TypeError, ValueError) as error:
+            return self.faults.warn(self.kind, self.name, hook, f"malformed answer: {type(error).__name__}: {error}")
 
 
 class SourceSet:
@@ -95,10 +102,7 @@ class SourceSet:
                  estimates: dict[str, AcceptanceEstimate] | None = None, instances: dict[str, Any] | None = None,
                  strict: bool = True) -> None:
         known = known or registry()
-        unknown = sorted(set(config.source_options) - set(known.sources))
-        if unknown:  # options for a source nobody registered would be ignored without a word
-            raise PluginError(f"source_options names {', '.join(map(repr, unknown))}, not a registered source; "
-                              f"registered sources: {', '.join(sorted(known.sources))}")
+        known.check_options("source", config.source_options)
         self.vocab_size, self.faults = vocab_size, faults or FaultLog()
         self.estimates = estimates if estimates is not None else {}
         self.instances: dict[str, Any] = {}
@@ -111,7 +115,7 @@ class SourceSet:
             except PluginError as error:
                 if strict:
                     raise
-                self.faults.warn("source", name, "its constructor", str(error))
+                self.faults.warn("source", name, "its constructor", error)
                 continue
             self.guarded[name] = Guarded(name, "source", self.instances[name], self.faults)
             if name not in self.estimates:
@@ -139,11 +143,11 @@ class SourceSet:
         candidates, auxiliary = [], []
         for source_id, (name, source) in enumerate(self.guarded.items()):
             rate = self.estimates[name].rate
-            draft = self._checked(source, "goose_propose", source.call("goose_propose", context=context,
-                                                                       acceptance=rate), rate)
+            draft = source.call("goose_propose", validated(Draft, self.vocab_size, rate), context=context,
+                                acceptance=rate)
             if draft is not None and depth is not None:
                 draft = draft.within_depth(depth)
-            rows = self._checked(source, "goose_auxiliary_rows", source.call("goose_auxiliary_rows", context=context))
+            rows = source.call("goose_auxiliary_rows", validated(AuxiliaryRows, self.vocab_size), context=context)
             if rows is not None:
                 auxiliary.append((name, rows))
             candidates.append(self._candidates(source_id, source, draft))
@@ -162,19 +166,6 @@ class SourceSet:
                         auxiliary_predictions=auxiliary_predictions.get(name))
         return counts
 
-    def _checked(self, source: Guarded, hook: str, answer: Any, rate: float = 0.0) -> Any:
-        """A draft or auxiliary rows as clean arrays; None (the fault logged) when malformed."""
-        if answer is None:
-            return None
-        try:
-            kind = Draft if hook == "goose_propose" else AuxiliaryRows
-            if not isinstance(answer, kind):
-                raise TypeError(f"{hook} returned {type(answer).__name__}, not {kind.__name__}")
-            return answer.validated(self.vocab_size, rate) if kind is Draft else answer.validated(self.vocab_size)
-        except (TypeError, ValueError) as error:
-            source.fault(hook, error)
-            return None
-
     def _candidates(self, source_id: int, source: Guarded, draft: Draft | None) -> SourceCandidates:
         """The pool entry of one source: per-depth estimates of its draft when it gave them, else its estimate."""
         depths = draft.depth_acceptance if draft is not None else ()
@@ -185,55 +176,39 @@ class SourceSet:
         successors = None
         if "goose_successors" in source.implements:
             def successors(previous: np.ndarray, tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-                m = tokens.shape[0]
-                answer = source.call("goose_successors", previous=previous, tokens=tokens, k=k) if m and k > 0 \
-                    else None
-                try:
-                    return checked_successors(answer, m, max(k, 0), self.vocab_size)
-                except CandidateError as error:
-                    source.fault("goose_successors", error)
-                    return checked_successors(None, m, max(k, 0), self.vocab_size)
+                m, k = tokens.shape[0], max(k, 0)
+                answer = source.call("goose_successors", lambda found: checked_successors(found, m, k, self.vocab_size),
+                                     previous=previous, tokens=tokens, k=k) if m and k else None
+                return answer if answer is not None else checked_successors(None, m, k, self.vocab_size)
         return SourceCandidates(name=source.name, source_id=source_id, acceptance=acceptance, draft=draft,
                                 successors=successors, depth_acceptance=depths)
 
 
-class TopologyPlanner:
+class TopologyPlanner(Guarded):
     """One decoder's topology: its plan checked, its budget hint checked, either skipped on a fault."""
 
     def __init__(self, name: str, config: GooseConfig, vocab_size: int, known: Registry | None = None,
                  faults: FaultLog | None = None) -> None:
-        self.name, self.config, self.vocab_size, self.faults = name, config, vocab_size, faults or FaultLog()
         known = known or registry()
-        unknown = sorted(set(config.topology_options) - set(known.topologies))
-        if unknown:
-            raise PluginError(f"topology_options names {', '.join(map(repr, unknown))}, not a registered topology; "
-                              f"registered topologies: {', '.join(sorted(known.topologies))}")
-        self.instance = made(known.topology(name), config)
-        self.planner = Guarded(name, "topology", self.instance, self.faults)
-        if "goose_plan_tree" not in self.planner.implements:
+        known.check_options("topology", config.topology_options)
+        super().__init__(name, "topology", made(known.topology(name), config), faults or FaultLog())
+        self.config, self.vocab_size = config, vocab_size
+        if "goose_plan_tree" not in self.implements:
             raise PluginError(f"topology {name!r} does not implement goose_plan_tree")
 
     def plan(self, pool: CandidatePool, budget: int) -> DraftTree:
         """The topology's tree for ``pool`` within ``budget`` draft nodes; the bare anchor (a plain decoding step)
         when it answers None or fails (logged once)."""
-        tree = self.planner.call("goose_plan_tree", pool=pool, budget=budget, config=self.config)
-        try:
-            return DraftTree.single(pool.anchor, pool.source_names) if tree is None else \
-                checked_tree(tree, pool.anchor, budget, self.vocab_size)
-        except CandidateError as error:  # a faulty planner costs speed for a cycle, never correctness
-            self.planner.fault("goose_plan_tree", error)
-            return DraftTree.single(pool.anchor, pool.source_names)
+        tree = self.call("goose_plan_tree", lambda tree: checked_tree(tree, pool.anchor, budget, self.vocab_size),
+                         pool=pool, budget=budget, config=self.config)
+        return tree if tree is not None else DraftTree.single(pool.anchor, pool.source_names)
 
     def spine_lengths(self, pool: CandidatePool, budgets: tuple[int, ...]) -> tuple[int, ...] | None:
         """The topology's spine length for every candidate budget (``goose_spine_lengths``), if it says."""
-        lengths = self.planner.call("goose_spine_lengths", pool=pool, budgets=budgets, config=self.config)
-        if lengths is None:
-            return None
-        try:
+        def checked(lengths: Any) -> tuple[int, ...]:
             lengths = tuple(int(length) for length in lengths)
             if len(lengths) != len(budgets) or min(lengths, default=0) < 0:
                 raise ValueError(f"{len(lengths)} spine lengths for {len(budgets)} budgets, or a negative one")
             return lengths
-        except (TypeError, ValueError) as error:  # a faulty hint costs the budget's accuracy, never correctness
-            self.planner.fault("goose_spine_lengths", f"{type(error).__name__}: {error}")
-            return None
+
+        return self.call("goose_spine_lengths", checked, pool=pool, budgets=budgets, config=self.config)

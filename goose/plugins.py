@@ -1,10 +1,8 @@
 """Plugin loading: built-ins and third-party distributions come in the same way, through the ``goose`` entry points.
 
-``registry()`` scans the entry-point group once and asks every registration plugin for its sources,
-topologies and commands; ``register()`` adds one at run time, ``unregister()`` takes it out. A
-plugin's shape is checked when it registers (:func:`hook_signatures`); calling plugins while
-decoding, faults contained, is :mod:`goose.boundary`'s job. Built-ins load first, so a third-party
-plugin never displaces one; what a third-party plugin gets wrong lands in ``load_errors``.
+``registry()`` asks every registration plugin once for its sources, topologies and commands (built-ins first, so
+a third-party plugin never displaces one); ``register()`` adds one at run time. :func:`manager` checks a plugin's
+shape through pluggy; calling it while decoding is :mod:`goose.boundary`'s job.
 """
 
 from __future__ import annotations
@@ -26,67 +24,59 @@ logger = logging.getLogger("goose.plugins")
 ENTRY_POINT_GROUP = "goose"
 BUILTIN_ORIGIN = "built-in"
 OWN_DISTRIBUTION = "goose-decoding"
-DEFAULT_INITIAL_ACCEPTANCE = 0.3
-HOOKS = {  # the hooks each kind of plugin object may implement
+HOOKS = {  # the hooks each kind of plugin object may implement, in the specs' order
     "registration": ("goose_register_sources", "goose_register_topologies", "goose_register_commands"),
     "source": ("goose_reset", "goose_prefill", "goose_propose", "goose_successors", "goose_auxiliary_rows",
                "goose_observe"),
     "topology": ("goose_plan_tree", "goose_spine_lengths"),
 }
-_MARK = f"{hookspecs.PROJECT}_impl"  # the attribute @goose.hookimpl sets
+TABLES = {"source": "sources", "topology": "topologies", "command": "commands"}  # a kind -> its Registry table
 
 
 class PluginError(ValueError):
     """An unknown plugin name, or a plugin that cannot be loaded, registered or made."""
 
 
-def hook_signatures(plugin: object, kind: str, name: str) -> dict[str, tuple[str, ...]]:
-    """The hooks ``plugin`` (class, instance or module) implements as a ``kind`` plugin -> the arguments each asks
-    for; PluginError for a ``goose_*`` attribute that is no hook of its kind, a hook without ``@goose.hookimpl``,
-    or an argument its spec does not pass (pluggy's rule: parameters without defaults, ``self`` left out)."""
-    allowed, found = HOOKS[kind], {}
-    for attribute in dir(plugin):
-        value = inspect.getattr_static(plugin, attribute, None)
-        function = value.__func__ if isinstance(value, staticmethod | classmethod) else value
-        options = getattr(function, _MARK, None)
-        if not callable(function) or (options is None and not attribute.startswith("goose_")):
-            continue
-        hook, where = (options or {}).get("specname") or attribute, f"{kind} {name!r}: {attribute}"
-        if hook not in allowed:
-            other = next((k for k, hooks in HOOKS.items() if hook in hooks), None)
-            if other:
-                raise PluginError(f"{where} is a {other} hook; a {kind} implements only {', '.join(allowed)}")
-            near = difflib.get_close_matches(hook, allowed, n=1)
-            hint = f"did you mean {near[0]}?" if near else f"{kind} hooks are {', '.join(allowed)}"
-            raise PluginError(f"{where} is not a Goose hook ({hint})")
+class _OneKind(pluggy.PluginManager):
+    """pluggy's manager, refusing a ``goose_*`` method that is no marked hook of the plugin's kind."""
+
+    def __init__(self, kind: str, name: str) -> None:
+        super().__init__(hookspecs.PROJECT)
+        self.add_hookspecs(hookspecs)
+        self.kind, self.name, self.parsing = kind, name, ""
+
+    def parse_hookimpl_opts(self, plugin: object, attribute: str) -> Any:
+        options = super().parse_hookimpl_opts(plugin, attribute)
+        if options is None and not (attribute.startswith("goose_") and callable(getattr(plugin, attribute, None))):
+            return None
+        self.parsing, allowed = (options or {}).get("specname") or attribute, HOOKS[self.kind]
+        where = f"{self.kind} {self.name!r}: {attribute}"
+        if self.parsing not in allowed:
+            other = next((kind for kind, hooks in HOOKS.items() if self.parsing in hooks), None)
+            near = difflib.get_close_matches(self.parsing, allowed, n=1)
+            raise PluginError(f"{where} is a {other} hook; a {self.kind} implements only {', '.join(allowed)}"
+                              if other else f"{where} is not a Goose hook (" +
+                              (f"did you mean {near[0]}?)" if near else f"{self.kind} hooks are {', '.join(allowed)})"))
         if options is None:
             raise PluginError(f"{where} is not marked @goose.hookimpl, so Goose would never call it")
-        parameters = [p for p in inspect.signature(function).parameters.values()
-                      if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        bound = not inspect.ismodule(plugin) and not isinstance(value, staticmethod)
-        asked = tuple(p.name for p in parameters[1 if bound else 0:])
-        passed = tuple(inspect.signature(getattr(hookspecs, hook)).parameters)
-        unknown = [argument for argument in asked if argument not in passed]
-        if unknown:
-            hints = [f"{a!r} -> {near[0]!r}" for a in unknown for near in [difflib.get_close_matches(a, passed, n=1)]
-                     if near]
-            raise PluginError(f"{where} asks for {', '.join(map(repr, unknown))}, which {hook} does not pass (it "
-                              f"passes {', '.join(passed)})" + (f"; did you mean {', '.join(hints)}?" if hints else ""))
-        found[hook] = asked
-    return {hook: found[hook] for hook in allowed if hook in found}
+        return options
 
 
 def manager(plugin: object, kind: str, name: str) -> pluggy.PluginManager:
-    """A pluggy manager holding one checked plugin: its hooks are called through ``manager.hook``."""
-    hook_signatures(plugin, kind, name)
-    plugins = pluggy.PluginManager(hookspecs.PROJECT)
-    plugins.add_hookspecs(hookspecs)
+    """A pluggy manager holding one plugin (class, instance or module), its shape checked (PluginError): its hooks
+    are called through ``manager.hook``; an argument its spec does not pass is refused by pluggy's own check."""
+    plugins = _OneKind(kind, name)
     try:
         plugins.register(plugin, name=name)
-        plugins.check_pending()
-    except (pluggy.PluginValidationError, ValueError) as error:
-        raise PluginError(f"{kind} {name!r}: {error}") from None
+    except pluggy.PluginValidationError as error:
+        passed = ", ".join(getattr(plugins.hook, plugins.parsing).spec.argnames)
+        raise PluginError(f"{kind} {name!r}: {error}; {plugins.parsing} passes {passed}") from None
     return plugins
+
+
+def implemented(plugins: pluggy.PluginManager, kind: str) -> dict[str, tuple[str, ...]]:
+    """The hooks of :func:`manager`'s plugin -> the arguments each asks for (pluggy's: those without defaults)."""
+    return {hook: impls[0].argnames for hook in HOOKS[kind] if (impls := getattr(plugins.hook, hook).get_hookimpls())}
 
 
 @dataclass(frozen=True)
@@ -96,7 +86,7 @@ class Registration:
     factory: Callable[..., Any]  # sources and topologies: factory(config); commands: add_arguments(parser)
     origin: str  # "built-in" or the distribution that registered it
     description: str = ""
-    initial_acceptance: float = DEFAULT_INITIAL_ACCEPTANCE  # sources: the estimate before any verification
+    initial_acceptance: float = 0.3  # sources: the estimate before any verification
     shareable: bool = False  # sources: one instance may serve every slot of a decoder
 
 
@@ -114,22 +104,21 @@ class Registry:
         ``strict`` (an explicit call); otherwise it is skipped, logged and kept in ``load_errors``."""
         hooks = manager(plugin, "registration", getattr(plugin, "__name__", type(plugin).__name__)).hook
         added: list[Registration] = []
-        for kind, table, call in (("source", self.sources, hooks.goose_register_sources),
-                                  ("topology", self.topologies, hooks.goose_register_topologies),
-                                  ("command", self.commands, hooks.goose_register_commands)):
-            call(register=self._registrar(kind, table, origin, added, strict))
+        for kind, table in TABLES.items():
+            getattr(hooks, f"goose_register_{table}")(register=self._registrar(kind, origin, added, strict))
         return added
 
     def remove(self, registrations: list[Registration]) -> None:
         for registration in registrations:
-            table = {"source": self.sources, "topology": self.topologies, "command": self.commands}[registration.kind]
+            table = getattr(self, TABLES[registration.kind])
             if table.get(registration.name) is registration:
                 del table[registration.name]
 
-    def _registrar(self, kind: str, table: dict[str, Registration], origin: str, added: list[Registration],
-                   strict: bool) -> Callable[..., None]:
-        def register(name: str, factory: Callable[..., Any], description: str = "",
-                     initial_acceptance: float = DEFAULT_INITIAL_ACCEPTANCE, shareable: bool = False) -> None:
+    def _registrar(self, kind: str, origin: str, added: list[Registration], strict: bool) -> Callable[..., None]:
+        table = getattr(self, TABLES[kind])
+
+        def register(name: str, factory: Callable[..., Any], description: str = "", initial_acceptance: float = 0.3,
+                     shareable: bool = False) -> None:
             try:
                 if name in table and table[name].factory is not factory:
                     raise PluginError(f"{kind} {name!r} from {origin} is not registered: the name is taken by "
@@ -140,13 +129,12 @@ class Registry:
                 if not isinstance(shareable, bool):
                     raise PluginError(f"{kind} {name!r}: shareable must be True or False, got {shareable!r}")
                 if inspect.isclass(factory) and kind != "command":  # a factory function: its product, when made
-                    hook_signatures(factory, kind, name)
+                    manager(factory, kind, name)
             except PluginError as error:
                 if strict:
                     raise
-                message = f"{error} (from {origin}: not registered)"
-                logger.error("%s", message)
-                self.load_errors.append(message)
+                self.load_errors.append(f"{error} (from {origin}: not registered)")
+                logger.error("%s", self.load_errors[-1])
                 return
             table[name] = Registration(name, kind, factory, origin, description, float(initial_acceptance), shareable)
             added.append(table[name])
@@ -157,20 +145,27 @@ class Registry:
         """The hooks a registration's class implements -> the arguments each asks for; {} for a factory function."""
         if not inspect.isclass(registration.factory):
             return {}
-        return hook_signatures(registration.factory, registration.kind, registration.name)
+        return implemented(manager(registration.factory, registration.kind, registration.name), registration.kind)
 
     def source(self, name: str) -> Registration:
-        return self._lookup(name, self.sources, "source", "sources")
+        return self._lookup("source", name)
 
     def topology(self, name: str) -> Registration:
-        return self._lookup(name, self.topologies, "topology", "topologies")
+        return self._lookup("topology", name)
 
-    @staticmethod
-    def _lookup(name: str, table: dict[str, Registration], kind: str, plural: str) -> Registration:
+    def _lookup(self, kind: str, name: str) -> Registration:
+        table = getattr(self, TABLES[kind])
         if name not in table:
             known = ", ".join(sorted(table)) or "none (is goose installed? run `pip install -e .`)"
-            raise PluginError(f"unknown {kind} {name!r}; registered {plural}: {known}")
+            raise PluginError(f"unknown {kind} {name!r}; registered {TABLES[kind]}: {known}")
         return table[name]
+
+    def check_options(self, kind: str, options: dict[str, Any]) -> None:
+        """PluginError for options naming no registered plugin of ``kind`` (they would be ignored without a word)."""
+        table = getattr(self, TABLES[kind])
+        if unknown := sorted(set(options) - set(table)):
+            raise PluginError(f"{kind}_options names {', '.join(map(repr, unknown))}, not a registered {kind}; "
+                              f"registered {TABLES[kind]}: {', '.join(sorted(table))}")
 
 
 _REGISTRY: Registry | None = None
@@ -203,10 +198,9 @@ def _load_entry_points(entry_points: Iterable[metadata.EntryPoint]) -> Registry:
         except Exception as error:  # a plugin that cannot even be imported must not break goose itself
             if builtin:
                 raise
-            message = f"plugin {entry_point.name!r} from {origin} " + (
-                f"is not registered: {error}" if isinstance(error, PluginError) else f"failed to load: {error}")
-            logger.warning(message)
-            found.load_errors.append(message)
+            found.load_errors.append(f"plugin {entry_point.name!r} from {origin} " + (
+                f"is not registered: {error}" if isinstance(error, PluginError) else f"failed to load: {error}"))
+            logger.warning(found.load_errors[-1])
     return found
 
 
@@ -222,14 +216,11 @@ def unregister(registrations: list[Registration]) -> None:
 
 
 class SourcePlugin:
-    """A registration plugin for one source class: ``register(SourcePlugin("name", Class))``."""
+    """A registration plugin for one source: ``register(SourcePlugin("name", Class, initial_acceptance=0.5))``."""
 
-    def __init__(self, name: str, factory: Callable[..., Any], description: str = "",
-                 initial_acceptance: float = DEFAULT_INITIAL_ACCEPTANCE, shareable: bool = False) -> None:
-        self.name, self.factory, self.description = name, factory, description
-        self.initial_acceptance, self.shareable = initial_acceptance, shareable
+    def __init__(self, name: str, factory: Callable[..., Any], **options: Any) -> None:
+        self.arguments, self.options = (name, factory), options
 
     @hookspecs.hookimpl
     def goose_register_sources(self, register: hookspecs.Register) -> None:
-        register(self.name, self.factory, description=self.description, initial_acceptance=self.initial_acceptance,
-                 shareable=self.shareable)
+        register(*self.arguments, **self.options)
