@@ -1,10 +1,7 @@
 """The plugin boundary: every call from the decoder into a source or a topology, through pluggy, guarded and checked.
 
-A plugin that raises or answers something malformed costs its contribution for the cycle (a skipped draft is a
-draft not verified, a skipped tree the bare anchor, a skipped hint the planner's own estimate), with one warning
-per (plugin, hook), never the output. Answers are checked by the contract types' own checks (``Draft.validated``,
-``AuxiliaryRows.validated``, ``checked_successors``, ``checked_tree``), so the decoder trusts what comes out. Each
-instance has a pluggy manager of its own; the sources' acceptance estimates, one per registered name, live here.
+A plugin that raises or answers malformed (by the contract types' own checks) costs its contribution for the cycle
+(a draft not verified, the bare anchor for a tree, the planner's own estimate for a hint), never the output.
 """
 
 from __future__ import annotations
@@ -12,24 +9,19 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
 
 from goose.config import GooseConfig, first_error
+from goose.contract import candidates
 from goose.contract.acceptance import AcceptanceEstimate
-from goose.contract.candidates import (
-    CandidatePool,
-    DecodeContext,
-    Draft,
-    SourceCandidates,
-    chain_rate,
-    checked_successors,
-)
+from goose.contract.candidates import CandidatePool, DecodeContext, Draft, SourceCandidates
 from goose.contract.outcome import AuxiliaryRows, Harvest, VerifyOutcome
 from goose.contract.tree import DraftTree, checked_tree
-from goose.plugins import PluginError, Registration, Registry, implemented, manager, registry
+from goose.plugins import Manager, PluginError, Registration, Registry, registry
 
 logger = logging.getLogger("goose.plugins")
 
@@ -57,13 +49,11 @@ def made(registration: Registration, config: GooseConfig) -> Any:
                           f"{detail}") from error
 
 
-def validated(kind: type, vocab_size: int, *default_score: float) -> Callable[[Any], Any]:
-    """A check for a ``kind`` answer (``Draft``, ``AuxiliaryRows``): its ``validated`` arrays."""
-    def check(answer: Any) -> Any:
-        if not isinstance(answer, kind):
-            raise TypeError(f"{type(answer).__name__}, not {kind.__name__}")
-        return answer.validated(vocab_size, *default_score)
-    return check
+def validated(kind: type, arguments: tuple[Any, ...], answer: Any) -> Any:
+    """A ``Draft`` or ``AuxiliaryRows`` answer as clean arrays (its own ``validated``); TypeError for another type."""
+    if not isinstance(answer, kind):
+        raise TypeError(f"{type(answer).__name__}, not {kind.__name__}")
+    return answer.validated(*arguments)
 
 
 class Guarded:
@@ -71,12 +61,12 @@ class Guarded:
 
     def __init__(self, name: str, kind: str, instance: Any, faults: FaultLog) -> None:
         self.name, self.kind, self.faults = name, kind, faults
-        plugins = manager(instance, kind, name)  # PluginError on a misspelt, unmarked or misnamed hook
-        self.hooks, self.implements = plugins.hook, implemented(plugins, kind)
+        plugins = Manager(instance, kind, name)  # PluginError on a misspelt, unmarked or misnamed hook
+        self.hooks, self.implements = plugins.hook, plugins.implemented()
 
     def call(self, hook: str, check: Callable[[Any], Any] = lambda answer: answer, **arguments: Any) -> Any:
         """The hook's answer (pluggy's list of one unwrapped) through ``check``; None when the plugin lacks the hook
-        or answers None, and on a fault: the hook raised, or ``check`` did (a malformed answer)."""
+        or answers None, and on a fault (logged): the hook raised, or ``check`` did (a malformed answer)."""
         if hook not in self.implements:
             return None
         try:
@@ -91,11 +81,9 @@ class Guarded:
 
 
 class SourceSet:
-    """One slot's live sources: their instances, their acceptance estimates, and guarded calls into them.
-
-    ``estimates``, ``instances``: shared with another set (made where absent). ``strict`` (a decoder's first
-    set): a constructor that raises is an error; otherwise (a later slot) that source sits the slot out, logged.
-    """
+    """One slot's live sources, their acceptance estimates and guarded calls. ``estimates``, ``instances``: shared
+    with another set (made where absent); a constructor that raises is an error when ``strict`` (a decoder's first
+    set), else (a later slot) that source sits the slot out, logged."""
 
     def __init__(self, names: list[str] | tuple[str, ...], config: GooseConfig, vocab_size: int,
                  known: Registry | None = None, faults: FaultLog | None = None,
@@ -108,9 +96,8 @@ class SourceSet:
         self.instances: dict[str, Any] = {}
         self.guarded: dict[str, Guarded] = {}
         for name in names:
-            registration = known.source(name)
+            registration, instance = known.source(name), (instances or {}).get(name)
             try:
-                instance = (instances or {}).get(name)
                 self.instances[name] = instance if instance is not None else made(registration, config)
             except PluginError as error:
                 if strict:
@@ -140,19 +127,20 @@ class SourceSet:
                 ) -> tuple[CandidatePool, list[tuple[str, AuxiliaryRows]]]:
         """Every source's checked draft, ranked by acceptance, and the auxiliary rows that asked to ride along;
         ``depth``: the most draft tokens a path may keep (the tokens the request has left), deeper nodes cut."""
-        candidates, auxiliary = [], []
+        entries, auxiliary = [], []
         for source_id, (name, source) in enumerate(self.guarded.items()):
             rate = self.estimates[name].rate
-            draft = source.call("goose_propose", validated(Draft, self.vocab_size, rate), context=context,
+            draft = source.call("goose_propose", partial(validated, Draft, (self.vocab_size, rate)), context=context,
                                 acceptance=rate)
             if draft is not None and depth is not None:
                 draft = draft.within_depth(depth)
-            rows = source.call("goose_auxiliary_rows", validated(AuxiliaryRows, self.vocab_size), context=context)
+            rows = source.call("goose_auxiliary_rows", partial(validated, AuxiliaryRows, (self.vocab_size,)),
+                               context=context)
             if rows is not None:
                 auxiliary.append((name, rows))
-            candidates.append(self._candidates(source_id, source, draft))
-        candidates.sort(key=lambda c: -c.acceptance)  # stable: ties keep the configured order
-        return CandidatePool(context.anchor, context.previous, self.names, tuple(candidates)), auxiliary
+            entries.append(self._candidates(source_id, source, draft))
+        entries.sort(key=lambda c: -c.acceptance)  # stable: ties keep the configured order
+        return CandidatePool(context.anchor, context.previous, self.names, tuple(entries)), auxiliary
 
     def observe(self, outcome: VerifyOutcome, auxiliary_predictions: dict[str, np.ndarray]
                 ) -> dict[str, tuple[int, int]]:
@@ -169,19 +157,17 @@ class SourceSet:
     def _candidates(self, source_id: int, source: Guarded, draft: Draft | None) -> SourceCandidates:
         """The pool entry of one source: per-depth estimates of its draft when it gave them, else its estimate."""
         depths = draft.depth_acceptance if draft is not None else ()
-        if len(depths) > 1:
-            acceptance = chain_rate(depths, len(draft))  # type: ignore[arg-type]
-        else:
-            acceptance, depths = depths[0] if depths else self.estimates[source.name].rate, ()
-        successors = None
-        if "goose_successors" in source.implements:
-            def successors(previous: np.ndarray, tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-                m, k = tokens.shape[0], max(k, 0)
-                answer = source.call("goose_successors", lambda found: checked_successors(found, m, k, self.vocab_size),
-                                     previous=previous, tokens=tokens, k=k) if m and k else None
-                return answer if answer is not None else checked_successors(None, m, k, self.vocab_size)
-        return SourceCandidates(name=source.name, source_id=source_id, acceptance=acceptance, draft=draft,
-                                successors=successors, depth_acceptance=depths)
+        acceptance = candidates.chain_rate(depths, len(draft)) if len(depths) > 1 else (  # type: ignore[arg-type]
+            depths[0] if depths else self.estimates[source.name].rate)
+
+        def successors(previous: np.ndarray, tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+            check = partial(candidates.checked_successors, m=len(tokens), k=max(k, 0), vocab_size=self.vocab_size)
+            answer = source.call("goose_successors", check, previous=previous, tokens=tokens, k=k) \
+                if len(tokens) and k > 0 else None
+            return answer if answer is not None else check(None)
+
+        return SourceCandidates(source.name, source_id, acceptance, draft, successors if "goose_successors" in
+                                source.implements else None, depths if len(depths) > 1 else ())
 
 
 class TopologyPlanner(Guarded):
@@ -205,10 +191,9 @@ class TopologyPlanner(Guarded):
 
     def spine_lengths(self, pool: CandidatePool, budgets: tuple[int, ...]) -> tuple[int, ...] | None:
         """The topology's spine length for every candidate budget (``goose_spine_lengths``), if it says."""
-        def checked(lengths: Any) -> tuple[int, ...]:
-            lengths = tuple(int(length) for length in lengths)
-            if len(lengths) != len(budgets) or min(lengths, default=0) < 0:
-                raise ValueError(f"{len(lengths)} spine lengths for {len(budgets)} budgets, or a negative one")
+        lengths = self.call("goose_spine_lengths", lambda answer: tuple(int(length) for length in answer), pool=pool,
+                            budgets=budgets, config=self.config)
+        if lengths is None or (len(lengths) == len(budgets) and min(lengths, default=0) >= 0):
             return lengths
-
-        return self.call("goose_spine_lengths", checked, pool=pool, budgets=budgets, config=self.config)
+        return self.faults.warn(self.kind, self.name, "goose_spine_lengths", f"malformed answer: {len(lengths)} "
+                                f"spine lengths for {len(budgets)} budgets, or a negative one")
