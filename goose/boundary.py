@@ -35,62 +35,53 @@ class FaultLog:
     def warn(self, kind: str, name: str, hook: str, problem: object) -> None:
         self.counts[name, hook] += 1
         if self.counts[name, hook] == 1:
-            logger.warning("%s %r skipped in %s: %s (further faults of this kind are not logged)", kind, name, hook,
-                           problem)
+            logger.warning("%s %r skipped in %s: %s (not logged again for this hook)", kind, name, hook, problem)
 
 
-def made(registration: Registration, config: GooseConfig) -> Any:
+def made(plugin: Registration, config: GooseConfig) -> Any:
     """A plugin's instance; what its constructor raises comes back as a PluginError naming the plugin."""
     try:
-        return registration.factory(config)
+        return plugin.factory(config)
     except Exception as error:
-        detail = first_error(error, "options") if isinstance(error, ValidationError) else str(error)
-        raise PluginError(f"{registration.kind} {registration.name!r} could not be made: {type(error).__name__}: "
-                          f"{detail}") from error
+        why = first_error(error, "options") if isinstance(error, ValidationError) else str(error)
+        raise PluginError(f"{plugin.kind} {plugin.name!r} could not be made: {type(error).__name__}: {why}") from error
 
 
-def validated(kind: type, arguments: tuple[Any, ...], answer: Any) -> Any:
-    """A ``Draft`` or ``AuxiliaryRows`` answer as clean arrays (its own ``validated``); TypeError for another type."""
-    if not isinstance(answer, kind):
-        raise TypeError(f"{type(answer).__name__}, not {kind.__name__}")
-    return answer.validated(*arguments)
-
-
-class Guarded:
-    """One plugin instance and the pluggy manager its hooks are called through; a fault is logged, not raised."""
+class Guarded(Manager):
+    """The pluggy manager of one plugin instance, whose hooks are called guarded: a fault is logged, not raised."""
 
     def __init__(self, name: str, kind: str, instance: Any, faults: FaultLog) -> None:
-        self.name, self.kind, self.faults = name, kind, faults
-        plugins = Manager(instance, kind, name)  # PluginError on a misspelt, unmarked or misnamed hook
-        self.hooks, self.implements = plugins.hook, plugins.implemented()
+        super().__init__(instance, kind, name)  # PluginError on a misspelt, unmarked or misnamed hook
+        self.faults, self.implements = faults, self.implemented()
 
-    def call(self, hook: str, check: Callable[[Any], Any] = lambda answer: answer, **arguments: Any) -> Any:
-        """The hook's answer (pluggy's list of one unwrapped) through ``check``; None when the plugin lacks the hook
-        or answers None, and on a fault (logged): the hook raised, or ``check`` did (a malformed answer)."""
-        if hook not in self.implements:
-            return None
-        try:
-            answer = getattr(self.hooks, hook)(**arguments)
+    def call(self, hook: str, check: Callable[[Any], Any] = lambda answer: answer, kind: type = object,
+             **arguments: Any) -> Any:
+        """The hook's answer (pluggy's list of one unwrapped), a ``kind``, through ``check``; None when the plugin
+        lacks the hook or answers None, and on a fault (logged): the hook raised, or answered malformed."""
+        try:  # a hook the plugin lacks answers [] (or None), as pluggy calls no implementation
+            answer = getattr(self.hook, hook)(**arguments)
         except Exception as error:  # a faulty plugin costs its contribution for the cycle, never the output
             return self.faults.warn(self.kind, self.name, hook, f"raised {type(error).__name__}: {error}")
         answer = (answer[0] if answer else None) if isinstance(answer, list) else answer
         try:
+            if answer is not None and not isinstance(answer, kind):
+                raise TypeError(f"{type(answer).__name__}, not {kind.__name__}")
             return None if answer is None else check(answer)
         except (TypeError, ValueError) as error:
             return self.faults.warn(self.kind, self.name, hook, f"malformed answer: {type(error).__name__}: {error}")
 
 
 class SourceSet:
-    """One slot's live sources, their acceptance estimates and guarded calls. ``estimates``, ``instances``: shared
-    with another set (made where absent); a constructor that raises is an error when ``strict`` (a decoder's first
-    set), else (a later slot) that source sits the slot out, logged."""
+    """One slot's live sources and their estimates (``estimates``, ``instances``: shared with another set, made where
+    absent). A constructor that raises is an error when ``strict`` (a decoder's first set), else sits the slot out."""
 
     def __init__(self, names: list[str] | tuple[str, ...], config: GooseConfig, vocab_size: int,
                  known: Registry | None = None, faults: FaultLog | None = None,
                  estimates: dict[str, AcceptanceEstimate] | None = None, instances: dict[str, Any] | None = None,
                  strict: bool = True) -> None:
         known = known or registry()
-        known.check_options("source", config.source_options)
+        for name in config.source_options:  # options nobody reads would be ignored without a word
+            known.source(name, "source_options: ")
         self.vocab_size, self.faults = vocab_size, faults or FaultLog()
         self.estimates = estimates if estimates is not None else {}
         self.instances: dict[str, Any] = {}
@@ -130,17 +121,28 @@ class SourceSet:
         entries, auxiliary = [], []
         for source_id, (name, source) in enumerate(self.guarded.items()):
             rate = self.estimates[name].rate
-            draft = source.call("goose_propose", partial(validated, Draft, (self.vocab_size, rate)), context=context,
-                                acceptance=rate)
-            if draft is not None and depth is not None:
-                draft = draft.within_depth(depth)
-            rows = source.call("goose_auxiliary_rows", partial(validated, AuxiliaryRows, (self.vocab_size,)),
-                               context=context)
-            if rows is not None:
-                auxiliary.append((name, rows))
-            entries.append(self._candidates(source_id, source, draft))
+            draft = source.call("goose_propose", partial(Draft.validated, vocab_size=self.vocab_size,
+                                                         default_score=rate), Draft, context=context, acceptance=rate)
+            draft = draft.within_depth(depth) if draft is not None and depth is not None else draft
+            rows = source.call("goose_auxiliary_rows", partial(AuxiliaryRows.validated, vocab_size=self.vocab_size),
+                               AuxiliaryRows, context=context)
+            auxiliary += [(name, rows)] if rows is not None else []
+            depths = draft.depth_acceptance if draft is not None else ()  # this very draft's trust ranks the source
+            acceptance = candidates.chain_rate(depths, len(draft)) if len(depths) > 1 else (  # type: ignore[arg-type]
+                depths[0] if depths else rate)
+            successors = partial(self._successors, source) if "goose_successors" in source.implements else None
+            entries.append(SourceCandidates(name, source_id, acceptance, draft, successors,
+                                            depths if len(depths) > 1 else ()))
         entries.sort(key=lambda c: -c.acceptance)  # stable: ties keep the configured order
         return CandidatePool(context.anchor, context.previous, self.names, tuple(entries)), auxiliary
+
+    def _successors(self, source: Guarded, previous: np.ndarray, tokens: np.ndarray, k: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """A source's ``goose_successors`` answer, checked and padded; nothing known on a fault."""
+        check = partial(candidates.checked_successors, m=len(tokens), k=max(k, 0), vocab_size=self.vocab_size)
+        answer = source.call("goose_successors", check, previous=previous, tokens=tokens, k=k) \
+            if len(tokens) and k > 0 else None
+        return answer if answer is not None else check(None)
 
     def observe(self, outcome: VerifyOutcome, auxiliary_predictions: dict[str, np.ndarray]
                 ) -> dict[str, tuple[int, int]]:
@@ -154,21 +156,6 @@ class SourceSet:
                         auxiliary_predictions=auxiliary_predictions.get(name))
         return counts
 
-    def _candidates(self, source_id: int, source: Guarded, draft: Draft | None) -> SourceCandidates:
-        """The pool entry of one source: per-depth estimates of its draft when it gave them, else its estimate."""
-        depths = draft.depth_acceptance if draft is not None else ()
-        acceptance = candidates.chain_rate(depths, len(draft)) if len(depths) > 1 else (  # type: ignore[arg-type]
-            depths[0] if depths else self.estimates[source.name].rate)
-
-        def successors(previous: np.ndarray, tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-            check = partial(candidates.checked_successors, m=len(tokens), k=max(k, 0), vocab_size=self.vocab_size)
-            answer = source.call("goose_successors", check, previous=previous, tokens=tokens, k=k) \
-                if len(tokens) and k > 0 else None
-            return answer if answer is not None else check(None)
-
-        return SourceCandidates(source.name, source_id, acceptance, draft, successors if "goose_successors" in
-                                source.implements else None, depths if len(depths) > 1 else ())
-
 
 class TopologyPlanner(Guarded):
     """One decoder's topology: its plan checked, its budget hint checked, either skipped on a fault."""
@@ -176,15 +163,15 @@ class TopologyPlanner(Guarded):
     def __init__(self, name: str, config: GooseConfig, vocab_size: int, known: Registry | None = None,
                  faults: FaultLog | None = None) -> None:
         known = known or registry()
-        known.check_options("topology", config.topology_options)
+        for option in config.topology_options:
+            known.topology(option, "topology_options: ")
         super().__init__(name, "topology", made(known.topology(name), config), faults or FaultLog())
         self.config, self.vocab_size = config, vocab_size
         if "goose_plan_tree" not in self.implements:
             raise PluginError(f"topology {name!r} does not implement goose_plan_tree")
 
     def plan(self, pool: CandidatePool, budget: int) -> DraftTree:
-        """The topology's tree for ``pool`` within ``budget`` draft nodes; the bare anchor (a plain decoding step)
-        when it answers None or fails (logged once)."""
+        """The topology's tree within ``budget`` draft nodes; the bare anchor (a plain step) on None or a fault."""
         tree = self.call("goose_plan_tree", lambda tree: checked_tree(tree, pool.anchor, budget, self.vocab_size),
                          pool=pool, budget=budget, config=self.config)
         return tree if tree is not None else DraftTree.single(pool.anchor, pool.source_names)

@@ -15,33 +15,30 @@ hook) and ``firstresult`` (the topology hooks') mean what pluggy says.
 
 **Instances.** ``factory(config)`` makes one, which reads its options from ``config.options_for(name)`` (options
 for a name nobody registered are an error). A source's hooks are all optional; a topology needs
-``goose_plan_tree``. In every door (``GooseDecoder``, its batches, ``goose serve``, the vLLM proposer) an instance
-serves one request at a time in the slot it was made for (a decoder has one, a batch or server ``--max-batch``, the
-vLLM proposer one per running request), made when the slot first needs it and reused for its later requests; a
-``shareable`` source has one instance for all its decoder's slots, never reset, seeing every slot's hooks in turn.
-The decoder's first instances are made when it is built (a bad option is an error there); a factory that raises
-for a later slot costs that source in that slot, logged once.
+``goose_plan_tree``. In every door an instance serves one request at a time in the slot it was made for (a
+``GooseDecoder`` has one, a batch or ``goose serve`` ``--max-batch``, the vLLM proposer one per running request),
+made when the slot first needs it and reused for its later requests; a ``shareable`` source has one instance for
+all its decoder's slots, never reset, seeing every slot's hooks in turn. The decoder's first instances are made
+when it is built (a bad option is an error there); a factory that raises for a later slot costs that source in
+that slot, logged once.
 
 **Data** is NumPy, on the host. ``DecodeContext.tokens`` is the prompt and all generated so far, the anchor (the
 last, verified token) last; within a request it only grows at the end (index it incrementally). Token ids lie in
-``[0, DecodeContext.vocab_size)``, the output layer's rows (it may exceed ``len(tokenizer)``).
-``DecodeContext.prediction`` is the request's predicted output (OpenAI's Predicted Outputs) as read-only ids, or
-None; a request with one puts the built-in ``prediction`` source first.
+``[0, DecodeContext.vocab_size)``, the output layer's rows (it may exceed ``len(tokenizer)``); ``.prediction`` is
+the request's predicted output (OpenAI's Predicted Outputs) as read-only ids, or None (a request with one puts the
+built-in ``prediction`` source first).
 
 **Acceptance.** The decoder keeps one estimate per source name (sources keep none), from ``initial_acceptance``
 (``GooseConfig.initial_acceptance[name]``, else the registration's), moved by an EMA step (``GooseConfig.ema``)
 towards the accepted / tested ratio of the source's nodes at every verification. Each cycle sources rank most
 trusted first (planners give the first drafting one the spine) by the draft's chain-equivalent rate when it
 carries ``Draft.depth_acceptance`` (:func:`goose.contract.candidates.chain_rate`), else the estimate; ties keep the
-configured order. The automatic budget sizes the spine by the same numbers.
+configured order.
 
 **Faults are contained** (:mod:`goose.boundary`): a hook that raises or answers malformed (ids outside the
 vocabulary, parents out of order, wrong shapes or types) is skipped for that cycle, logged once per (plugin, hook);
 a plugin changes the speed, never the output. None means nothing this cycle, never logged; what ``goose_reset``,
-``goose_prefill`` and ``goose_observe`` return is ignored.
-
-Helpers: ``goose.topologies.toolkit`` (branch growth, harmonic splits, rankings, a ``Planner`` base) and
-``goose.sources.toolkit`` (stop cuts, copy depth, frequency tries, fingerprints).
+``goose_prefill`` and ``goose_observe`` return is ignored. Helpers: ``goose.{sources,topologies}.toolkit``.
 """
 
 from collections.abc import Callable
@@ -64,8 +61,7 @@ Register = Callable[..., None]
 @hookspec
 def goose_register_sources(register: Register) -> None:
     """``register(name, factory, description="", initial_acceptance=0.3, shareable=False)`` per source: the estimate
-    before any verification, in [0, 1]; ``shareable=True``: an instance holds knowledge of the model, not of a
-    request (``bigram_transition``'s table), so one may serve every slot."""
+    before any verification, in [0, 1]; ``shareable=True``: an instance knows the model, not a request (one for all)."""
 
 
 @hookspec
@@ -94,12 +90,9 @@ def goose_prefill(context: DecodeContext, harvest: Harvest) -> None:
 @hookspec
 def goose_propose(context: DecodeContext, acceptance: float) -> Draft | None:
     """Once a cycle, a draft to follow the anchor: a chain (``Draft.chain(tokens)``) or a small trie (``Draft.trie``).
-
     Scores estimate each token's chance of acceptance given its parent's (without them every token gets
     ``acceptance``, the source's estimate); ``Draft.depth_acceptance`` how far this very draft is trusted per depth.
-    Nodes deeper than the tokens the request has left are cut. Keep it vectorised or incremental, never a Python
-    scan of the context.
-    """
+    Nodes deeper than the tokens the request has left are cut. Vectorise: never a Python scan of the context."""
 
 
 @hookspec
@@ -126,12 +119,10 @@ def goose_observe(outcome: VerifyOutcome, own_nodes: np.ndarray, auxiliary_predi
 @hookspec(firstresult=True)
 def goose_plan_tree(pool: CandidatePool, budget: int, config: GooseConfig) -> DraftTree | None:
     """Once a cycle, the pool as a draft tree of at most ``budget`` draft nodes (None: verify the bare anchor).
-
     Lay nodes with ``pool.builder(budget)`` (one per (parent, token): the first source to lay it keeps it, so the
     walker prefers trusted sources), return ``builder.build()``; successor answers arrive checked and padded. A fixed
     ``config.budget`` holds ``config.spine_extension`` more nodes, for the main spine alone (the rest within
-    ``goose.topologies.toolkit.priced(budget, config)``); with ``"auto"`` the decoder sizes the whole tree.
-    """
+    ``goose.topologies.toolkit.priced(budget, config)``); with ``"auto"`` the decoder sizes the whole tree."""
 
 
 @hookspec(firstresult=True)

@@ -22,11 +22,11 @@ from goose import hookspecs
 logger = logging.getLogger("goose.plugins")
 
 ENTRY_POINT_GROUP, BUILTIN_ORIGIN, OWN_DISTRIBUTION = "goose", "built-in", "goose-decoding"
-HOOKS = {  # the hooks each kind of plugin object may implement, in the specs' order
-    "registration": ("goose_register_sources", "goose_register_topologies", "goose_register_commands"),
-    "source": ("goose_reset", "goose_prefill", "goose_propose", "goose_successors", "goose_auxiliary_rows",
-               "goose_observe"), "topology": ("goose_plan_tree", "goose_spine_lengths")}
+HOOKS = {"registration": ("goose_register_sources", "goose_register_topologies", "goose_register_commands"),
+         "source": ("goose_reset", "goose_prefill", "goose_propose", "goose_successors", "goose_auxiliary_rows",
+                    "goose_observe"), "topology": ("goose_plan_tree", "goose_spine_lengths")}  # in the specs' order
 TABLES = {"source": "sources", "topology": "topologies", "command": "commands"}  # a kind -> its Registry table
+_REGISTRY: Registry | None = None  # registry()'s, loaded on first use
 
 
 class PluginError(ValueError):
@@ -35,8 +35,7 @@ class PluginError(ValueError):
 
 class Manager(pluggy.PluginManager):
     """A pluggy manager holding one plugin (class, instance or module) of one kind, its shape checked (PluginError):
-    a ``goose_*`` method that is no marked hook of its kind is refused here, an argument its spec does not pass by
-    pluggy's own check. Its hooks are called through ``.hook``."""
+    a ``goose_*`` method that is no marked hook of its kind here, an argument its spec does not pass by pluggy."""
 
     def __init__(self, plugin: object, kind: str, name: str) -> None:
         super().__init__(hookspecs.PROJECT)
@@ -46,7 +45,7 @@ class Manager(pluggy.PluginManager):
             self.register(plugin, name=name)
         except pluggy.PluginValidationError as error:
             passed = ", ".join(getattr(self.hook, self.parsing).spec.argnames)
-            raise PluginError(f"{kind} {name!r}: {error}; {self.parsing} passes {passed}") from None
+            raise PluginError(f"{kind} {name!r}: {error}; {self.parsing} passes {passed}".replace("\n", "; ")) from None
 
     def parse_hookimpl_opts(self, plugin: object, attribute: str) -> Any:
         options = super().parse_hookimpl_opts(plugin, attribute)
@@ -99,8 +98,7 @@ class Registry:
     load_errors: list[str] = field(default_factory=list)
 
     def add_plugin(self, plugin: object, origin: str, strict: bool = True) -> list[Registration]:
-        """What one registration plugin registers. A registration that breaks the contract raises PluginError when
-        ``strict`` (an explicit call); otherwise it is skipped, logged and kept in ``load_errors``."""
+        """What one registration plugin registers; a bad one raises if ``strict``, else goes to ``load_errors``."""
         hooks = Manager(plugin, "registration", getattr(plugin, "__name__", type(plugin).__name__)).hook
         added: list[Registration] = []
         for kind, table in TABLES.items():
@@ -115,36 +113,26 @@ class Registry:
             if name in table and table[name].factory is not factory:
                 raise PluginError(f"{kind} {name!r}: the name is taken by {table[name].origin}'s")
             table[name] = Registration(name, kind, factory, origin, **options)
+            added.append(table[name])
         except PluginError as error:
             if strict:
                 raise
             self.load_errors.append(f"{error} (from {origin}: not registered)")
             logger.error("%s", self.load_errors[-1])
-            return
-        added.append(table[name])
 
     def signatures(self, r: Registration) -> dict[str, tuple[str, ...]]:
         """The hooks a registration's class implements -> the arguments each asks for; {} for a factory function."""
         return Manager(r.factory, r.kind, r.name).implemented() if inspect.isclass(r.factory) else {}
 
-    def lookup(self, kind: str, name: str) -> Registration:
+    def lookup(self, kind: str, name: str, where: str = "") -> Registration:
+        """The registration of ``name``; PluginError naming the registered ones (``where``: what named it)."""
         table = getattr(self, TABLES[kind])
         if name not in table:
             known = ", ".join(sorted(table)) or "none (is goose installed? run `pip install -e .`)"
-            raise PluginError(f"unknown {kind} {name!r}; registered {TABLES[kind]}: {known}")
+            raise PluginError(f"{where}unknown {kind} {name!r}; registered {TABLES[kind]}: {known}")
         return table[name]
 
     source, topology = partialmethod(lookup, "source"), partialmethod(lookup, "topology")
-
-    def check_options(self, kind: str, options: dict[str, Any]) -> None:
-        """PluginError for options naming no registered plugin of ``kind`` (they would be ignored without a word)."""
-        table = getattr(self, TABLES[kind])
-        if unknown := sorted(set(options) - set(table)):
-            raise PluginError(f"{kind}_options names {', '.join(map(repr, unknown))}, not a registered {kind}; "
-                              f"registered {TABLES[kind]}: {', '.join(sorted(table))}")
-
-
-_REGISTRY: Registry | None = None
 
 
 def registry(refresh: bool = False) -> Registry:
@@ -156,8 +144,7 @@ def registry(refresh: bool = False) -> Registry:
 
 
 def _load_entry_points(entry_points: Iterable[metadata.EntryPoint]) -> Registry:
-    """Every entry point's registrations, built-ins first. A built-in that breaks the contract is goose's own bug
-    and raises; a third-party plugin that breaks it or fails to import is kept in ``load_errors``."""
+    """Every entry point's registrations, built-ins first (their faults raise; others' go to ``load_errors``)."""
     found = Registry()
     unique = {(getattr(ep.dist, "name", "unknown"), ep.value): ep for ep in entry_points}  # editable installs: twice
     for (origin, _), entry_point in sorted(unique.items(), key=lambda at: (at[0][0] != OWN_DISTRIBUTION, at[1].name)):
@@ -174,8 +161,7 @@ def _load_entry_points(entry_points: Iterable[metadata.EntryPoint]) -> Registry:
 
 
 def register(plugin: object, origin: str = "runtime") -> list[Registration]:
-    """Register a plugin module or object in this process (notebooks, tests); PluginError when it breaks the
-    contract. Returns its registrations, for :func:`unregister`."""
+    """Register a plugin module or object at run time; its registrations (for :func:`unregister`), or PluginError."""
     return registry().add_plugin(plugin, origin)
 
 

@@ -87,7 +87,7 @@ def test_a_broken_hook_is_refused_at_registration_and_at_construction(factory: t
 
 
 def test_options_for_an_unregistered_source_and_a_failing_constructor_are_named() -> None:
-    with pytest.raises(plugins.PluginError, match=r"source_options names 'context_matcher', not a registered source; "
+    with pytest.raises(plugins.PluginError, match=r"source_options: unknown source 'context_matcher'; "
                                                   r"registered sources: .*context_match"):
         SourceSet(["context_match"], GooseConfig(source_options={"context_matcher": {"max_continuation": 4}}), VOCAB)
     known = registry_with("phrases", BrokenConstructor)
@@ -314,5 +314,5 @@ def test_a_topology_reads_its_own_options_and_unknown_ones_are_refused() -> None
                                                                                VOCAB, frozenset()))[0]
     assert planner.plan(pool, 8).tokens.tolist() == [6, 7, 4]  # the anchor and two of the copy [7, 4, 5, 6]
     assert GooseConfig(topology_options={"capped": {"cap": 2}}).digest()["topology_options"] == {"capped": {"cap": 2}}
-    with pytest.raises(plugins.PluginError, match="topology_options names 'cappd', not a registered topology"):
+    with pytest.raises(plugins.PluginError, match="topology_options: unknown topology 'cappd'; registered topologies"):
         TopologyPlanner("capped", GooseConfig(topology_options={"cappd": {}}), VOCAB, known=known)
