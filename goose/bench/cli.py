@@ -98,16 +98,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--methods names it; writes concurrency.json/.md/.png")
     parser.add_argument("--vllm-python", default=None, metavar="PATH",
                         help="with --concurrency: then measure vLLM at the same concurrencies on the same prompts "
-                             "(scripts/vllm_bench.py run by this interpreter of the vLLM environment, e.g. "
+                             "(goose/bench/peers/vllm_runner.py run by this interpreter of the vLLM environment, e.g. "
                              ".venv-vllm/bin/python; its files go to --out's vllm/ folder, one per model when there "
                              "are several); its rows vllm_none, vllm_ngram, vllm_goose join concurrency.json/.md/.png")
     parser.add_argument("--vllm-methods", default=None, metavar="M1,M2,...",
-                        help="with --vllm-python: vllm_bench.py's methods (default none,ngram,goose; none is kept "
+                        help="with --vllm-python: the vLLM runner's methods (default none,ngram,goose; none is kept "
                              "as its reference)")
     parser.add_argument("--llama-python", default=None, metavar="PATH",
                         help="then measure llama.cpp on the same prompts (first turns), greedy, one request at a "
                              "time: plain (llama) and its prompt lookup (llama_pld), reading the model's GGUF file "
-                             "as shipped (scripts/llama_bench.py run by this interpreter of the llama.cpp "
+                             "as shipped (goose/bench/peers/llama_runner.py run by this interpreter of the llama.cpp "
                              "environment, e.g. .venv/bin/python after `make llama-setup`; its files go to --out's "
                              "llama/ folder); tok/s side by side with ours in report.md and summary.json; with "
                              "--engine llama.cpp it runs by default, under this interpreter")
@@ -335,7 +335,7 @@ def _run_concurrency(args: argparse.Namespace, model_names: list[str], datasets:
     if args.vllm_python:
         peer = vllm_peer(args.vllm_python, args.vllm_methods)
         if args.no_chat:
-            raise ValueError("--vllm-python: vllm_bench.py always applies the chat template; leave --no-chat out")
+            raise ValueError("--vllm-python: the vLLM runner always applies the chat template; leave --no-chat out")
         from goose.models import resolve_dtype
 
         vllm_dtype = str(resolve_dtype(args.dtype)).removeprefix("torch.")  # its --dtype takes full names only
@@ -360,7 +360,7 @@ def _run_concurrency(args: argparse.Namespace, model_names: list[str], datasets:
     out = Path(args.out).expanduser()
     written = write_concurrency(rows, out)  # ours first: a failed vLLM run loses nothing we measured
     if peer is not None:
-        # None means every sample of each dataset; vllm_bench.py needs a number, and the largest count is that
+        # None means every sample of each dataset; the vLLM runner needs a number, and the largest count is that
         vllm_limit = limit or max(len(found) for found in samples_per_dataset)
         notes: dict[str, list[str]] = {}
         for model_name, (prompts, reference) in measured.items():
@@ -368,7 +368,7 @@ def _run_concurrency(args: argparse.Namespace, model_names: list[str], datasets:
             command = vllm_command(peer, pretrained_location(model_name), datasets, data_dir, vllm_limit,
                                    max_new_tokens, vllm_dtype, concurrencies, folder)
             print(f"{model_name}: vLLM {', '.join(peer.methods)} at concurrency {', '.join(map(str, concurrencies))}"
-                  f" (scripts/vllm_bench.py, into {folder})", flush=True)
+                  f" ({peer.script.name}, into {folder})", flush=True)
             results = run_vllm_bench(command, folder, progress=not args.no_progress)
             model_rows, notes[model_name] = vllm_rows(results, model_name, prompts, reference)
             rows += model_rows
