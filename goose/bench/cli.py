@@ -12,7 +12,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from goose.cli import add_model_arguments, add_sampling_arguments, check_engine, register_command
+from goose.cli import (
+    add_model_arguments,
+    add_prompt_arguments,
+    add_sampling_arguments,
+    add_tree_arguments,
+    check_engine,
+    register_command,
+)
 
 SUITE_NAMES = ("ablation", "synergy", "three-source", "sweep")  # goose.bench.methods.suite_methods
 
@@ -59,20 +66,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --suite: the sources it studies, built-in or installed (default: the built-in ones)")
     parser.add_argument("--disable", action="append", default=[], metavar="NAME",
                         help="with --suite: leave this source out (repeatable)")
-    parser.add_argument("--budget", default=None,
-                        help="draft-tree node budget (or 'auto') of every composed, suite and study-file method "
-                             "(built-in names keep theirs; the three-source suite's equal budget is 16 without it)")
-    parser.add_argument("--config", default=None, metavar="JSON",
-                        help="GooseConfig fields (source_options included) for every composed, suite and study-file "
-                             "method, e.g. '{\"max_depth\": 4}'")
+    add_tree_arguments(parser, of=" of every composed, suite and study-file method (built-in names keep theirs)")
     parser.add_argument("--cost-curve", default=None, metavar="device|FILE",
                         help="the deterministic mode (with --dtype float32): also price every sample's verify passes "
                              "on this device's measured cost curve (device) or a curve file (`goose calibrate --json` "
                              "output, e.g. measured on a GPU) and report the implied speedup over ar, labelled as an "
                              "estimate: sources ranked without the clock's noise")
     parser.add_argument("--limit", type=int, default=None, help="the first N prompts of each dataset")
-    parser.add_argument("--max-new-tokens", type=int, default=None,
-                        help=f"per turn (default {DEFAULT_MAX_NEW_TOKENS}; --quick: {QUICK_MAX_NEW_TOKENS})")
+    add_prompt_arguments(parser, max_new_tokens=None,
+                         default=f"{DEFAULT_MAX_NEW_TOKENS}; --quick: {QUICK_MAX_NEW_TOKENS}")
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default ./{DEFAULT_OUT})")
     add_sampling_arguments(parser)
     parser.set_defaults(seed=0)  # sampled runs: sample i of the run draws with seed + i, for every method
@@ -82,7 +84,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke run: the paper's five datasets, {QUICK_LIMIT} prompts each, "
                              f"{QUICK_MAX_NEW_TOKENS} tokens, methods ar,pld,goose,hf_pld (explicit flags win)")
-    parser.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
     parser.add_argument("--warm-sources", action="store_true",
                         help="one decoder per method for all prompts, in order, so sources keep what they learned "
                              "(estimates, tables, suffix_memory's earlier outputs); default: a fresh decoder per "
