@@ -95,19 +95,20 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     add_tree_arguments(parser)
 
 
-def add_tree_arguments(parser: argparse.ArgumentParser, *, of: str = "") -> None:
+def add_tree_arguments(parser: argparse.ArgumentParser, *, applies_to: str = "") -> None:
     """``--budget`` and ``--config``, read by :func:`parse_budget` and as a JSON object of GooseConfig fields;
-    ``of`` names the decoders they apply to where a command builds several (``goose bench``)."""
-    parser.add_argument("--budget", default=None, help=f"draft-tree node budget, or 'auto'{of}")
+    ``applies_to`` names the decoders they set where a command builds several (``goose bench``)."""
+    scope = f", for {applies_to}" if applies_to else ""
+    parser.add_argument("--budget", default=None, help=f"draft-tree node budget, or 'auto'{scope}")
     parser.add_argument("--config", default=None, metavar="JSON",
-                        help=f"extra GooseConfig fields (source_options included) as a JSON object{of}, e.g. "
-                             "'{\"max_depth\": 4}'")
+                        help="extra GooseConfig fields (source_options included) as a JSON object, e.g. "
+                             f"'{{\"max_depth\": 4}}'{scope}")
 
 
 def add_prompt_arguments(parser: argparse.ArgumentParser, *, max_new_tokens: int | None, default: str = "") -> None:
     """``--max-new-tokens`` (``default`` says what None means) and ``--no-chat``: what every prompt is given."""
     parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens, metavar="N",
-                        help=f"new tokens per prompt (per turn) at most (default {default or max_new_tokens})")
+                        help=f"new tokens per answer at most (default {default or max_new_tokens})")
     parser.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
 
 

@@ -60,13 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="add methods generated from the registry for --sources: ablation (the paper's five, the "
                              "default without each of its sources, each other source alone, added to the default and "
                              "in place of each default source), synergy (each source alone, every pair), three-source "
-                             "(every pair and triple under spine, multi_spine and isotropic at an equal budget), sweep "
-                             "(budget, depth, spine ratio, rho around the default)")
+                             "(every pair and triple under spine, multi_spine and isotropic at an equal budget: "
+                             "--budget, else 16), sweep (budget, depth, spine ratio, rho around the default)")
     parser.add_argument("--sources", default=None, metavar="A,B,...",
                         help="with --suite: the sources it studies, built-in or installed (default: the built-in ones)")
     parser.add_argument("--disable", action="append", default=[], metavar="NAME",
                         help="with --suite: leave this source out (repeatable)")
-    add_tree_arguments(parser, of=" of every composed, suite and study-file method (built-in names keep theirs)")
+    add_tree_arguments(parser, applies_to="every composed, suite and study-file method (built-in names keep theirs)")
     parser.add_argument("--cost-curve", default=None, metavar="device|FILE",
                         help="the deterministic mode (with --dtype float32): also price every sample's verify passes "
                              "on this device's measured cost curve (device) or a curve file (`goose calibrate --json` "
