@@ -92,9 +92,24 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--disable", action="append", default=[], metavar="NAME",
                         help="switch a source off (repeatable), e.g. for ablations")
     parser.add_argument("--topology", default=None, help="draft-tree planner (default: spine)")
-    parser.add_argument("--budget", default=None, help="draft-tree node budget, or 'auto'")
+    add_tree_arguments(parser)
+
+
+def add_tree_arguments(parser: argparse.ArgumentParser, *, applies_to: str = "") -> None:
+    """``--budget`` and ``--config``, read by :func:`parse_budget` and as a JSON object of GooseConfig fields;
+    ``applies_to`` names the decoders they set where a command builds several (``goose bench``)."""
+    scope = f", for {applies_to}" if applies_to else ""
+    parser.add_argument("--budget", default=None, help=f"draft-tree node budget, or 'auto'{scope}")
     parser.add_argument("--config", default=None, metavar="JSON",
-                        help="extra GooseConfig fields as a JSON object, e.g. '{\"max_depth\": 4}'")
+                        help="extra GooseConfig fields (source_options included) as a JSON object, e.g. "
+                             f"'{{\"max_depth\": 4}}'{scope}")
+
+
+def add_prompt_arguments(parser: argparse.ArgumentParser, *, max_new_tokens: int | None, default: str = "") -> None:
+    """``--max-new-tokens`` (``default`` says what None means) and ``--no-chat``: what every prompt is given."""
+    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens, metavar="N",
+                        help=f"new tokens per answer at most (default {default or max_new_tokens})")
+    parser.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -178,8 +193,7 @@ def _add_generate(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     add_decoding_arguments(parser)
     add_sampling_arguments(parser)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
+    add_prompt_arguments(parser, max_new_tokens=128)
     parser.add_argument("--compare-ar", action="store_true",
                         help="also run plain autoregressive decoding (greedy, or the seeded sampler); report the "
                              "speedup and whether the outputs are identical")

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -32,6 +30,7 @@ from goose.bench.methods import (
     unavailable_reason,
 )
 from goose.bench.outputs import write_outputs
+from goose.bench.peers import vllm_runner
 from goose.bench.prompts import KNOWN_DATASETS, PAPER_DATASETS, DatasetError, Sample, default_data_dir, load_samples
 from goose.bench.records import build_record, compare
 from goose.bench.report import build_report
@@ -41,8 +40,6 @@ from goose.bench.vllm_peer import (
     DEFAULT_VLLM_METHODS,
     VllmBenchError,
     run_vllm_bench,
-    script_methods,
-    source_root,
     vllm_peer,
     vllm_rows,
 )
@@ -503,26 +500,15 @@ def test_bench_concurrency_bad_values(flag: str, message: str, capsys) -> None:
 
 # --- vLLM beside --concurrency (--vllm-python) --------------------------------------------------------
 
-VLLM_BENCH_SCRIPT = source_root() / "scripts" / "vllm_bench.py"
-
-
-@pytest.fixture
-def vllm_bench_script(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """scripts/vllm_bench.py as a module: its dataclasses and results.json writer need no vLLM until main()."""
-    spec = importlib.util.spec_from_file_location("vllm_bench", VLLM_BENCH_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "vllm_bench", module)  # dataclasses look their module up while defined
-    spec.loader.exec_module(module)
-    return module
-
 
 def _our_row(method: str, concurrency: int, tokens_per_s: float) -> ConcurrencyRow:
     return ConcurrencyRow("smollm2-135m", method, concurrency, 2, 4, 4 / tokens_per_s, tokens_per_s, 0.5, 0.6, 1.0, 1.0)
 
 
-def test_vllm_rows_from_vllm_bench_results(vllm_bench_script: Any, tmp_path: Path) -> None:
-    """results.json as vllm_bench.py writes it becomes vllm_* rows, compared with our AR outputs, in one report."""
-    script = vllm_bench_script
+def test_vllm_rows_from_vllm_runner_results(tmp_path: Path) -> None:
+    """results.json as the vLLM runner writes it becomes vllm_* rows, compared with our AR outputs, in one report
+    (its dataclasses and results.json writer need no vLLM until main())."""
+    script = vllm_runner
     args = script.parse_arguments(["--datasets", "humaneval", "--limit", "2", "--max-tokens", "2",
                                    "--methods", "none,ngram", "--concurrency", "1,2"])
     assert args.concurrency == [1, 2]
@@ -568,14 +554,15 @@ def test_vllm_rows_from_vllm_bench_results(vllm_bench_script: Any, tmp_path: Pat
     assert tmp_path / "out" / "concurrency.png" in written
 
 
-def test_the_vllm_methods_goose_bench_accepts_are_the_ones_the_script_runs(vllm_bench_script: Any) -> None:
-    """`--vllm-methods` is checked before vLLM starts, against the script's METHODS read without importing it:
-    the defaults are among them, every accepted choice passes the script's own argument check, and a name the
-    script does not know is refused on our side."""
-    assert vllm_peer(sys.executable, None).methods == DEFAULT_VLLM_METHODS
-    for method in script_methods(VLLM_BENCH_SCRIPT):
+def test_the_vllm_methods_goose_bench_accepts_are_the_ones_the_runner_runs() -> None:
+    """`--vllm-methods` is checked before vLLM starts, against the packaged runner's METHODS: the defaults are
+    among them, every accepted choice passes the runner's own argument check, and a name the runner does not
+    know is refused on our side."""
+    peer = vllm_peer(sys.executable, None)
+    assert peer.methods == DEFAULT_VLLM_METHODS and peer.script == Path(vllm_runner.__file__)
+    for method in vllm_runner.METHODS:
         chosen = vllm_peer(sys.executable, f"none,{method}").methods
-        assert vllm_bench_script.parse_arguments(["--methods", ",".join(chosen)]).methods == list(chosen)
+        assert vllm_runner.parse_arguments(["--methods", ",".join(chosen)]).methods == list(chosen)
     with pytest.raises(ValueError, match="unknown goose_bogus"):
         vllm_peer(sys.executable, "none,goose_bogus")
 
@@ -592,9 +579,20 @@ def test_bench_vllm_argument_errors(flags: list[str], message: str, capsys) -> N
     assert message in capsys.readouterr().err
 
 
+def test_the_vllm_runner_imports_this_goose_alone(tmp_path: Path) -> None:
+    """The runner (and vLLM's engine) import goose from a PYTHONPATH folder holding this process's goose and
+    nothing else: from a wheel, the folder goose lies in is a site-packages whose torch and transformers would
+    shadow the versions vLLM pins."""
+    probe = ("import json, os, sys, goose; first = os.environ['PYTHONPATH'].split(os.pathsep)[0]; "
+             "json.dump({'goose': os.path.realpath(goose.__file__), 'beside': os.listdir(first)}, "
+             "open(os.path.join(sys.argv[1], 'results.json'), 'w'))")
+    results = run_vllm_bench([sys.executable, "-c", probe, str(tmp_path)], tmp_path, progress=False)
+    assert results == {"goose": str(Path(goose.__file__).resolve()), "beside": ["goose"]}
+
+
 def test_a_failing_vllm_bench_names_the_command_and_its_stderr(tmp_path: Path) -> None:
-    """The real script, stopped by its own argument check (before it imports vLLM)."""
-    command = [sys.executable, str(VLLM_BENCH_SCRIPT), "--methods", "none,bogus"]
+    """The real runner, stopped by its own argument check (before it imports vLLM)."""
+    command = [sys.executable, vllm_runner.__file__, "--methods", "none,bogus"]
     with pytest.raises(VllmBenchError) as failure:
         run_vllm_bench(command, tmp_path, progress=False)
     assert "exit status 2" in str(failure.value) and "--methods none,bogus" in str(failure.value)

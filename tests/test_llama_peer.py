@@ -18,13 +18,13 @@ from goose import cli, models
 from goose.bench.generators import TurnOutput
 from goose.bench.llama_peer import LlamaBenchError, llama_peer, llama_section, run_llama_bench
 from goose.bench.outputs import write_outputs
-from goose.bench.peer_script import source_root
+from goose.bench.peers import llama_runner
 from goose.bench.prompts import Sample
 from goose.bench.records import build_record
 
 assert goose.bench.cli  # imported for its side effect
 
-LLAMA_BENCH_SCRIPT = source_root() / "scripts" / "llama_bench.py"
+LLAMA_RUNNER = Path(llama_runner.__file__)
 LLAMA_BUILT = importlib.util.find_spec("llama_cpp") is not None  # `make llama-setup` installs it into this environment
 
 
@@ -47,13 +47,14 @@ def test_bench_llama_argument_errors(flags: list[str], message: str, capsys: pyt
     assert message in capsys.readouterr().err
 
 
-def test_the_llama_methods_are_the_scripts() -> None:
-    assert llama_peer(sys.executable, ["smollm2-135m"]).methods == ("llama", "llama_pld")
+def test_the_llama_peer_runs_the_packaged_runner() -> None:
+    peer = llama_peer(sys.executable, ["smollm2-135m"])
+    assert peer.methods == ("llama", "llama_pld") and peer.script == LLAMA_RUNNER and LLAMA_RUNNER.is_file()
 
 
 def test_a_failing_llama_bench_names_the_command_and_its_stderr(tmp_path: Path) -> None:
-    """The real script, stopped by its own argument check (before it imports llama_cpp)."""
-    command = [sys.executable, str(LLAMA_BENCH_SCRIPT), "--gguf", str(tmp_path / "none.gguf"), "--prompts", "p.json",
+    """The real runner, stopped by its own argument check (before it imports llama_cpp)."""
+    command = [sys.executable, str(LLAMA_RUNNER), "--gguf", str(tmp_path / "none.gguf"), "--prompts", "p.json",
                "--out", str(tmp_path)]
     with pytest.raises(LlamaBenchError) as failure:
         run_llama_bench(command, tmp_path, progress=False)
@@ -99,7 +100,7 @@ def _record(method: str, sample: Sample, ids: list[int], seconds: float) -> dict
 
 
 def test_llama_section_and_its_table(tmp_path: Path) -> None:
-    """results.json as llama_bench.py writes it, joined with our records by prompt: tok/s per method, goose over
+    """results.json as the llama.cpp runner writes it, joined with our records by prompt: tok/s per method, goose over
     each llama.cpp method, texts equal to ar's, medians; then the table in report.md."""
     samples = [Sample("humaneval", 0, ("a",)), Sample("humaneval", 1, ("b",))]
     records = [_record("ar", samples[0], [7, 8], 1.0), _record("goose", samples[0], [7, 8], 0.5),

@@ -12,7 +12,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from goose.cli import add_model_arguments, add_sampling_arguments, check_engine, register_command
+from goose.cli import (
+    add_model_arguments,
+    add_prompt_arguments,
+    add_sampling_arguments,
+    add_tree_arguments,
+    check_engine,
+    register_command,
+)
 
 SUITE_NAMES = ("ablation", "synergy", "three-source", "sweep")  # goose.bench.methods.suite_methods
 
@@ -53,26 +60,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="add methods generated from the registry for --sources: ablation (the paper's five, the "
                              "default without each of its sources, each other source alone, added to the default and "
                              "in place of each default source), synergy (each source alone, every pair), three-source "
-                             "(every pair and triple under spine, multi_spine and isotropic at an equal budget), sweep "
-                             "(budget, depth, spine ratio, rho around the default)")
+                             "(every pair and triple under spine, multi_spine and isotropic at an equal budget: "
+                             "--budget, else 16), sweep (budget, depth, spine ratio, rho around the default)")
     parser.add_argument("--sources", default=None, metavar="A,B,...",
                         help="with --suite: the sources it studies, built-in or installed (default: the built-in ones)")
     parser.add_argument("--disable", action="append", default=[], metavar="NAME",
                         help="with --suite: leave this source out (repeatable)")
-    parser.add_argument("--budget", default=None,
-                        help="draft-tree node budget (or 'auto') of every composed, suite and study-file method "
-                             "(built-in names keep theirs; the three-source suite's equal budget is 16 without it)")
-    parser.add_argument("--config", default=None, metavar="JSON",
-                        help="GooseConfig fields (source_options included) for every composed, suite and study-file "
-                             "method, e.g. '{\"max_depth\": 4}'")
+    add_tree_arguments(parser, applies_to="every composed, suite and study-file method (built-in names keep theirs)")
     parser.add_argument("--cost-curve", default=None, metavar="device|FILE",
                         help="the deterministic mode (with --dtype float32): also price every sample's verify passes "
                              "on this device's measured cost curve (device) or a curve file (`goose calibrate --json` "
                              "output, e.g. measured on a GPU) and report the implied speedup over ar, labelled as an "
                              "estimate: sources ranked without the clock's noise")
     parser.add_argument("--limit", type=int, default=None, help="the first N prompts of each dataset")
-    parser.add_argument("--max-new-tokens", type=int, default=None,
-                        help=f"per turn (default {DEFAULT_MAX_NEW_TOKENS}; --quick: {QUICK_MAX_NEW_TOKENS})")
+    add_prompt_arguments(parser, max_new_tokens=None,
+                         default=f"{DEFAULT_MAX_NEW_TOKENS}; --quick: {QUICK_MAX_NEW_TOKENS}")
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default ./{DEFAULT_OUT})")
     add_sampling_arguments(parser)
     parser.set_defaults(seed=0)  # sampled runs: sample i of the run draws with seed + i, for every method
@@ -82,7 +84,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke run: the paper's five datasets, {QUICK_LIMIT} prompts each, "
                              f"{QUICK_MAX_NEW_TOKENS} tokens, methods ar,pld,goose,hf_pld (explicit flags win)")
-    parser.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
     parser.add_argument("--warm-sources", action="store_true",
                         help="one decoder per method for all prompts, in order, so sources keep what they learned "
                              "(estimates, tables, suffix_memory's earlier outputs); default: a fresh decoder per "
@@ -98,16 +99,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--methods names it; writes concurrency.json/.md/.png")
     parser.add_argument("--vllm-python", default=None, metavar="PATH",
                         help="with --concurrency: then measure vLLM at the same concurrencies on the same prompts "
-                             "(scripts/vllm_bench.py run by this interpreter of the vLLM environment, e.g. "
+                             "(goose/bench/peers/vllm_runner.py run by this interpreter of the vLLM environment, e.g. "
                              ".venv-vllm/bin/python; its files go to --out's vllm/ folder, one per model when there "
                              "are several); its rows vllm_none, vllm_ngram, vllm_goose join concurrency.json/.md/.png")
     parser.add_argument("--vllm-methods", default=None, metavar="M1,M2,...",
-                        help="with --vllm-python: vllm_bench.py's methods (default none,ngram,goose; none is kept "
+                        help="with --vllm-python: the vLLM runner's methods (default none,ngram,goose; none is kept "
                              "as its reference)")
     parser.add_argument("--llama-python", default=None, metavar="PATH",
                         help="then measure llama.cpp on the same prompts (first turns), greedy, one request at a "
                              "time: plain (llama) and its prompt lookup (llama_pld), reading the model's GGUF file "
-                             "as shipped (scripts/llama_bench.py run by this interpreter of the llama.cpp "
+                             "as shipped (goose/bench/peers/llama_runner.py run by this interpreter of the llama.cpp "
                              "environment, e.g. .venv/bin/python after `make llama-setup`; its files go to --out's "
                              "llama/ folder); tok/s side by side with ours in report.md and summary.json; with "
                              "--engine llama.cpp it runs by default, under this interpreter")
@@ -335,7 +336,7 @@ def _run_concurrency(args: argparse.Namespace, model_names: list[str], datasets:
     if args.vllm_python:
         peer = vllm_peer(args.vllm_python, args.vllm_methods)
         if args.no_chat:
-            raise ValueError("--vllm-python: vllm_bench.py always applies the chat template; leave --no-chat out")
+            raise ValueError("--vllm-python: the vLLM runner always applies the chat template; leave --no-chat out")
         from goose.models import resolve_dtype
 
         vllm_dtype = str(resolve_dtype(args.dtype)).removeprefix("torch.")  # its --dtype takes full names only
@@ -360,7 +361,7 @@ def _run_concurrency(args: argparse.Namespace, model_names: list[str], datasets:
     out = Path(args.out).expanduser()
     written = write_concurrency(rows, out)  # ours first: a failed vLLM run loses nothing we measured
     if peer is not None:
-        # None means every sample of each dataset; vllm_bench.py needs a number, and the largest count is that
+        # None means every sample of each dataset; the vLLM runner needs a number, and the largest count is that
         vllm_limit = limit or max(len(found) for found in samples_per_dataset)
         notes: dict[str, list[str]] = {}
         for model_name, (prompts, reference) in measured.items():
@@ -368,7 +369,7 @@ def _run_concurrency(args: argparse.Namespace, model_names: list[str], datasets:
             command = vllm_command(peer, pretrained_location(model_name), datasets, data_dir, vllm_limit,
                                    max_new_tokens, vllm_dtype, concurrencies, folder)
             print(f"{model_name}: vLLM {', '.join(peer.methods)} at concurrency {', '.join(map(str, concurrencies))}"
-                  f" (scripts/vllm_bench.py, into {folder})", flush=True)
+                  f" ({peer.script.name}, into {folder})", flush=True)
             results = run_vllm_bench(command, folder, progress=not args.no_progress)
             model_rows, notes[model_name] = vllm_rows(results, model_name, prompts, reference)
             rows += model_rows

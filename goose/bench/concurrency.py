@@ -37,7 +37,7 @@ CONCURRENCY_METHODS = ("ar", "goose", "hf_ar")
 OPTIONAL_METHODS = ("goose_own",)  # run when --methods names them
 SERIAL_METHODS = ("ar_single", "goose_single")
 BATCHED_GOOSE_METHODS = ("goose", "goose_own")  # compared with vLLM's ngram
-VLLM_PREFIX = "vllm_"  # rows measured by scripts/vllm_bench.py: vllm_none, vllm_ngram, vllm_goose
+VLLM_PREFIX = "vllm_"  # rows measured by goose/bench/peers/vllm_runner.py: vllm_none, vllm_ngram, vllm_goose
 
 
 @dataclass

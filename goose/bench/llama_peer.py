@@ -1,7 +1,8 @@
 """``goose bench --llama-python PATH``: llama.cpp measured in the same run, on the same prompts.
 
 llama-cpp-python is compiled from source into its own environment (``make llama-setup``), so it
-runs in another interpreter: after our methods, ``scripts/llama_bench.py`` runs there on the GGUF
+runs in another interpreter: after our methods, :mod:`goose.bench.peers.llama_runner` runs there, by
+its path, on the GGUF
 file the model ships as (:func:`goose.models.gguf_path`), with the token ids our run encoded for
 each sample's first turn, our EOS ids, the same max new tokens, threads and repeats. Its methods
 (``llama``: greedy; ``llama_pld``: llama-cpp-python's prompt lookup drafting) become the summary's
@@ -23,7 +24,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from goose.bench.peer_script import PeerBenchError, PeerScript, peer_files, run_peer_script, script_methods
+from goose.bench.peer_script import PeerBenchError, PeerScript, peer_interpreter, run_peer_script
+from goose.bench.peers import llama_runner
 from goose.bench.prompts import Sample
 from goose.bench.records import Record
 
@@ -34,26 +36,25 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
 
 
 class LlamaBenchError(PeerBenchError):
-    """scripts/llama_bench.py failed; the message names the command and its last stderr lines."""
+    """The llama.cpp runner failed; the message names the command and its last stderr lines."""
 
 
 def llama_peer(python: str, model_names: Sequence[str]) -> PeerScript:
-    """``--llama-python`` checked before any model loads: the interpreter, the script, a GGUF file per model."""
+    """``--llama-python`` checked before any model loads: the interpreter and a GGUF file per model."""
     from goose.models import has_gguf
 
-    interpreter, script = peer_files("--llama-python", python, "llama_bench.py",
-                                     "the llama.cpp environment's python, e.g. .venv/bin/python (`make "
-                                     "llama-setup` builds it)")
+    interpreter = peer_interpreter("--llama-python", python, "the llama.cpp environment's python, e.g. "
+                                   ".venv/bin/python (`make llama-setup` builds it)")
     no_file = [name for name in model_names if not has_gguf(name)]
     if no_file:
         raise ValueError(f"--llama-python: llama.cpp reads GGUF files; {', '.join(no_file)} has none (an embedded "
                          f"model or a .gguf path has one)")
-    return PeerScript(interpreter, script, script_methods(script))
+    return PeerScript(interpreter, Path(llama_runner.__file__), llama_runner.METHODS)
 
 
 def prompts_document(samples: Sequence[Sample], first_turn_ids: Sequence[list[int]], eos_ids: Sequence[int]
                      ) -> dict[str, Any]:
-    """What llama_bench.py reads: every sample's first-turn token ids as our run encoded them, and our EOS ids."""
+    """What the llama.cpp runner reads: every sample's first-turn token ids as our run encoded them, and our EOS ids."""
     return {"eos_ids": list(eos_ids),
             "prompts": [{"dataset": sample.dataset, "question_id": sample.question_id, "ids": list(ids)}
                         for sample, ids in zip(samples, first_turn_ids, strict=True)]}
@@ -61,7 +62,7 @@ def prompts_document(samples: Sequence[Sample], first_turn_ids: Sequence[list[in
 
 def llama_command(peer: PeerScript, gguf: Path, prompts_file: Path, max_new_tokens: int, threads: int,
                   repeats: int, out: Path, engine: str = "torch") -> list[str]:
-    """The script's command; beside ``--engine llama.cpp`` its Llama objects take the engine's attention settings
+    """The runner's command; beside ``--engine llama.cpp`` its Llama objects take the engine's attention settings
     (and inherit its ggml switches from this process's environment), so ``llama`` decodes as our ``ar`` does."""
     return [peer.python, str(peer.script), "--gguf", str(gguf), "--prompts", str(prompts_file),
             "--max-tokens", str(max_new_tokens), "--methods", ",".join(peer.methods), "--threads", str(threads),
@@ -69,7 +70,7 @@ def llama_command(peer: PeerScript, gguf: Path, prompts_file: Path, max_new_toke
 
 
 def run_llama_bench(command: Sequence[str], out: Path, progress: bool = True) -> dict[str, Any]:
-    """Run ``command`` (a llama_bench.py command writing into ``out``), echo its stdout, return its results.json."""
+    """Run ``command`` (a llama.cpp runner command writing into ``out``), echo its stdout, return its results.json."""
     return run_peer_script(command, out, name="llama", log_name=STDERR_LOG, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                            error=LlamaBenchError, progress=progress)
 
@@ -88,7 +89,7 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 def llama_section(results: dict[str, Any], records: Sequence[Record], dtype: str, quantize: str | None = None
                   ) -> dict[str, Any]:
-    """llama_bench.py's ``results`` beside our ``records`` of the same model: the summary's ``llama`` section.
+    """The llama.cpp runner's ``results`` beside our ``records`` of the same model: the summary's ``llama`` section.
 
     Per prompt (a sample's first turn): every method's tokens per second, ours over each of
     llama.cpp's (ours: ``goose`` where it ran, else ``ar``), and whether each llama.cpp text equals
@@ -161,6 +162,6 @@ def measure_llama(peer: PeerScript, model: str, samples: Sequence[Sample], first
     prompts_file = folder / PROMPTS_FILE
     prompts_file.write_text(json.dumps(prompts_document([s for s, _ in kept], [i for _, i in kept], eos_ids)) + "\n")
     command = llama_command(peer, gguf_path(model), prompts_file, max_new_tokens, threads, repeats, folder, engine)
-    print(f"{model}: llama.cpp {', '.join(peer.methods)} on {len(kept)} first turns (scripts/llama_bench.py, "
+    print(f"{model}: llama.cpp {', '.join(peer.methods)} on {len(kept)} first turns ({peer.script.name}, "
           f"into {folder})", flush=True)
     return llama_section(run_llama_bench(command, folder, progress), records, dtype, quantize) | {"engine": engine}

@@ -1,7 +1,8 @@
 """``goose bench --concurrency ... --vllm-python PATH``: vLLM measured in the same run, on the same prompts.
 
 vLLM pins its own torch and transformers, so it runs in its own environment: after our methods,
-``scripts/vllm_bench.py`` runs under that environment's interpreter with the same datasets, limit,
+:mod:`goose.bench.peers.vllm_runner` runs, by its path, under that environment's interpreter (where
+goose is installed too: vLLM loads the proposer by name) with the same datasets, limit,
 max new tokens, dtype and concurrencies, and writes ``results.json`` into ``--out``'s ``vllm/``
 folder. Each of its runs becomes a :class:`~goose.bench.concurrency.ConcurrencyRow` named
 ``vllm_<method>`` whose outputs are compared with OUR single-request AR outputs, prompt by prompt,
@@ -11,41 +12,36 @@ where both sides encoded the prompt to the same token ids.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import goose
 from goose.bench.concurrency import VLLM_PREFIX, ConcurrencyRow, latency_percentile
-from goose.bench.peer_script import (
-    PeerBenchError,
-    PeerScript,
-    peer_files,
-    run_peer_script,
-    script_methods,
-    source_root,
-)
+from goose.bench.peer_script import PeerBenchError, PeerScript, peer_interpreter, run_peer_script
+from goose.bench.peers import vllm_runner
 
 DEFAULT_VLLM_METHODS = ("none", "ngram", "goose")
 STDERR_LOG = "vllm_bench.stderr.log"  # vLLM logs a lot to stderr; kept for the error message and for reading
 
 
 class VllmBenchError(PeerBenchError):
-    """scripts/vllm_bench.py failed; the message names the command and its last stderr lines."""
+    """The vLLM runner failed; the message names the command and its last stderr lines."""
 
 
 def vllm_peer(python: str, methods_text: str | None) -> PeerScript:
     """``--vllm-python`` and ``--vllm-methods`` checked before any model loads."""
-    interpreter, script = peer_files("--vllm-python", python, "vllm_bench.py",
-                                     "the vLLM environment's python, e.g. .venv-vllm/bin/python (`make vllm-setup` "
-                                     "builds it)")
-    known = script_methods(script)
+    interpreter = peer_interpreter("--vllm-python", python, "the vLLM environment's python, e.g. "
+                                   ".venv-vllm/bin/python (`make vllm-setup` builds it)")
+    known = vllm_runner.METHODS
     methods = tuple(part.strip() for part in (methods_text or "").split(",") if part.strip()) or DEFAULT_VLLM_METHODS
     unknown = [method for method in methods if method not in known]
     if unknown:
         raise ValueError(f"--vllm-methods: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
     if "none" not in methods:
-        raise ValueError("--vllm-methods must keep none: vllm_bench.py compares every output with it")
-    return PeerScript(interpreter, script, methods)
+        raise ValueError("--vllm-methods must keep none: the vLLM runner compares every output with it")
+    return PeerScript(interpreter, Path(vllm_runner.__file__), methods)
 
 
 def vllm_command(peer: PeerScript, model_path: str, datasets: Sequence[str], data_dir: Path, limit: int,
@@ -57,23 +53,27 @@ def vllm_command(peer: PeerScript, model_path: str, datasets: Sequence[str], dat
 
 
 def run_vllm_bench(command: Sequence[str], out: Path, progress: bool = True) -> dict[str, Any]:
-    """Run ``command`` (a vllm_bench.py command writing into ``out``), echo its stdout, return its results.json."""
-    # the script imports goose (prompts, the proposer): this checkout's, the code whose rows it joins
-    path = os.pathsep.join(part for part in (str(source_root()), os.environ.get("PYTHONPATH")) if part)
-    # vLLM logs to stdout by default; to stderr (the log file) instead, so that stdout is the script's progress
-    env = {"VLLM_LOGGING_STREAM": "ext://sys.stderr", **os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
-    return run_peer_script(command, out, name="vllm", log_name=STDERR_LOG, env=env, error=VllmBenchError,
-                           progress=progress)
+    """Run ``command`` (a vLLM runner command writing into ``out``), echo its stdout, return its results.json."""
+    # The runner and vLLM's engine import goose (prompts, the proposer): this process's goose, the code whose rows
+    # they join, on PYTHONPATH through a folder holding a link to it alone. Not the folder goose lies in: from a
+    # wheel that is a site-packages whose torch and transformers would shadow the versions vLLM pins.
+    with tempfile.TemporaryDirectory(prefix="goose-for-vllm-") as alone:
+        (Path(alone) / "goose").symlink_to(Path(goose.__file__).resolve().parent, target_is_directory=True)
+        path = os.pathsep.join(part for part in (alone, os.environ.get("PYTHONPATH")) if part)
+        # vLLM logs to stdout by default; to stderr (the log file) instead, so that stdout is the runner's progress
+        env = {"VLLM_LOGGING_STREAM": "ext://sys.stderr", **os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+        return run_peer_script(command, out, name="vllm", log_name=STDERR_LOG, env=env, error=VllmBenchError,
+                               progress=progress)
 
 
 def vllm_rows(results: dict[str, Any], model: str, prompt_ids: Sequence[list[int]],
               reference_outputs: Sequence[list[int]]) -> tuple[list[ConcurrencyRow], list[str]]:
-    """vllm_bench.py's ``results`` as rows ``vllm_<method>`` per concurrency, and notes for the report.
+    """The vLLM runner's ``results`` as rows ``vllm_<method>`` per concurrency, and notes for the report.
 
     A prompt counts towards ``identical_to_ar`` only where vLLM's side encoded it to our token ids;
     the notes say which did not. Latency is known one request at a time only (at higher concurrency
-    vllm_bench.py submits every prompt at once). With several rounds (``--repeat``), the one with the
-    median tok/s, as vllm_bench.py's own report takes.
+    the runner submits every prompt at once). With several rounds (``--repeat``), the one with the
+    median tok/s, as the runner's own report takes.
     """
     theirs = results["prompts"]
     notes = []

@@ -15,6 +15,7 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any, TypeVar
 
 from fastapi import Depends, FastAPI, Request
@@ -32,7 +33,7 @@ import goose
 from goose.cycle.sampling import SamplingParams, choice_seed, random_seed
 from goose.serve.engine import Engine, QueueFullError
 from goose.serve.errors import APIError, from_validation_error
-from goose.serve.guard import HostRule, RequestGuard
+from goose.serve.guard import HostRule, HttpMiddleware, RequestGuard
 from goose.serve.job import Decoding, Delta, Event, Failed, Finished, Job
 from goose.serve.prompts import PromptEncoder
 from goose.serve.responses import DONE, ChatFormat, CompletionFormat, sse
@@ -142,30 +143,29 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
                            param="model", code="model_not_found")
         return ModelCard(id=model_name, created=started).model_dump()
 
+    async def generate(request: Request, body: CompletionRequest | ChatCompletionRequest, endpoint: str,
+                       encode: Callable[[], list[int]], wire: Format) -> Response:
+        """Either endpoint once its body is parsed: settings checked, prompt encoded, a job per choice, answered."""
+        decoding, sampling = engine.decoding(body.sources, body.topology, body.budget), _sampling(body)
+        prompt_ids = await run_in_threadpool(encode)
+        max_tokens = encoder.token_limit(prompt_ids, *body.token_limit)
+        prediction = await _prediction_ids(encoder, body, prompt_ids)
+        jobs = _jobs(engine, endpoint, body, prompt_ids, max_tokens, decoding, sampling, prediction,
+                     body.top_alternatives)
+        return await _answer(engine, jobs, request, body.stream, wire)
+
     @app.post("/v1/completions", dependencies=[Depends(authorized)],
               openapi_extra=_body_schema(CompletionRequest))
     async def completions(request: Request) -> Response:
         body = _parse(CompletionRequest, await request.body())
-        decoding, sampling = engine.decoding(body.sources, body.topology, body.budget), _sampling(body)
-        prompt_ids = await run_in_threadpool(encoder.completion, body.prompt)
-        max_tokens = encoder.token_limit(prompt_ids, body.max_tokens)
-        prediction = await _prediction_ids(encoder, body, prompt_ids)
-        jobs = _jobs(engine, "completions", body, prompt_ids, max_tokens, decoding, sampling, prediction,
-                     body.logprobs)
-        return await _answer(engine, jobs, request, body.stream, CompletionFormat(model_name))
+        return await generate(request, body, "completions", partial(encoder.completion, body.prompt),
+                              CompletionFormat(model_name))
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)],
               openapi_extra=_body_schema(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         body = _parse(ChatCompletionRequest, await request.body())
-        decoding, sampling = engine.decoding(body.sources, body.topology, body.budget), _sampling(body)
-        prompt_ids = await run_in_threadpool(encoder.chat, body.messages)
-        limit_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-        max_tokens = encoder.token_limit(prompt_ids, body.token_limit, limit_field)
-        prediction = await _prediction_ids(encoder, body, prompt_ids)
-        jobs = _jobs(engine, "chat", body, prompt_ids, max_tokens, decoding, sampling, prediction,
-                     body.top_alternatives)
-        return await _answer(engine, jobs, request, body.stream, ChatFormat(model_name))
+        return await generate(request, body, "chat", partial(encoder.chat, body.messages), ChatFormat(model_name))
 
     if docs:
         @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(authorized)])
@@ -355,11 +355,11 @@ def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
 
 
-# --- ASGI middleware (plain ASGI: streaming responses pass through untouched) --------------------
+# --- ASGI middleware (HttpMiddleware: plain ASGI, streaming responses pass through untouched) -----
 # (RequestGuard, in guard.py, checks Host, Origin, content type and reads the body within its limits)
 
 
-class CountRequests:
+class CountRequests(HttpMiddleware):
     """Counts every HTTP request by route and status code; 499 when the client left before its answer ended.
 
     A client that goes away (mid-upload, while its generation waits or runs, mid-stream) is one
@@ -367,13 +367,10 @@ class CountRequests:
     """
 
     def __init__(self, app: ASGIApp, count: Callable[[str, str], None]) -> None:
-        self.app = app
+        super().__init__(app)
         self.count = count
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
         route = path if path in ROUTES else ("/v1/models/{id}" if path.startswith("/v1/models/") else "other")
         status: list[int] = []

@@ -137,7 +137,24 @@ def _json_content_type(value: str) -> bool:
     return True
 
 
-class RequestGuard:
+class HttpMiddleware:
+    """Plain ASGI middleware (streaming responses pass through untouched) of HTTP requests, in :meth:`http`;
+    every other scope (the lifespan) goes straight to the app."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self.http(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
+class RequestGuard(HttpMiddleware):
     """Pure ASGI middleware: refuses foreign hosts and origins and non-JSON bodies, then reads the body.
 
     Refusals come before the body is read (and so before any generation). The body is read here,
@@ -147,16 +164,13 @@ class RequestGuard:
 
     def __init__(self, app: ASGIApp, *, hosts: HostRule, cors_origins: Iterable[str] = (),
                  max_body_bytes: int, body_timeout_s: float) -> None:
-        self.app = app
+        super().__init__(app)
         self.hosts = hosts
         self.cors_origins = {origin.rstrip("/").lower() for origin in cors_origins}
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
         refusal = self._refusal(scope, headers)
         if refusal is not None:

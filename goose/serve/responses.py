@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any
+from typing import Any, ClassVar
 
 from goose.serve.job import Delta, Finished
 from goose.serve.logprobs import WireLogprob
@@ -88,23 +88,43 @@ def completion_logprobs(entries: list[WireLogprob] | None) -> CompletionLogprobs
         text_offset=[entry.offset for entry in entries])
 
 
-class ChatFormat:
-    """/v1/chat/completions: ``chat.completion`` and ``chat.completion.chunk`` objects."""
+class _Format:
+    """One answer on the wire: the whole of it, or its chunks, all under one id, creation time and model."""
+
+    prefix: ClassVar[str]  # of the id
+    whole: ClassVar[type[ChatCompletion | Completion]]
+    chunk: ClassVar[type[ChatCompletionChunk | Completion]]
 
     def __init__(self, model: str) -> None:
         self.model = model
-        self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        self.id = f"{self.prefix}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
+
+    def _choice(self, index: int, choice: Finished) -> ChatChoice | CompletionChoice:
+        raise NotImplementedError
 
     def response(self, finished: list[Finished]) -> dict[str, Any]:
         """The whole answer: one choice per finished generation, in choice order."""
-        return _dump(ChatCompletion(
-            id=self.id, created=self.created, model=self.model,
-            choices=[ChatChoice(index=index, message=AssistantMessage(content=choice.text),
-                                logprobs=chat_logprobs(choice.logprobs), finish_reason=choice.finish_reason)
-                     for index, choice in enumerate(finished)],
-            usage=usage(finished), **_statistics(finished),
-        ))
+        return _dump(self.whole(id=self.id, created=self.created, model=self.model,
+                                choices=[self._choice(index, choice) for index, choice in enumerate(finished)],
+                                usage=usage(finished), **_statistics(finished)))
+
+    def totals(self, finished: list[Finished]) -> str:
+        """The last chunk: no choice, the usage of all and Goose's statistics."""
+        return self._chunk([], usage=usage(finished), **_statistics(finished))
+
+    def _chunk(self, choices: list[Any], **extra: Any) -> str:
+        return sse(_dump(self.chunk(id=self.id, created=self.created, model=self.model, choices=choices, **extra)))
+
+
+class ChatFormat(_Format):
+    """/v1/chat/completions: ``chat.completion`` and ``chat.completion.chunk`` objects."""
+
+    prefix, whole, chunk = "chatcmpl", ChatCompletion, ChatCompletionChunk
+
+    def _choice(self, index: int, choice: Finished) -> ChatChoice:
+        return ChatChoice(index=index, message=AssistantMessage(content=choice.text),
+                          logprobs=chat_logprobs(choice.logprobs), finish_reason=choice.finish_reason)
 
     def opening(self, choices: int = 1) -> list[str]:
         return [self._chunk([ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""))])
@@ -117,44 +137,22 @@ class ChatFormat:
     def finish(self, finished: Finished, index: int = 0) -> str:
         return self._chunk([ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=finished.finish_reason)])
 
-    def totals(self, finished: list[Finished]) -> str:
-        return self._chunk([], usage=usage(finished), **_statistics(finished))
 
-    def _chunk(self, choices: list[ChatChunkChoice], **extra: Any) -> str:
-        return sse(_dump(ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices,
-                                             **extra)))
-
-
-class CompletionFormat:
+class CompletionFormat(_Format):
     """/v1/completions: ``text_completion`` objects, whole or as chunks."""
 
-    def __init__(self, model: str) -> None:
-        self.model = model
-        self.id = f"cmpl-{uuid.uuid4().hex[:24]}"
-        self.created = int(time.time())
+    prefix, whole, chunk = "cmpl", Completion, Completion
 
-    def response(self, finished: list[Finished]) -> dict[str, Any]:
-        """The whole answer: one choice per finished generation, in choice order."""
-        return _dump(self._completion([CompletionChoice(index=index, text=choice.text,
-                                                        logprobs=completion_logprobs(choice.logprobs),
-                                                        finish_reason=choice.finish_reason)
-                                       for index, choice in enumerate(finished)],
-                                      usage=usage(finished), **_statistics(finished)))
+    def _choice(self, index: int, choice: Finished) -> CompletionChoice:
+        return CompletionChoice(index=index, text=choice.text, logprobs=completion_logprobs(choice.logprobs),
+                                finish_reason=choice.finish_reason)
 
     def opening(self, choices: int = 1) -> list[str]:
         return []
 
     def delta(self, delta: Delta, index: int = 0) -> str:
-        choice = CompletionChoice(index=index, text=delta.text, logprobs=completion_logprobs(delta.logprobs),
-                                  finish_reason=None)
-        return sse(_dump(self._completion([choice])))
+        return self._chunk([CompletionChoice(index=index, text=delta.text,
+                                             logprobs=completion_logprobs(delta.logprobs), finish_reason=None)])
 
     def finish(self, finished: Finished, index: int = 0) -> str:
-        return sse(_dump(self._completion([CompletionChoice(index=index, text="",
-                                                            finish_reason=finished.finish_reason)])))
-
-    def totals(self, finished: list[Finished]) -> str:
-        return sse(_dump(self._completion([], usage=usage(finished), **_statistics(finished))))
-
-    def _completion(self, choices: list[CompletionChoice], **extra: Any) -> Completion:
-        return Completion(id=self.id, created=self.created, model=self.model, choices=choices, **extra)
+        return self._chunk([CompletionChoice(index=index, text="", finish_reason=finished.finish_reason)])

@@ -14,7 +14,7 @@ fields.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -193,6 +193,16 @@ class CompletionRequest(GenerationRequest):
     echo: Any = None
     suffix: Any = None
 
+    @property
+    def token_limit(self) -> tuple[int | None, str]:
+        """The tokens asked for at most, and the field that asked."""
+        return self.max_tokens, "max_tokens"
+
+    @property
+    def top_alternatives(self) -> int | None:
+        """The alternatives to report per token: None without ``logprobs``."""
+        return self.logprobs
+
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
@@ -230,8 +240,11 @@ class ChatCompletionRequest(GenerationRequest):
         return value
 
     @property
-    def token_limit(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+    def token_limit(self) -> tuple[int | None, str]:
+        """The tokens asked for at most, and the field that asked (the newer name wins)."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
 
     @property
     def top_alternatives(self) -> int | None:
@@ -310,22 +323,27 @@ class CompletionChoice(BaseModel):
     finish_reason: Literal["stop", "length"] | None
 
 
-class _Envelope(BaseModel):
-    """What every completion object and chunk starts with."""
+Choice = TypeVar("Choice", bound=BaseModel)
+
+
+class _Envelope(BaseModel, Generic[Choice]):
+    """Every completion object and chunk: who it is, its choices, then the totals (a chunk holds them only at the
+    end of the stream: ``usage`` null before, ``goose`` and ``goose_choices`` left out)."""
 
     id: str
+    object: str
     created: int
     model: str
     system_fingerprint: str | None = None
-
-
-class Completion(_Envelope):
-    object: Literal["text_completion"] = "text_completion"
-    choices: list[CompletionChoice]
+    choices: list[Choice]
     usage: Usage | None = None
     goose: GooseStats | None = None
-    goose_choices: list[GooseStats] | None = Field(
-        default=None, description="with n > 1: every choice's statistics, in choice order (``goose`` is choice 0's)")
+    goose_choices: Annotated[list[GooseStats] | None, Field(
+        description="with n > 1: every choice's statistics, in choice order (``goose`` is choice 0's)")] = None
+
+
+class Completion(_Envelope[CompletionChoice]):
+    object: Literal["text_completion"] = "text_completion"
 
 
 class AssistantMessage(BaseModel):
@@ -357,13 +375,10 @@ class ChatChoice(BaseModel):
     finish_reason: Literal["stop", "length"]
 
 
-class ChatCompletion(_Envelope):
+class ChatCompletion(_Envelope[ChatChoice]):
     object: Literal["chat.completion"] = "chat.completion"
-    choices: list[ChatChoice]
     usage: Usage
     goose: GooseStats
-    goose_choices: list[GooseStats] | None = Field(
-        default=None, description="with n > 1: every choice's statistics, in choice order (``goose`` is choice 0's)")
 
 
 class ChatDelta(BaseModel):
@@ -383,13 +398,8 @@ class ChatChunkChoice(BaseModel):
     finish_reason: Literal["stop", "length"] | None = None
 
 
-class ChatCompletionChunk(_Envelope):
+class ChatCompletionChunk(_Envelope[ChatChunkChoice]):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-    goose: GooseStats | None = None
-    goose_choices: list[GooseStats] | None = Field(
-        default=None, description="with n > 1: every choice's statistics, in choice order (``goose`` is choice 0's)")
 
 
 class ModelCard(BaseModel):

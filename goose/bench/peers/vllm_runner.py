@@ -2,8 +2,8 @@
 
 Run with the vLLM environment (``make vllm-setup`` builds it)::
 
-    .venv-vllm/bin/python scripts/vllm_bench.py                     # 5 datasets x 5 prompts, 256 tokens, bf16
-    .venv-vllm/bin/python scripts/vllm_bench.py --limit 1 --max-tokens 64 --batch 1   # a quick look
+    .venv-vllm/bin/python goose/bench/peers/vllm_runner.py         # 5 datasets x 5 prompts, 256 tokens, bf16
+    .venv-vllm/bin/python goose/bench/peers/vllm_runner.py --limit 1 --max-tokens 64 --batch 1   # a quick look
 
 Every method decodes the same prompts (the first user turn of each sample, chat template applied)
 greedily, first one request at a time, then all prompts submitted together with ``max_num_seqs`` =
@@ -36,9 +36,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-
-# a fixed KV cache (GiB) instead of vLLM's default share of all memory, which fails on a busy machine
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
 METHODS = ("none", "ngram", "goose", "goose_cm", "goose_unshared")
 # GOOSE_VLLM_CONFIG of each: the defaults, context match alone, drafters each with their own suffix memory
@@ -297,6 +294,8 @@ def results_document(args: argparse.Namespace, conditions: dict[str, Any], promp
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
+    # a fixed KV cache (GiB) instead of vLLM's default share of all memory, which fails on a busy machine
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     import vllm
 
     model_path = args.model or default_model()

@@ -3,12 +3,12 @@
 Run with the llama.cpp environment (``make llama-setup`` builds it); ``goose bench --llama-python
 .venv/bin/python`` runs it after its own methods, on the same prompts::
 
-    .venv/bin/python scripts/llama_bench.py --gguf FILE.gguf --prompts prompts.json --out DIR
+    .venv/bin/python goose/bench/peers/llama_runner.py --gguf FILE.gguf --prompts prompts.json --out DIR
 
 ``--prompts`` is a JSON object ``{"eos_ids": [...], "prompts": [{"dataset", "question_id", "ids"}, ...]}``:
 the token ids Goose's side encoded (chat template applied there), so that both engines decode the
-same input, and the token ids Goose stops at. Nothing of Goose is imported here: this environment
-holds llama-cpp-python only.
+same input, and the token ids Goose stops at. Nothing of Goose is imported here: the environment
+need hold llama-cpp-python only.
 
 Methods, each a ``Llama`` of its own over the same GGUF file (the file as shipped: its quantized
 weights run through llama.cpp's quantized kernels):
