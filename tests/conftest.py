@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from goose import models
-from tests.helpers import DEVICE
+from tests.helpers import DEVICE, tiny_model
 
 # Under pytest-xdist (`make test` runs two workers) each worker gets one thread: two one-thread
 # workers do nearly twice the work of one two-thread process on a 2-core machine, because a
@@ -44,6 +44,21 @@ def _with_cost_curve(loaded):
     with FileLock(str(folder / f"{cache_key(loaded[0])}.lock")):
         load_or_measure(loaded[0])
     return loaded
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """A 2-layer random-weight Llama (hidden size 64) with SmolLM2's tokenizer, built in the test: (model, tokenizer).
+
+    For the engine's mechanics (verifier, walker, batching, sampling identity): a pass costs far less than
+    SmolLM2's, and the float32 lossless contract is the same."""
+    return _with_cost_curve(tiny_model("llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3():
+    """Gemma 3's architecture, 2 random-weight layers, a 32-token sliding window: (model, tokenizer)."""
+    return _with_cost_curve(tiny_model("gemma3"))
 
 
 @pytest.fixture(scope="session")
