@@ -90,9 +90,11 @@ def qwen15b():
 
 # --- which tests are slow, and in what order the workers take them ---------------------------------
 
-# Fixtures that make a test slow whatever its mark: Gemma 3's passes (a 262k-token vocabulary), the 1.5B model, and
-# the real `goose serve` process. `make test-fast` runs `-m "not slow"`.
-SLOW_FIXTURES = {"gemma3", "qwen15b", "server"}
+# Fixtures that make a test slow whatever its mark: Gemma 3's passes (a 262k-token vocabulary), the 1.5B model, the
+# real `goose serve` process, SmolLM2 in int8 and SmolLM2's GGUF file on llama.cpp (real-model runs of another
+# engine, test_int8.py and test_llama_engine.py). `make test-fast` runs `-m "not slow"`: the engine's mechanics on
+# the tiny random-weight models, SmolLM2 for short runs.
+SLOW_FIXTURES = {"gemma3", "qwen15b", "server", "smollm2_int8", "gguf"}
 
 
 def _uses_gemma3(item: pytest.Item) -> bool:

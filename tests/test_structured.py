@@ -83,11 +83,11 @@ def test_batched_json_schema_and_json_object(smollm2, reference) -> None:
     assert isinstance(json.loads(results[object_id].text), dict)
 
 
-def test_drafts_the_grammar_forbids_are_cut_with_their_subtrees(smollm2) -> None:
+def test_drafts_the_grammar_forbids_are_cut_with_their_subtrees(tiny) -> None:
     """At `{"name": "` a name drafted in lower case stays (with its masks), one with a space or a capital goes
     (its whole subtree with it); each kept row's mask allows exactly what the grammar allows there."""
-    tokenizer = smollm2[1]
-    compiler = GrammarCompiler.of(tokenizer, smollm2[0].config.vocab_size)
+    tokenizer = tiny[1]
+    compiler = GrammarCompiler.of(tokenizer, tiny[0].config.vocab_size)
     constraint = Constraint(compiler, schema_text(SCHEMA, False), [tokenizer.eos_token_id])
     prefix = tokenizer.encode('{"name": "', add_special_tokens=False)
     constraint.advance(prefix)  # the anchor (the last token) is output already: the grammar has consumed it
@@ -120,7 +120,7 @@ def test_drafts_the_grammar_forbids_are_cut_with_their_subtrees(smollm2) -> None
     ({"json_schema": SCHEMA, "json_object": True}, "not both"),
     ({"json_schema": SCHEMA, "eos_token_ids": []}, "end-of-sequence"),
 ])
-def test_bad_structured_requests_are_clear_value_errors(smollm2, options: dict[str, Any], message: str) -> None:
+def test_bad_structured_requests_are_clear_value_errors(tiny, options: dict[str, Any], message: str) -> None:
     with pytest.raises(GrammarError, match=r"json_schema|json_object|end-of-sequence") as raised:
-        GooseDecoder(*smollm2).generate("hi", 4, **options)
+        GooseDecoder(*tiny).generate("hi", 4, **options)
     assert isinstance(raised.value, ValueError) and message in str(raised.value)

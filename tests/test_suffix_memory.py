@@ -263,9 +263,9 @@ def test_lossless_with_the_suffix_memory(model_name: str, request, ar_reference)
     assert tested > 0  # the memory's drafts really were verified
 
 
-def test_a_second_request_drafts_from_the_first(smollm2, ar_reference) -> None:
+def test_a_second_request_drafts_from_the_first(tiny, ar_reference) -> None:
     """Memory across requests in one decoder: the same request again is drafted from the first one's output."""
-    model, tokenizer = smollm2
+    model, tokenizer = tiny
     prompt = dataset_prompts("humaneval", 2)[1]
     expected = ar_reference(model, tokenizer, prompt, 48).new_token_ids
     steps = {}
