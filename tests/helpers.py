@@ -101,7 +101,7 @@ def drafting(decoder: Any, result: GenerationResult | None = None) -> tuple[int,
 
 
 def lossless_prompts(model: str) -> list[str]:
-    """The lossless suite's prompts for ``model`` ("smollm2": 9, "gemma3": 4), read on first use."""
+    """The lossless suite's prompts for ``model`` ("smollm2": 9, "gemma3": 3), read on first use."""
     return list(_lossless_prompts(model))
 
 
@@ -110,7 +110,7 @@ def _lossless_prompts(model: str) -> tuple[str, ...]:
     if model == "smollm2":
         return tuple(dataset_prompts("humaneval", 3) + dataset_prompts("gsm8k", 3) + dataset_prompts("mt_bench", 3))
     if model == "gemma3":
-        return tuple(dataset_prompts("humaneval", 2) + dataset_prompts("gsm8k", 1) + dataset_prompts("mt_bench", 1))
+        return tuple(dataset_prompts("humaneval", 1) + dataset_prompts("gsm8k", 1) + dataset_prompts("mt_bench", 1))
     raise ValueError(model)
 
 

@@ -52,7 +52,8 @@ def test_a_prediction_that_departs_midway_resyncs(case):
     source = decoder.drafter._predicting.instances["prediction"]
     assert source.resyncs >= 1
     accepted, rejected, tested = _counters(result)
-    assert accepted > 18 and rejected >= 1 and accepted + rejected == tested  # drafted again after the departure
+    # the 12 tokens before the departure and at least 6 after it: drafted again after the departure
+    assert accepted >= 18 and rejected >= 1 and accepted + rejected == tested
 
 
 def test_an_unrelated_prediction_changes_nothing(case):
