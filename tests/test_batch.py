@@ -248,6 +248,7 @@ def test_the_budget_split_is_the_single_rule_for_one_row_and_prices_the_padded_p
     assert riding[0] + 6 <= riding[1]  # a row's auxiliary rows take its share of the width
 
 
+@pytest.mark.slow  # the CLI loads the embedded SmolLM2 by name
 def test_goose_generate_prompts_prints_one_line_per_prompt_in_order(smollm2, ar_reference, tmp_path, capsys) -> None:
     model, tokenizer = smollm2
     path = tmp_path / "prompts.jsonl"

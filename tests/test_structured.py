@@ -43,6 +43,7 @@ def reference_logprobs(smollm2, reference) -> Any:
     return result.logprobs
 
 
+@pytest.mark.slow  # SmolLM2 writing the schema's JSON to its end: a real model's text
 @pytest.mark.parametrize("topology", ["spine", "chain", "multi_spine"])
 def test_json_schema_greedy_equals_constrained_autoregressive(smollm2, reference, reference_logprobs,
                                                               topology: str) -> None:
@@ -61,6 +62,7 @@ def test_json_schema_greedy_equals_constrained_autoregressive(smollm2, reference
     assert stats["tau"] > 1.0
 
 
+@pytest.mark.slow
 def test_json_schema_seeded_sampling_equals_the_constrained_sampler(smollm2, ar_reference) -> None:
     options = {"json_schema": SCHEMA, "temperature": 0.7, "seed": 11}
     expected = ar_reference(*smollm2, PROMPT, 24, **options)
@@ -70,6 +72,7 @@ def test_json_schema_seeded_sampling_equals_the_constrained_sampler(smollm2, ar_
         _valid(result.text)
 
 
+@pytest.mark.slow
 def test_batched_json_schema_and_json_object(smollm2, reference) -> None:
     """Through BatchSession (the server's path): a constrained row equals the single-request reference, and a
     JSON-mode row next to it gives a JSON object."""
