@@ -1,5 +1,6 @@
-"""Shared fixtures: the real embedded models, loaded once per test session (from the on-disk cache), the
-autoregressive references computed once per test run, and the suite's time per group at the end."""
+"""Shared fixtures: the tiny random-weight models built in the test, the real embedded models loaded once per test
+session (from the on-disk cache), the autoregressive references computed once per test run, and the suite's time
+per group at the end."""
 
 from __future__ import annotations
 
