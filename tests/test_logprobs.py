@@ -50,14 +50,14 @@ def test_goose_and_batched_logprobs_equal_the_autoregressive_loops_greedy(decode
         assert entry.top[0] == (entry.token_id, entry.logprob) and entry.logprob <= 0.0
         assert [logprob for _, logprob in entry.top] == sorted((logprob for _, logprob in entry.top), reverse=True)
     # a prediction of the output makes Goose accept long paths: the anchor's, the nodes' and the bonus rows all count
-    chunks = list(goose.stream(PROMPT, TOKENS, logprobs=3, prediction=reference.text))
+    chunks = list(goose.stream(PROMPT, TOKENS, logprobs=3, prediction=list(reference.new_token_ids)))
     result = goose.last_result
     assert result is not None and result.new_token_ids == reference.new_token_ids
     assert max(result.stats.accepted_lengths) > 2  # paths of several tokens were verified in one pass
     assert_same_logprobs(result.logprobs, reference.logprobs)
     assert [len(chunk.logprobs) for chunk in chunks] == [len(chunk.token_ids) for chunk in chunks]
     assert [entry for chunk in chunks for entry in chunk.logprobs] == result.logprobs
-    together = batched(goose, [(PROMPT, TOKENS, {"logprobs": 3, "prediction": reference.text}),
+    together = batched(goose, [(PROMPT, TOKENS, {"logprobs": 3, "prediction": list(reference.new_token_ids)}),
                                (OTHER, 6, {"logprobs": 3})])
     assert_same_logprobs(together[0].logprobs, reference.logprobs)
     assert_same_logprobs(together[1].logprobs, ar.generate(OTHER, 6, logprobs=3).logprobs)
