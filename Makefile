@@ -105,8 +105,9 @@ test: $(STAMP) $(MODELS_STAMP) $(VLLM_STAMP) $(LLAMA_STAMP)
 	echo "--- the vLLM suite ($(VLLM_TEST_LOG)) ---"; cat $(VLLM_TEST_LOG); \
 	test $$main_status -eq 0 && test $$vllm_status -eq 0
 
-# The edit loop: ruff and every test not marked slow (no Gemma 3, no server process, no long
-# real-model run; SmolLM2 only for short runs). `make test` runs everything.
+# The edit loop: ruff and every test not marked slow: the engine's mechanics on tiny random-weight
+# models built in the tests (tests/helpers.tiny_model), SmolLM2 only for short runs; no Gemma 3, no
+# 1.5B, no server process, no int8 or llama.cpp engine. `make test` runs everything.
 test-fast: $(STAMP)
 	$(VENV)/bin/ruff check goose sources topologies tests examples plugins scripts
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not slow" tests --ignore=tests/vllm

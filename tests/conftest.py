@@ -1,5 +1,6 @@
-"""Shared fixtures: the real embedded models, loaded once per test session (from the on-disk cache), the
-autoregressive references computed once per test run, and the suite's time per group at the end."""
+"""Shared fixtures: the tiny random-weight models built in the test, the real embedded models loaded once per test
+session (from the on-disk cache), the autoregressive references computed once per test run, and the suite's time
+per group at the end."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from goose import models
-from tests.helpers import DEVICE
+from tests.helpers import DEVICE, tiny_model
 
 # Under pytest-xdist (`make test` runs two workers) each worker gets one thread: two one-thread
 # workers do nearly twice the work of one two-thread process on a 2-core machine, because a
@@ -44,6 +45,21 @@ def _with_cost_curve(loaded):
     with FileLock(str(folder / f"{cache_key(loaded[0])}.lock")):
         load_or_measure(loaded[0])
     return loaded
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """A 2-layer random-weight Llama (hidden size 64) with SmolLM2's tokenizer, built in the test: (model, tokenizer).
+
+    For the engine's mechanics (verifier, walker, batching, sampling identity): a pass costs far less than
+    SmolLM2's, and the float32 lossless contract is the same."""
+    return _with_cost_curve(tiny_model("llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3():
+    """Gemma 3's architecture, 2 random-weight layers, a 32-token sliding window: (model, tokenizer)."""
+    return _with_cost_curve(tiny_model("gemma3"))
 
 
 @pytest.fixture(scope="session")
@@ -75,9 +91,11 @@ def qwen15b():
 
 # --- which tests are slow, and in what order the workers take them ---------------------------------
 
-# Fixtures that make a test slow whatever its mark: Gemma 3's passes (a 262k-token vocabulary), the 1.5B model, and
-# the real `goose serve` process. `make test-fast` runs `-m "not slow"`.
-SLOW_FIXTURES = {"gemma3", "qwen15b", "server"}
+# Fixtures that make a test slow whatever its mark: Gemma 3's passes (a 262k-token vocabulary), the 1.5B model, the
+# real `goose serve` process, SmolLM2 in int8 and SmolLM2's GGUF file on llama.cpp (real-model runs of another
+# engine, test_int8.py and test_llama_engine.py). `make test-fast` runs `-m "not slow"`: the engine's mechanics on
+# the tiny random-weight models, SmolLM2 for short runs.
+SLOW_FIXTURES = {"gemma3", "qwen15b", "server", "smollm2_int8", "gguf"}
 
 
 def _uses_gemma3(item: pytest.Item) -> bool:

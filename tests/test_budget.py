@@ -22,8 +22,8 @@ def test_monotone_lowers_a_slow_small_size_instead_of_raising_the_rest() -> None
     assert np.all(np.diff(cost.monotone(list(np.random.default_rng(0).random(50)))) >= 0)
 
 
-def test_measure_times_real_verify_passes(smollm2) -> None:
-    model, _ = smollm2
+def test_measure_times_real_verify_passes(tiny) -> None:
+    model, _ = tiny
     curve = calibration.measure(model, sizes=(1, 8, 64), rounds=2, context_length=64)
     assert curve.sizes == (1, 8, 64)
     assert all(s > 0 for s in curve.seconds)
@@ -32,8 +32,8 @@ def test_measure_times_real_verify_passes(smollm2) -> None:
     assert curve.relative()[1] == 1.0
 
 
-def test_the_curve_is_cached_per_model_and_processor(smollm2, tmp_path, monkeypatch) -> None:
-    model, _ = smollm2
+def test_the_curve_is_cached_per_model_and_processor(tiny, tmp_path, monkeypatch) -> None:
+    model, _ = tiny
     key = cost.cache_key(model)
     assert key.startswith(f"v{cost.CURVE_FORMAT}-") and "float32" in key and "threads" in key
     first = calibration.load_or_measure(model, cache_dir=tmp_path)
@@ -142,9 +142,9 @@ def test_the_chosen_budget_is_the_fastest_chain_worked_out_by_hand() -> None:
     assert planner.choose(0.9, 20, 0.0) == 8
 
 
-def test_a_decoder_plans_with_a_given_curve(smollm2, tmp_path) -> None:
+def test_a_decoder_plans_with_a_given_curve(tiny, tmp_path) -> None:
     """``cost_curve`` (as ``goose bench --cost-curve`` prices) steers the real decoder; the output stays greedy."""
-    model, tokenizer = smollm2
+    model, tokenizer = tiny
     path = tmp_path / "curve.json"
     path.write_text(json.dumps(FLAT.to_dict()))
     assert CostCurve.load(path) == FLAT
@@ -160,6 +160,7 @@ def test_a_decoder_plans_with_a_given_curve(smollm2, tmp_path) -> None:
     assert sizes["flat"] > sizes["steep"]
 
 
+@pytest.mark.slow  # SmolLM2 copying a periodic text for 96 tokens: a real model's behaviour
 def test_a_repeating_run_is_drafted_past_the_context_end_and_trusted_by_depth(smollm2) -> None:
     """Context match on periodic text: the copy repeats the run instead of stopping at the context's
     end, the deep-match estimate (reported after proposing) learns that such copies hold, and the

@@ -20,6 +20,7 @@ def tasks():
     return build()
 
 
+@pytest.mark.slow  # builds the set a second time
 def test_the_set_is_deterministic_and_spread(tasks):
     assert [t.question_id for t in build()] == [t.question_id for t in tasks]
     assert len(tasks) == 24 and len({t.question_id for t in tasks}) == 24
@@ -71,6 +72,7 @@ def test_rag_and_summarization_are_spec_bench_categories():
         assert all(s.prediction is None for s in samples)
 
 
+@pytest.mark.slow  # builds the set twice more
 def test_the_written_set_loads_back_with_its_predictions(tmp_path: Path, tasks):
     path = tmp_path / "edit.jsonl"
     assert main(["--write", str(path)]) == 0

@@ -1,4 +1,5 @@
-"""goose.hf.generate inside Hugging Face's model.generate (real models, float32).
+"""goose.hf.generate inside Hugging Face's model.generate (float32: the door's mechanics on the tiny random-weight
+model, its output on real Gemma 3; the 1.5B model's in test_scale.py).
 
 Greedy output equals plain ``model.generate`` token for token; stopping criteria stop at the
 same token; streamers get exactly the generated text; what Goose cannot honour is a ValueError
@@ -34,7 +35,7 @@ from tests.helpers import dataset_prompts, drafting
 pytestmark = pytest.mark.xdist_group("hf")  # one worker: the module's generate() references are computed once
 
 # long enough for the stop-string, EOS and length checks to cut inside the output, no longer
-SMOLLM2_TOKENS = 32
+TOKENS = 32
 GEMMA3_TOKENS = 24
 
 
@@ -44,15 +45,20 @@ def chat_inputs(tokenizer, prompt: str) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def smollm2_cases(smollm2):
-    """Chat-templated SmolLM2 prompts from three datasets and plain generate's greedy output for each."""
-    model, tokenizer = smollm2
+def cases(tiny):
+    """Chat-templated prompts from three datasets and plain generate's greedy output for each (the tiny model)."""
+    model, tokenizer = tiny
     prompts = dataset_prompts("humaneval", 1) + dataset_prompts("gsm8k", 1) + dataset_prompts("mt_bench", 1)
     cases = []
     for prompt in prompts:
         inputs = chat_inputs(tokenizer, prompt)
-        cases.append((inputs, model.generate(**inputs, max_new_tokens=SMOLLM2_TOKENS, do_sample=False)))
+        cases.append((inputs, model.generate(**inputs, max_new_tokens=TOKENS, do_sample=False)))
     return cases
+
+
+def stop_string(tokenizer, full: torch.Tensor, prompt_length: int) -> str:
+    """The text of a word the output holds after its first 8 tokens: a stop string that cuts it short."""
+    return tokenizer.decode(full[0, prompt_length + 8 : prompt_length + 9]).strip() or "\n"
 
 
 def hf_decoder(model):
@@ -60,11 +66,11 @@ def hf_decoder(model):
     return next(d for d in model.__dict__["_goose_hf_state"].decoders.values() if d.config == GooseConfig())
 
 
-def test_smollm2_chat_prompts_equal_plain_generate(smollm2, smollm2_cases):
-    model, _ = smollm2
+def test_chat_prompts_equal_plain_generate(tiny, cases):
+    model, _ = tiny
     accepted = 0
-    for inputs, plain in smollm2_cases:
-        out = model.generate(**inputs, max_new_tokens=SMOLLM2_TOKENS, do_sample=False,
+    for inputs, plain in cases:
+        out = model.generate(**inputs, max_new_tokens=TOKENS, do_sample=False,
                              custom_generate=goose.hf.generate)
         assert isinstance(out, torch.Tensor)
         assert torch.equal(out, plain)
@@ -85,45 +91,45 @@ def test_gemma3_raw_prompts_equal_plain_generate(gemma3):
         assert drafting(hf_decoder(model))[0] > 0
 
 
-def test_goose_config_and_return_dict(smollm2, smollm2_cases):
-    model, _ = smollm2
-    inputs, plain = smollm2_cases[0]
+def test_goose_config_and_return_dict(tiny, cases):
+    model, _ = tiny
+    inputs, plain = cases[0]
     for config in (GooseConfig(sources=["context_match"], topology="chain"),
                    {"sources": ["context_match", "bigram_transition"], "budget": 8}):
-        out = model.generate(**inputs, max_new_tokens=SMOLLM2_TOKENS, custom_generate=goose.hf.generate,
+        out = model.generate(**inputs, max_new_tokens=TOKENS, custom_generate=goose.hf.generate,
                              goose_config=config, return_dict_in_generate=True)
         assert isinstance(out, GenerateDecoderOnlyOutput)
         assert torch.equal(out.sequences, plain)
         assert out.scores is None and out.cache is None
 
 
-def test_prediction_drafts_and_changes_nothing(smollm2, smollm2_cases):
+def test_prediction_drafts_and_changes_nothing(tiny, cases):
     """prediction= (text, ids or a tensor) reaches the Goose loop; the output is plain generate's either way."""
-    model, tokenizer = smollm2
-    inputs, plain = smollm2_cases[0]
+    model, tokenizer = tiny
+    inputs, plain = cases[0]
     new_ids = plain[0, inputs["input_ids"].shape[1]:]
     text = tokenizer.decode(new_ids, skip_special_tokens=True)
     for prediction in (text, new_ids.tolist(), new_ids, "Geese fly south."):
-        out = model.generate(**inputs, max_new_tokens=SMOLLM2_TOKENS, custom_generate=goose.hf.generate,
+        out = model.generate(**inputs, max_new_tokens=TOKENS, custom_generate=goose.hf.generate,
                              goose_tokenizer=tokenizer, prediction=prediction, goose_config={"budget": 12})
         assert torch.equal(out, plain)
         decoders = model.__dict__[goose.hf._STATE_ATTRIBUTE].decoders.values()
         stats = next(d for d in decoders if d.config.budget == 12).last_result.stats
         if prediction is not text and isinstance(prediction, str):  # unrelated: nothing to copy
             continue
-        assert stats.source_accepted["prediction"] >= SMOLLM2_TOKENS // 2  # the output itself was predicted
+        assert stats.source_accepted["prediction"] >= TOKENS // 2  # the output itself was predicted
     with pytest.raises(ValueError, match="prediction is empty"):
         model.generate(**inputs, max_new_tokens=4, custom_generate=goose.hf.generate, prediction=[])
 
 
-def test_stop_string_criterion_stops_where_plain_generate_stops(smollm2, smollm2_cases):
-    model, tokenizer = smollm2
-    inputs, full = smollm2_cases[0]
+def test_stop_string_criterion_stops_where_plain_generate_stops(tiny, cases):
+    model, tokenizer = tiny
+    inputs, full = cases[0]
     prompt_length = inputs["input_ids"].shape[1]
-    stop = "(" if "(" in tokenizer.decode(full[0, prompt_length + 4 :]) else "\n"
-    plain = model.generate(**inputs, max_new_tokens=SMOLLM2_TOKENS, stop_strings=[stop], tokenizer=tokenizer)
+    stop = stop_string(tokenizer, full, prompt_length)
+    plain = model.generate(**inputs, max_new_tokens=TOKENS, stop_strings=[stop], tokenizer=tokenizer)
     assert plain.shape[1] < full.shape[1], "the stop string must cut the output short for this test to mean much"
-    out = model.generate(**inputs, max_new_tokens=SMOLLM2_TOKENS, custom_generate=goose.hf.generate,
+    out = model.generate(**inputs, max_new_tokens=TOKENS, custom_generate=goose.hf.generate,
                          stopping_criteria=StoppingCriteriaList([StopStringCriteria(tokenizer, [stop])]))
     assert torch.equal(out, plain)
     assert tokenizer.decode(out[0, prompt_length:]).endswith(stop)
@@ -131,11 +137,11 @@ def test_stop_string_criterion_stops_where_plain_generate_stops(smollm2, smollm2
 
 @pytest.mark.xfail(raises=ValueError, strict=True,
                    reason="transformers 5.24 does not hand tokenizer= to a custom_generate callable")
-def test_stop_strings_keyword_with_tokenizer(smollm2, smollm2_cases):
-    model, tokenizer = smollm2
-    inputs, _ = smollm2_cases[0]
-    plain = model.generate(**inputs, max_new_tokens=SMOLLM2_TOKENS, stop_strings=["\n"], tokenizer=tokenizer)
-    out = model.generate(**inputs, max_new_tokens=SMOLLM2_TOKENS, stop_strings=["\n"], tokenizer=tokenizer,
+def test_stop_strings_keyword_with_tokenizer(tiny, cases):
+    model, tokenizer = tiny
+    inputs, _ = cases[0]
+    plain = model.generate(**inputs, max_new_tokens=TOKENS, stop_strings=["\n"], tokenizer=tokenizer)
+    out = model.generate(**inputs, max_new_tokens=TOKENS, stop_strings=["\n"], tokenizer=tokenizer,
                          custom_generate=goose.hf.generate)
     assert torch.equal(out, plain)
 
@@ -150,16 +156,16 @@ class StopAtLength(StoppingCriteria):
         return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.length, dtype=torch.bool)
 
 
-def test_eos_token_and_user_criteria_stop_at_the_same_token(smollm2, smollm2_cases):
-    model, _ = smollm2
-    inputs, full = smollm2_cases[1]
+def test_eos_token_and_user_criteria_stop_at_the_same_token(tiny, cases):
+    model, _ = tiny
+    inputs, full = cases[1]
     prompt_length = inputs["input_ids"].shape[1]
     eos = int(full[0, prompt_length + 11])  # a token plain generate produced: made an EOS, output ends there
-    plain = model.generate(**inputs, max_new_tokens=SMOLLM2_TOKENS, eos_token_id=eos)
-    out = model.generate(**inputs, max_new_tokens=SMOLLM2_TOKENS, eos_token_id=eos, custom_generate=goose.hf.generate)
+    plain = model.generate(**inputs, max_new_tokens=TOKENS, eos_token_id=eos)
+    out = model.generate(**inputs, max_new_tokens=TOKENS, eos_token_id=eos, custom_generate=goose.hf.generate)
     assert torch.equal(out, plain) and out.shape[1] <= prompt_length + 12
     criteria = StoppingCriteriaList([StopAtLength(prompt_length + 7)])
-    out = model.generate(**inputs, max_new_tokens=SMOLLM2_TOKENS, stopping_criteria=criteria,
+    out = model.generate(**inputs, max_new_tokens=TOKENS, stopping_criteria=criteria,
                          custom_generate=goose.hf.generate)
     assert torch.equal(out, full[:, : prompt_length + 7])
 
@@ -184,26 +190,26 @@ def collect(streamer: TextIteratorStreamer, run) -> tuple[str, object]:
 def stream(model, tokenizer, inputs, streamer_keyword: str, **door) -> tuple[str, object]:
     """Generate with a TextIteratorStreamer passed as ``streamer_keyword``; the streamed text and the output."""
     streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=600)
-    return collect(streamer, lambda: model.generate(**inputs, max_new_tokens=SMOLLM2_TOKENS,
+    return collect(streamer, lambda: model.generate(**inputs, max_new_tokens=TOKENS,
                                                     **{streamer_keyword: streamer}, **door))
 
 
-def test_text_iterator_streamer_gets_exactly_the_generated_text(smollm2, smollm2_cases):
-    model, tokenizer = smollm2
-    inputs, plain = smollm2_cases[2]
+def test_text_iterator_streamer_gets_exactly_the_generated_text(tiny, cases):
+    model, tokenizer = tiny
+    inputs, plain = cases[2]
     prompt_length = inputs["input_ids"].shape[1]
     text, out = stream(model, tokenizer, inputs, "goose_streamer", custom_generate=goose.hf.generate)
     assert torch.equal(out, plain)
     assert text == tokenizer.decode(plain[0, prompt_length:], skip_special_tokens=True)
     plain_streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=600)
     plain_text, _ = collect(plain_streamer, lambda: model.generate(
-        **inputs, max_new_tokens=SMOLLM2_TOKENS, streamer=plain_streamer))
+        **inputs, max_new_tokens=TOKENS, streamer=plain_streamer))
     assert text == plain_text
 
 
-def test_text_streamer_prints_what_plain_generate_prints(smollm2, smollm2_cases, capsys):
-    model, tokenizer = smollm2
-    inputs, _ = smollm2_cases[0]
+def test_text_streamer_prints_what_plain_generate_prints(tiny, cases, capsys):
+    model, tokenizer = tiny
+    inputs, _ = cases[0]
     model.generate(**inputs, max_new_tokens=12, streamer=TextStreamer(tokenizer))
     plain = capsys.readouterr().out
     model.generate(**inputs, max_new_tokens=12, custom_generate=goose.hf.generate,
@@ -211,9 +217,9 @@ def test_text_streamer_prints_what_plain_generate_prints(smollm2, smollm2_cases,
     assert capsys.readouterr().out == plain and plain.strip()
 
 
-def test_streamer_is_ended_when_the_call_fails(smollm2, smollm2_cases):
-    model, tokenizer = smollm2
-    inputs, _ = smollm2_cases[0]
+def test_streamer_is_ended_when_the_call_fails(tiny, cases):
+    model, tokenizer = tiny
+    inputs, _ = cases[0]
     streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, timeout=600)
     text, error = collect(streamer, lambda: model.generate(
         **inputs, max_new_tokens=8, repetition_penalty=1.2, custom_generate=goose.hf.generate,
@@ -234,9 +240,9 @@ class RecordingStreamer(TextStreamer):
 
 @pytest.mark.xfail(raises=AssertionError, strict=True,
                    reason="transformers 5.24 puts the prompt into streamer= but never hands it to custom_generate")
-def test_streamer_keyword(smollm2, smollm2_cases):
-    model, tokenizer = smollm2
-    inputs, _ = smollm2_cases[0]
+def test_streamer_keyword(tiny, cases):
+    model, tokenizer = tiny
+    inputs, _ = cases[0]
     streamer = RecordingStreamer(tokenizer)
     out = model.generate(**inputs, max_new_tokens=6, custom_generate=goose.hf.generate, streamer=streamer)
     assert streamer.ended and streamer.text == tokenizer.decode(out[0, inputs["input_ids"].shape[1]:])
@@ -245,9 +251,9 @@ def test_streamer_keyword(smollm2, smollm2_cases):
 # --- the folder door: custom_generate=goose.hf.FOLDER hands Goose every argument generate was given ------
 
 
-def test_folder_door_takes_streamer_stop_strings_and_tokenizer_as_plain_generate_does(smollm2, smollm2_cases):
-    model, tokenizer = smollm2
-    inputs, plain = smollm2_cases[2]
+def test_folder_door_takes_streamer_stop_strings_and_tokenizer_as_plain_generate_does(tiny, cases):
+    model, tokenizer = tiny
+    inputs, plain = cases[2]
     prompt_length = inputs["input_ids"].shape[1]
     text, out = stream(model, tokenizer, inputs, "streamer", custom_generate=goose.hf.FOLDER, trust_remote_code=True)
     assert torch.equal(out, plain)
@@ -258,22 +264,22 @@ def test_folder_door_takes_streamer_stop_strings_and_tokenizer_as_plain_generate
                    streamer=recording)
     assert recording.ended and recording.text == tokenizer.decode(plain[0, prompt_length:prompt_length + 6])
 
-    inputs, full = smollm2_cases[0]
-    stop = "(" if "(" in tokenizer.decode(full[0, inputs["input_ids"].shape[1] + 4 :]) else "\n"
-    cut = model.generate(**inputs, max_new_tokens=SMOLLM2_TOKENS, stop_strings=[stop], tokenizer=tokenizer)
+    inputs, full = cases[0]
+    stop = stop_string(tokenizer, full, inputs["input_ids"].shape[1])
+    cut = model.generate(**inputs, max_new_tokens=TOKENS, stop_strings=[stop], tokenizer=tokenizer)
     assert cut.shape[1] < full.shape[1]
-    out = model.generate(**inputs, max_new_tokens=SMOLLM2_TOKENS, stop_strings=[stop], tokenizer=tokenizer,
+    out = model.generate(**inputs, max_new_tokens=TOKENS, stop_strings=[stop], tokenizer=tokenizer,
                          custom_generate=goose.hf.FOLDER, trust_remote_code=True)
     assert torch.equal(out, cut)
-    config = GenerationConfig(max_new_tokens=SMOLLM2_TOKENS, stop_strings=stop, do_sample=False)
+    config = GenerationConfig(max_new_tokens=TOKENS, stop_strings=stop, do_sample=False)
     out = model.generate(**inputs, generation_config=config, tokenizer=tokenizer,
                          custom_generate=goose.hf.FOLDER, trust_remote_code=True)
     assert torch.equal(out, cut) and config.stop_strings == stop  # the caller's config is left as it was
 
 
-def test_folder_door_errors_and_options(smollm2, smollm2_cases):
-    model, tokenizer = smollm2
-    inputs, plain = smollm2_cases[1]
+def test_folder_door_errors_and_options(tiny, cases):
+    model, tokenizer = tiny
+    inputs, plain = cases[1]
     with pytest.raises(ValueError, match="stop_strings needs the tokenizer"):
         model.generate(**inputs, max_new_tokens=8, stop_strings=["\n"], custom_generate=goose.hf.FOLDER,
                        trust_remote_code=True)
@@ -283,14 +289,14 @@ def test_folder_door_errors_and_options(smollm2, smollm2_cases):
     with pytest.raises(ValueError, match="pass the streamer once"):
         model.generate(**inputs, max_new_tokens=8, custom_generate=goose.hf.FOLDER, trust_remote_code=True,
                        streamer=TextStreamer(tokenizer), goose_streamer=TextStreamer(tokenizer))
-    out = model.generate(**inputs, max_new_tokens=SMOLLM2_TOKENS, custom_generate=goose.hf.FOLDER,
+    out = model.generate(**inputs, max_new_tokens=TOKENS, custom_generate=goose.hf.FOLDER,
                          trust_remote_code=True, goose_config={"topology": "chain"}, return_dict_in_generate=True)
     assert isinstance(out, GenerateDecoderOnlyOutput) and torch.equal(out.sequences, plain)
 
 
-def test_sampling_parameters_follow_generate(smollm2, smollm2_cases):
-    model, _ = smollm2
-    inputs, _ = smollm2_cases[0]
+def test_sampling_parameters_follow_generate(tiny, cases):
+    model, _ = tiny
+    inputs, _ = cases[0]
     seen = {}
 
     def capture(model, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs):
@@ -311,10 +317,10 @@ def test_sampling_parameters_follow_generate(smollm2, smollm2_cases):
         "temperature": 0.0}
 
 
-def test_seeded_sampling_equals_goose_autoregressive_sampler(smollm2, smollm2_cases):
+def test_seeded_sampling_equals_goose_autoregressive_sampler(tiny, cases):
     """Goose samples by (seed, position) draws: the same seed gives its autoregressive sampler's tokens."""
-    model, _ = smollm2
-    inputs, _ = smollm2_cases[1]
+    model, _ = tiny
+    inputs, _ = cases[1]
     prompt_ids = inputs["input_ids"][0].tolist()
 
     def sampled(**options) -> torch.Tensor:
@@ -351,15 +357,15 @@ class BanToken(LogitsProcessor):
     ({"goose_config": {"budget": 8, "bogus_field": 1}}, "bogus_field"),
     ({"goose_config": {"temperature": 0.7}}, "temperature"),
 ])
-def test_what_goose_cannot_honour_is_a_value_error_naming_it(smollm2, options, named):
-    model, tokenizer = smollm2
+def test_what_goose_cannot_honour_is_a_value_error_naming_it(tiny, options, named):
+    model, tokenizer = tiny
     inputs = tokenizer("The goose is", return_tensors="pt")
     with pytest.raises(ValueError, match=named):
         model.generate(**inputs, max_new_tokens=4, custom_generate=goose.hf.generate, **options)
 
 
-def test_batches_and_padding_are_refused(smollm2):
-    model, tokenizer = smollm2
+def test_batches_and_padding_are_refused(tiny):
+    model, tokenizer = tiny
     ids = tokenizer("The goose is", return_tensors="pt")["input_ids"]
     with pytest.raises(ValueError, match="batch of 2"):
         model.generate(input_ids=torch.cat([ids, ids]), max_new_tokens=4, custom_generate=goose.hf.generate)

@@ -147,6 +147,7 @@ def test_sampled_is_the_seeded_int8_sampler_alone_and_batched(smollm2_int8, ar_r
     assert sum(sum(results[i].stats.source_accepted.values()) for i in ids) > 0
 
 
+@pytest.mark.slow
 def test_cli_generate_quantize_int8_is_identical_to_its_loop(capsys) -> None:
     assert cli.main(["generate", PROMPTS[0], "--quantize", "int8", "--max-new-tokens", "32", "--compare-ar",
                      "--json"]) == 0
@@ -198,6 +199,7 @@ def test_a_cpu_or_build_without_int8_is_refused_in_one_line(monkeypatch) -> None
 # --- scripts/int8_quality.py ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_quality_script_scores_the_text_and_agreement(tmp_path) -> None:
     """On SmolLM2: perplexity of every variant (and llama.cpp's where its environment is built), the int8 model's
     teacher-forced agreement with a bfloat16 `ar` text, and the identical-text count of two runs."""

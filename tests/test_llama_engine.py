@@ -228,6 +228,7 @@ def test_engine_flag_errors(flags: list[str], message: str, capsys: pytest.Captu
     assert message in error and len(error.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_goose_generate_on_the_engine(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["generate", COPY_PROMPT, "--engine", "llama.cpp", "--threads", str(THREADS),
                      "--max-new-tokens", "48", "--compare-ar", "--budget", "8"]) == 0

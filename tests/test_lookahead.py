@@ -255,7 +255,7 @@ def test_missing_rows_keep_the_window_aligned_without_a_step() -> None:
     assert len(source.pool) == 0 and source.age.tolist() == [0, 0, 0, 0]
 
 
-# --- real models: the rows' layout, and losslessness -----------------------------------------------
+# --- models: the rows' layout (tiny models), and losslessness (real ones) -------------------------------
 
 
 def visible_sequence(window: np.ndarray, level: int, column: int) -> list[int]:
@@ -293,19 +293,17 @@ def check_rows_against_plain_forwards(model: torch.nn.Module, prompt_ids: list[i
                 assert int(row.argmax()) == int(plain.argmax())
 
 
-@pytest.mark.slow
-def test_window_rows_see_what_the_layout_says_smollm2(smollm2) -> None:
-    model, tokenizer = smollm2
+def test_window_rows_see_what_the_layout_says_llama(tiny) -> None:
+    model, tokenizer = tiny
     prompt_ids = tokenizer("def add(a, b):\n    return a + b\n\ndef sub(a, b):")["input_ids"]
     check_rows_against_plain_forwards(model, prompt_ids, {"window": 4, "ngram": 4})
 
 
-@pytest.mark.slow
-def test_window_rows_see_what_the_layout_says_gemma3_past_its_sliding_window(gemma3) -> None:
-    model, tokenizer = gemma3
+def test_window_rows_see_what_the_layout_says_gemma3_past_its_sliding_window(tiny_gemma3) -> None:
+    model, tokenizer = tiny_gemma3
     window = Verifier(model).sliding_window
     assert window is not None
-    text = " ".join(dataset_prompts("humaneval", 10))
+    text = " ".join(dataset_prompts("humaneval", 2))
     prompt_ids = tokenizer(text)["input_ids"][: window + 40]  # the rows' context crosses the sliding window
     assert len(prompt_ids) > window
     check_rows_against_plain_forwards(model, prompt_ids, {"window": 3, "ngram": 3})

@@ -293,8 +293,8 @@ class _TestPlugin:
         register("unigram_lookup", UnigramLookup, description="test: unigram prompt lookup", initial_acceptance=0.2)
 
 
-def test_three_sources_on_a_real_model_are_lossless(smollm2) -> None:
-    model, tokenizer = smollm2
+def test_three_sources_on_a_model_are_lossless(tiny) -> None:
+    model, tokenizer = tiny
     registrations = goose.plugins.register(_TestPlugin)
     prompt = "List the planets of the solar system, one per line, as '- Planet: <name>'."
     config = GooseConfig(sources=["context_match", "unigram_lookup", "bigram_transition"], topology="multi_spine",

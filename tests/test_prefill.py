@@ -37,9 +37,9 @@ def test_output_layer_weight_counts_a_tied_table_once(smollm2):
 
 
 @pytest.mark.parametrize("harvest", [0, "auto", None])
-def test_any_harvest_is_lossless(smollm2, ar_reference, harvest):
+def test_any_harvest_is_lossless(tiny, ar_reference, harvest):
     """How many prompt rows feed the bigram table changes the trees, never the output."""
-    model, tokenizer = smollm2
+    model, tokenizer = tiny
     prompt = dataset_prompts("humaneval", 1)[0]
     reference = ar_reference(model, tokenizer, prompt, 32)
     decoder = GooseDecoder(model, tokenizer, GooseConfig(prefill_harvest=harvest))
@@ -47,9 +47,9 @@ def test_any_harvest_is_lossless(smollm2, ar_reference, harvest):
     assert result.new_token_ids == reference.new_token_ids
 
 
-def test_first_token_streams_before_the_sources_read_the_prompt(smollm2):
+def test_first_token_streams_before_the_sources_read_the_prompt(tiny):
     """Time to first token is the prefill's alone: the harvest and the sources' prefill wait for the next step."""
-    model, tokenizer = smollm2
+    model, tokenizer = tiny
     decoder = GooseDecoder(model, tokenizer, GooseConfig())
     read = []
     original = decoder.sources.prefill
@@ -75,10 +75,10 @@ def test_a_short_prompt_harvests_every_row(smollm2):
     assert (table.unigram_tokens[np.asarray(ids[:-1])] >= 0).any(axis=1).all()
 
 
-def test_a_fixed_budget_harvests_every_prompt_row(smollm2):
+def test_a_fixed_budget_harvests_every_prompt_row(tiny):
     """With a fixed budget (the paper's setting, nothing priced) the automatic harvest is every prompt row but the
     last: the bigram table knows every prompt token's successors, as the paper's code does."""
-    model, tokenizer = smollm2
+    model, tokenizer = tiny
     decoder = GooseDecoder(model, tokenizer, GooseConfig(budget=60))
     prompt = "\n".join(dataset_prompts("humaneval", 3))  # longer than the automatic harvest's floor
     ids = decoder.encode(prompt)

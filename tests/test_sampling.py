@@ -138,12 +138,12 @@ def test_sampling_parameters_are_validated() -> None:
 # --- Goose equals the seeded autoregressive sampler ----------------------------------------------
 
 
-SMOLLM2_PROMPTS = (dataset_prompts("humaneval", 3) + dataset_prompts("gsm8k", 3) + dataset_prompts("mbpp", 2)
-                   + dataset_prompts("mt_bench", 2))
+SMOLLM2_PROMPTS = (dataset_prompts("humaneval", 2) + dataset_prompts("gsm8k", 2) + dataset_prompts("mbpp", 1)
+                   + dataset_prompts("mt_bench", 1))
 GEMMA3_PROMPTS = (dataset_prompts("humaneval", 1) + dataset_prompts("gsm8k", 1) + dataset_prompts("mbpp", 1)
                   + dataset_prompts("mt_bench", 1))
 # Every prompt runs every temperature with its cut (prompts alternate between the cuts), so each
-# (temperature, cut) setting meets 5 SmolLM2 and 2 Gemma 3 prompts; the topologies take turns, one
+# (temperature, cut) setting meets 3 SmolLM2 and 2 Gemma 3 prompts; the topologies take turns, one
 # per (prompt, temperature), so each topology meets every prompt, every temperature and both cuts.
 
 
@@ -160,7 +160,7 @@ def runs(prompts: int) -> list[tuple[int, float, int, str]]:
 
 
 def test_every_topology_meets_every_prompt_temperature_and_cut_of_each_model() -> None:
-    for prompts, per_setting in ((len(SMOLLM2_PROMPTS), 5), (len(GEMMA3_PROMPTS), 2)):
+    for prompts, per_setting in ((len(SMOLLM2_PROMPTS), 3), (len(GEMMA3_PROMPTS), 2)):
         planned = runs(prompts)
         for temperature in TEMPERATURES:
             for cut in range(len(CUTS)):
@@ -170,7 +170,7 @@ def test_every_topology_meets_every_prompt_temperature_and_cut_of_each_model() -
             assert {t for _, t, _, name in planned if name == topology} == set(TEMPERATURES)
             for cut in range(len(CUTS)):  # each topology under each cut on >= 2 prompts
                 assert len({i for i, _, c, name in planned if (name, c) == (topology, cut)}) >= 2
-    # with ten prompts every (topology, temperature, cut) is met, most of them twice
+    # with six prompts every (topology, temperature, cut) is met
     assert {(name, t, c) for _, t, c, name in runs(len(SMOLLM2_PROMPTS))} == {
         (name, t, c) for name in TOPOLOGIES for t in TEMPERATURES for c in range(len(CUTS))}
 
@@ -206,8 +206,8 @@ def test_gemma3_sampled_goose_equals_the_seeded_sampler(gemma3, ar_reference, in
                                    seed=2000 + index, index=index)
 
 
-def test_seeds_replay_and_a_missing_seed_is_picked_and_reported(smollm2, ar_reference) -> None:
-    model, tokenizer = smollm2
+def test_seeds_replay_and_a_missing_seed_is_picked_and_reported(tiny, ar_reference) -> None:
+    model, tokenizer = tiny
     decoder = GooseDecoder(model, tokenizer, GooseConfig(temperature=0.8))  # sampling set in the config
     prompt = "Write a short poem about the sea."
     first = decoder.generate(prompt, NEW_TOKENS)
@@ -220,16 +220,16 @@ def test_seeds_replay_and_a_missing_seed_is_picked_and_reported(smollm2, ar_refe
     assert greedy.new_token_ids == ar_reference(model, tokenizer, prompt, NEW_TOKENS).new_token_ids
 
 
-def test_temperature_zero_is_the_greedy_path(smollm2, ar_reference) -> None:
-    model, tokenizer = smollm2
+def test_temperature_zero_is_the_greedy_path(tiny, ar_reference) -> None:
+    model, tokenizer = tiny
     prompt = dataset_prompts("gsm8k", 1)[0]
     reference = ar_reference(model, tokenizer, prompt, 32).new_token_ids
     explicit = GooseDecoder(model, tokenizer).generate(prompt, 32, temperature=0.0, top_p=0.5, seed=4)
     assert explicit.new_token_ids == reference and explicit.seed is None
 
 
-def test_bad_sampling_values_are_refused_by_the_decoder(smollm2) -> None:
-    model, tokenizer = smollm2
+def test_bad_sampling_values_are_refused_by_the_decoder(tiny) -> None:
+    model, tokenizer = tiny
     decoder = GooseDecoder(model, tokenizer)
     for bad in ({"temperature": -1.0}, {"top_p": 0.0}, {"top_k": -5}, {"seed": -2}):
         with pytest.raises(ValueError):

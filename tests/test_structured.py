@@ -43,6 +43,7 @@ def reference_logprobs(smollm2, reference) -> Any:
     return result.logprobs
 
 
+@pytest.mark.slow  # SmolLM2 writing the schema's JSON to its end: a real model's text
 @pytest.mark.parametrize("topology", ["spine", "chain", "multi_spine"])
 def test_json_schema_greedy_equals_constrained_autoregressive(smollm2, reference, reference_logprobs,
                                                               topology: str) -> None:
@@ -61,6 +62,7 @@ def test_json_schema_greedy_equals_constrained_autoregressive(smollm2, reference
     assert stats["tau"] > 1.0
 
 
+@pytest.mark.slow
 def test_json_schema_seeded_sampling_equals_the_constrained_sampler(smollm2, ar_reference) -> None:
     options = {"json_schema": SCHEMA, "temperature": 0.7, "seed": 11}
     expected = ar_reference(*smollm2, PROMPT, 24, **options)
@@ -70,6 +72,7 @@ def test_json_schema_seeded_sampling_equals_the_constrained_sampler(smollm2, ar_
         _valid(result.text)
 
 
+@pytest.mark.slow
 def test_batched_json_schema_and_json_object(smollm2, reference) -> None:
     """Through BatchSession (the server's path): a constrained row equals the single-request reference, and a
     JSON-mode row next to it gives a JSON object."""
@@ -83,11 +86,11 @@ def test_batched_json_schema_and_json_object(smollm2, reference) -> None:
     assert isinstance(json.loads(results[object_id].text), dict)
 
 
-def test_drafts_the_grammar_forbids_are_cut_with_their_subtrees(smollm2) -> None:
+def test_drafts_the_grammar_forbids_are_cut_with_their_subtrees(tiny) -> None:
     """At `{"name": "` a name drafted in lower case stays (with its masks), one with a space or a capital goes
     (its whole subtree with it); each kept row's mask allows exactly what the grammar allows there."""
-    tokenizer = smollm2[1]
-    compiler = GrammarCompiler.of(tokenizer, smollm2[0].config.vocab_size)
+    tokenizer = tiny[1]
+    compiler = GrammarCompiler.of(tokenizer, tiny[0].config.vocab_size)
     constraint = Constraint(compiler, schema_text(SCHEMA, False), [tokenizer.eos_token_id])
     prefix = tokenizer.encode('{"name": "', add_special_tokens=False)
     constraint.advance(prefix)  # the anchor (the last token) is output already: the grammar has consumed it
@@ -120,7 +123,7 @@ def test_drafts_the_grammar_forbids_are_cut_with_their_subtrees(smollm2) -> None
     ({"json_schema": SCHEMA, "json_object": True}, "not both"),
     ({"json_schema": SCHEMA, "eos_token_ids": []}, "end-of-sequence"),
 ])
-def test_bad_structured_requests_are_clear_value_errors(smollm2, options: dict[str, Any], message: str) -> None:
+def test_bad_structured_requests_are_clear_value_errors(tiny, options: dict[str, Any], message: str) -> None:
     with pytest.raises(GrammarError, match=r"json_schema|json_object|end-of-sequence") as raised:
-        GooseDecoder(*smollm2).generate("hi", 4, **options)
+        GooseDecoder(*tiny).generate("hi", 4, **options)
     assert isinstance(raised.value, ValueError) and message in str(raised.value)

@@ -263,15 +263,16 @@ def test_lossless_with_the_suffix_memory(model_name: str, request, ar_reference)
     assert tested > 0  # the memory's drafts really were verified
 
 
-def test_a_second_request_drafts_from_the_first(smollm2, ar_reference) -> None:
+def test_a_second_request_drafts_from_the_first(tiny, ar_reference) -> None:
     """Memory across requests in one decoder: the same request again is drafted from the first one's output."""
-    model, tokenizer = smollm2
+    model, tokenizer = tiny
     prompt = dataset_prompts("humaneval", 2)[1]
     expected = ar_reference(model, tokenizer, prompt, 48).new_token_ids
     steps = {}
     for capacity in (0, 200_000):
+        # earlier requests only: the tiny model's own loops, drafted from the current request, are not the point
         config = GooseConfig(sources=["suffix_memory"], topology="chain", budget=16,  # fixed: steps repeat exactly
-                             source_options={NAME: {"capacity": capacity}})
+                             source_options={NAME: {"capacity": capacity, "search_current": False}})
         goose = GooseDecoder(model, tokenizer, config)
         first, second = goose.generate(prompt, 48), goose.generate(prompt, 48)
         assert first.new_token_ids == second.new_token_ids == expected

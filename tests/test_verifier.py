@@ -1,8 +1,10 @@
 """Tree verification equals sequential decoding: every node's logits match its root path run alone.
 
-Random trees (hypothesis) go through the real verifier on the real models in float32; each
-node's logits are compared with a plain causal forward of context + anchor + the node's root
-path. Also: cache compaction leaves the cache exactly as if only the accepted path had been fed.
+Random trees (hypothesis) go through the real verifier in float32 on tiny random-weight models of SmolLM2's
+architecture (grouped-query attention) and of Gemma 3's (a sliding window of 32 tokens, crossed here); each
+node's logits are compared with a plain causal forward of context + anchor + the node's root path. Also: cache
+compaction leaves the cache exactly as if only the accepted path had been fed. The real models' trees are
+checked by the lossless tests.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from hypothesis import strategies as st
 
 from goose.contract.tree import DraftTree, TreeBuilder
 from goose.cycle.attention import GROUPED_SDPA
+from goose.cycle.decoder import AutoregressiveDecoder
 from goose.cycle.verifier import Verifier
 from goose.cycle.walker import walk
 
@@ -52,8 +55,8 @@ tree_specs = st.integers(1, 10).flatmap(
 
 @given(tree_specs)
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_random_trees_match_sequential_smollm2(smollm2, spec) -> None:
-    model, tokenizer = smollm2
+def test_random_trees_match_sequential_llama(tiny, spec) -> None:
+    model, tokenizer = tiny
     context = tokenizer.encode("def add(a, b):\n    return a + b\n\nprint(add(1, 2))")
     vocabulary = tokenizer.encode(" the a b return def ( ) :")  # real, plausible token ids
     parents, picks = spec
@@ -62,9 +65,9 @@ def test_random_trees_match_sequential_smollm2(smollm2, spec) -> None:
 
 
 @given(tree_specs)
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_random_trees_match_sequential_gemma3(gemma3, spec) -> None:
-    model, tokenizer = gemma3
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_random_trees_match_sequential_gemma3(tiny_gemma3, spec) -> None:
+    model, tokenizer = tiny_gemma3
     context = tokenizer.encode("The quick brown fox jumps over the lazy dog. The quick brown")
     vocabulary = tokenizer.encode(" fox dog the lazy quick jumps over")
     parents, picks = spec
@@ -72,30 +75,37 @@ def test_random_trees_match_sequential_gemma3(gemma3, spec) -> None:
     check_tree_against_sequential(model, context, tree)
 
 
-def test_gemma3_tree_past_the_sliding_window(gemma3) -> None:
-    """With 600 tokens of context the sliding layers must see only the last 512 positions."""
-    model, tokenizer = gemma3
-    text = " ".join(f"item {i} costs {i * 7 % 13} dollars." for i in range(120))
-    context = tokenizer.encode(text)[:600]
-    assert len(context) == 600 and Verifier(model).sliding_window == 512
+def window_context(tokenizer) -> list[int]:
+    """75 tokens: past the tiny Gemma 3's 32-token window by more than twice its width."""
+    text = " ".join(f"item {i} costs {i * 7 % 13} dollars." for i in range(20))
+    return tokenizer.encode(text)[:75]
+
+
+def test_gemma3_tree_past_the_sliding_window(tiny_gemma3) -> None:
+    """With 75 tokens of context the sliding layer must see only the last 32 positions."""
+    model, tokenizer = tiny_gemma3
+    context = window_context(tokenizer)
+    assert len(context) == 75 and Verifier(model).sliding_window == 32
     tree = build_tree(context[-1], [0, 0, 1, 2, 1], tokenizer.encode(" item costs 3 dollars.")[:5])
     check_tree_against_sequential(model, context, tree)
 
 
-def test_commit_keeps_exactly_the_accepted_path(smollm2) -> None:
+def test_commit_keeps_exactly_the_accepted_path(tiny) -> None:
     """After compaction the next token's logits equal those of a plain forward over the accepted text."""
-    model, tokenizer = smollm2
+    model, tokenizer = tiny
     context = tokenizer.encode("for i in range(10):\n    print(i)\nfor j in range(")
     verifier = Verifier(model)
     verifier.prefill(context[:-1])
-    branch = tokenizer.encode("10):\n    print(")
-    decoy = tokenizer.encode("3")
+    # the model's own greedy continuation, so the walk accepts a path of several nodes past the decoy
+    branch = AutoregressiveDecoder(model, tokenizer, chat=False).generate(context, 6).new_token_ids[:-1]
+    decoy = (branch[0] + 1) % len(tokenizer)
     builder = TreeBuilder(context[-1], ("test",), capacity=len(branch) + 1)
-    builder.add_children(np.array([0]), np.array(decoy[:1]), source=0)  # node 1: a sibling decoy
+    builder.add_children(np.array([0]), np.array([decoy]), source=0)  # node 1: a sibling decoy
     builder.add_chain(0, np.array(branch), source=0)
     tree = builder.build()
     logits = verifier.verify([tree])[0]
     walked = walk(tree, logits.argmax(-1).cpu().numpy())
+    assert walked.path.tolist() == [2, 3, 4, 5, 6]  # the branch whole: rows 0, 2.. 6 kept, the decoy's row 1 not
     verifier.commit(0, walked.path)
     accepted = context + tree.tokens[walked.path].tolist()
     assert verifier.lengths == [len(accepted)]  # the slot's context: the accepted path, nothing else
@@ -104,10 +114,10 @@ def test_commit_keeps_exactly_the_accepted_path(smollm2) -> None:
     assert (next_logits - expected).abs().max().item() < TOLERANCE
 
 
-def test_the_cache_grows_in_place_across_many_passes(smollm2) -> None:
+def test_the_cache_grows_in_place_across_many_passes(tiny) -> None:
     """Storage that doubles: dozens of passes and commits past its first block, the cache still equals a plain
     forward."""
-    model, tokenizer = smollm2
+    model, tokenizer = tiny
     context = tokenizer.encode("Count: " + ", ".join(map(str, range(1, 80))) + ",")[:200]
     verifier = Verifier(model)
     verifier.prefill(context[:-1])
@@ -152,16 +162,15 @@ def _assert_same_caches(model, context: list[int]) -> None:
         assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
 
 
-def test_one_gather_commit_equals_the_per_layer_commit_smollm2(smollm2) -> None:
-    model, tokenizer = smollm2
+def test_one_gather_commit_equals_the_per_layer_commit_llama(tiny) -> None:
+    model, tokenizer = tiny
     _assert_same_caches(model, tokenizer.encode("def add(a, b):\n    return a + b\n"))
 
 
-def test_one_gather_commit_equals_the_per_layer_commit_gemma3_past_the_window(gemma3) -> None:
-    """Gemma 3's sliding-window layers share the stack with its global layers, past the 512-token window."""
-    model, tokenizer = gemma3
-    text = " ".join(f"item {i} costs {i * 7 % 13} dollars." for i in range(120))
-    _assert_same_caches(model, tokenizer.encode(text)[:600])
+def test_one_gather_commit_equals_the_per_layer_commit_gemma3_past_the_window(tiny_gemma3) -> None:
+    """Gemma 3's sliding-window layers share the stack with its global layers, past the window."""
+    model, tokenizer = tiny_gemma3
+    _assert_same_caches(model, window_context(tokenizer))
 
 
 def _tree_logits_both_ways(model, context: list[int], tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor, set]:
@@ -189,10 +198,10 @@ def _tree_logits_both_ways(model, context: list[int], tree: DraftTree) -> tuple[
     return grouped, stock, seen
 
 
-def test_grouped_query_attention_reads_the_cache_in_place_and_leaves_the_model_as_found(smollm2, gemma3) -> None:
+def test_grouped_query_attention_reads_the_cache_in_place_and_leaves_the_model_as_found(tiny, tiny_gemma3) -> None:
     """Multi-row passes run with the query heads of a key/value group folded into rows (no copy of the cache
     per head); the logits are sdpa's, and the model is back on sdpa afterwards."""
-    for model, tokenizer in (smollm2, gemma3):
+    for model, tokenizer in (tiny, tiny_gemma3):
         assert model.config._attn_implementation == "sdpa"
         context = tokenizer.encode("def add(a, b):\n    return a + b\n\nprint(add(1, 2))")
         tree = build_tree(context[-1], [0, 1, 0, 2, 4, 1], tokenizer.encode(" the a b return def (")[:6])

@@ -86,13 +86,13 @@ def test_sampled_walk_follows_the_drawn_tokens_and_draws_only_on_its_path() -> N
         assert drawn_at == [0, *walked.path.tolist()]  # one draw per row on the path, none elsewhere
 
 
-def test_rows_drawn_in_one_batch_are_the_rows_drawn_one_by_one(smollm2) -> None:
-    """``Sampler.draw_rows`` over a batch of real rows gives each row the token ``draw`` gives it alone."""
+def test_rows_drawn_in_one_batch_are_the_rows_drawn_one_by_one(tiny) -> None:
+    """``Sampler.draw_rows`` over a batch of a model's rows gives each row the token ``draw`` gives it alone."""
     import torch
 
     from goose.cycle.sampling import Sampler, SamplingParams
 
-    model, tokenizer = smollm2
+    model, tokenizer = tiny
     ids = tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n\n    return")
     with torch.inference_mode():
         rows = model(input_ids=torch.tensor([ids])).logits[0, -12:]
@@ -105,11 +105,11 @@ def test_rows_drawn_in_one_batch_are_the_rows_drawn_one_by_one(smollm2) -> None:
             assert sampler.draw_rows(rows, positions).tolist() == one_by_one
 
 
-def test_the_batched_sampled_walk_is_the_seeded_autoregressive_sampler(smollm2) -> None:
+def test_the_batched_sampled_walk_is_the_seeded_autoregressive_sampler(tiny) -> None:
     """Every tree row drawn in one batch (as on a GPU), float32: token for token the seeded sampler's output."""
     from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 
-    model, tokenizer = smollm2
+    model, tokenizer = tiny
     prompt = "Repeat after me: one two three four five six seven. One two three four five six seven."
     for options in ({"temperature": 0.7, "seed": 3}, {"temperature": 1.0, "top_k": 40, "seed": 11}):
         reference = AutoregressiveDecoder(model, tokenizer).generate(prompt, 32, **options).new_token_ids
