@@ -374,6 +374,7 @@ def test_bench_end_to_end_on_smollm2(tmp_path: Path) -> None:
     assert "| `goose` |" in report and "### Time to first token" in report
 
 
+@pytest.mark.slow
 def test_repeats_keep_the_median_run_and_compare_with_prompt_lookup(tmp_path: Path) -> None:
     """--repeats 3: every method three times on the prompt, the record is the median-time run, every run's time kept;
     speedups over hf_pld per prompt in the records, the summary and the report."""
@@ -470,6 +471,7 @@ def test_the_study_suite_is_every_pair_and_triple_under_three_shapes() -> None:
     assert all(m.config().budget == 16 for name, m in methods.items() if name != "goose")  # equal budgets
 
 
+@pytest.mark.slow
 def test_bench_concurrency_on_smollm2(tmp_path: Path) -> None:
     """Closed-loop clients at concurrency 1 and 2: every method's row, float32 outputs identical to AR's."""
     status = cli.main(["bench", "--model", "smollm2-135m", "--datasets", "gsm8k,mt_bench", "--limit", "2",
