@@ -46,7 +46,7 @@ def test_a_prediction_that_departs_midway_resyncs(case):
     decoder = GooseDecoder(model, tokenizer)
     result = decoder.generate(prompt, TOKENS, prediction=edited)
     assert result.new_token_ids == reference.new_token_ids
-    source = decoder.drafter._predicting.instances["prediction"]
+    source = decoder.drafter.spare[0].predicting.instances["prediction"]
     assert source.resyncs >= 1
     accepted, rejected, tested = _counters(result)
     assert accepted > 18 and rejected >= 1 and accepted + rejected == tested  # drafted again after the departure
