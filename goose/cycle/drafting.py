@@ -83,8 +83,10 @@ class Drafter:
         """Sources for one request, in a session of any size: a spare slot (the decoder's own first, so a
         request at a time always drafts from them), else a new one holding the shared instances. What a
         slot's sources learn stays with it for the next request that takes it (:meth:`give_back`)."""
-        if self.spare:
-            return self.spare.pop()
+        try:
+            return self.spare.pop()  # one atomic step: sessions on other threads may be taking too
+        except IndexError:
+            pass
         return SourceSlot(SourceSet(self.sources.names, self.config, self.vocab_size, faults=self.sources.faults,
                                     instances=self.shared, strict=False))
 
