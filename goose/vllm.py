@@ -17,8 +17,8 @@ Three parts, each replaceable on its own:
 * :class:`RowDrafter` is the only code that talks to Goose's source contract: it turns one
   request's tokens into a context, asks the sources (through :mod:`goose.boundary`, which contains
   their faults) for drafts, picks the most valuable chain and its length, and feeds back how many
-  drafted tokens vLLM accepted as a :class:`goose.contract.outcome.VerifyOutcome` of a chain tree, so that
-  the sources' estimates learn exactly as they do in Goose's own decoder.
+  drafted tokens vLLM accepted as the walk of a chain tree (:mod:`goose.cycle.walker`, the engine's own), so
+  that the sources' estimates learn exactly as they do in Goose's own decoder.
 * :class:`RequestTable` knows which drafter serves which request although vLLM passes no request
   id and reorders rows between steps: a request is known by its content. A row that holds tokens
   ``t[:n]`` after ``s`` newly sampled ones continues the request whose tokens were ``t[:n - s]`` at
@@ -56,8 +56,9 @@ from goose import plugins
 from goose.boundary import FaultLog, Guarded, SourceSet, made
 from goose.config import GooseConfig
 from goose.contract.candidates import DecodeContext, eos_token_ids
-from goose.contract.outcome import Harvest, PathKind, VerifyOutcome
+from goose.contract.outcome import Harvest
 from goose.contract.tree import ROOT, DraftTree, TreeBuilder
+from goose.cycle.walker import walk
 
 logger = logging.getLogger("goose.vllm")
 
@@ -285,15 +286,11 @@ class RowDrafter:
             return  # not the chain this request was given (a row we took for another request): learn nothing
         cut = accepted < len(chain.tokens) and sampled[-1] == chain.tokens[accepted]
         tested = min(len(chain.tokens), accepted + (0 if cut else 1))
-        size = chain.tree.size
-        reached = np.zeros(size, dtype=np.bool_)
-        reached[1 : tested + 1] = True
-        accepted_mask = np.zeros(size, dtype=np.bool_)
-        accepted_mask[1 : accepted + 1] = True
-        outcome = VerifyOutcome(
-            tree=chain.tree, accepted_nodes=np.arange(1, accepted + 1, dtype=np.int64), new_tokens=list(sampled),
-            bonus_token=int(sampled[-1]), reached=reached, accepted=accepted_mask,
-            path_kind=PathKind.SPINE if accepted else PathKind.BONUS, harvest=self.harvest)
+        tree = chain.tree.keeping(np.arange(chain.tree.size) <= tested)  # the chain vLLM verified
+        # vLLM's token at each verified row (the anchor's, then each accepted node's); a rejected leaf's row has none
+        predictions = np.full(tree.size, -1, dtype=np.int64)
+        predictions[: len(sampled)] = sampled
+        outcome = walk(tree, predictions).outcome(list(sampled), self.harvest)
         self.sources.observe(outcome, {})
 
     def propose(self, tokens: np.ndarray, limit: int, cut: ChainCut) -> list[int]:

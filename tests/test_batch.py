@@ -188,16 +188,19 @@ def test_rows_sharing_one_bigram_table_stay_exact(tiny, ar_reference) -> None:
     ids = [session.submit(p, SMOLLM2_TOKENS) for p in PROMPTS[:3]]  # the third joins when a slot frees
     results = {event.request_id: event.result for event in session.run() if event.finished}
     assert [results[i].new_token_ids for i in ids] == references
-    instances = {id(row_set.instances["bigram_transition"]) for sets in session._spare_sources.values()
-                 for row_set in sets}
-    assert instances == {id(session._shared_sources["bigram_transition"])}  # one table behind every row
+    slots = decoder.drafter.spare  # every row gave its sources back: the decoder's own set and one more
+    assert len(slots) == 2 and any(slot.sources is decoder.sources for slot in slots)
+    instances = {id(slot.sources.instances["bigram_transition"]) for slot in slots}
+    assert instances == {id(decoder.drafter.shared["bigram_transition"])}  # one table behind every row
+    assert decoder.generate(PROMPTS[3], SMOLLM2_TOKENS).new_token_ids == ar_reference(
+        model, tokenizer, PROMPTS[3], SMOLLM2_TOKENS).new_token_ids  # a request alone drafts from the same table
     with pytest.raises(ValueError, match="batch_shared_sources names rest"):
-        GooseDecoder(model, tokenizer, GooseConfig(batch_shared_sources=["rest"])).batch(2)
+        GooseDecoder(model, tokenizer, GooseConfig(batch_shared_sources=["rest"]))
     # the default ("auto") shares what registered itself shareable (the bigram table, not context match);
     # [] gives every row its own; a decoder without the bigram source shares nothing
-    assert set(GooseDecoder(model, tokenizer).batch(2)._shared_sources) == {"bigram_transition"}
-    assert GooseDecoder(model, tokenizer, GooseConfig(batch_shared_sources=[])).batch(2)._shared_sources == {}
-    assert GooseDecoder(model, tokenizer, GooseConfig(sources=["context_match"])).batch(2)._shared_sources == {}
+    assert set(GooseDecoder(model, tokenizer).drafter.shared) == {"bigram_transition"}
+    assert GooseDecoder(model, tokenizer, GooseConfig(batch_shared_sources=[])).drafter.shared == {}
+    assert GooseDecoder(model, tokenizer, GooseConfig(sources=["context_match"])).drafter.shared == {}
 
 
 def test_lookahead_rows_ride_in_batched_passes(tiny, ar_reference) -> None:
@@ -238,13 +241,15 @@ def test_the_budget_split_is_the_single_rule_for_one_row_and_prices_the_padded_p
         return planner._yields(*planner._key(acceptance, length, branch, None))
 
     for acceptance, length in ((0.9, 40), (0.6, 12), (0.2, 4), (0.0, 0)):
-        assert planner.split([yields(acceptance, length, 0.3)], [0]) == [planner.choose(acceptance, length, 0.3)]
+        for extra in (0, 5):
+            assert planner.divide([yields(acceptance, length, 0.3)], [extra]) == [
+                planner.choose(acceptance, length, 0.3, extra_rows=extra)]
     alone = planner.choose(0.9, 40, 0.3)
-    shared = planner.split([yields(0.9, 40, 0.3)] + [yields(0.1, 4, 0.1)] * 3, [0, 0, 0, 0])
+    shared = planner.divide([yields(0.9, 40, 0.3)] + [yields(0.1, 4, 0.1)] * 3, [0, 0, 0, 0])
     assert len(set(shared)) == 1 and shared[0] <= alone  # every row is padded to the widest: its nodes are free
-    crowded = planner.split([yields(0.9, 40, 0.3)] * 8, [0] * 8)
+    crowded = planner.divide([yields(0.9, 40, 0.3)] * 8, [0] * 8)
     assert crowded[0] < alone  # eight rows pay eight times for every node of width
-    riding = planner.split([yields(0.9, 40, 0.3), yields(0.9, 40, 0.3)], [6, 0])
+    riding = planner.divide([yields(0.9, 40, 0.3), yields(0.9, 40, 0.3)], [6, 0])
     assert riding[0] + 6 <= riding[1]  # a row's auxiliary rows take its share of the width
 
 

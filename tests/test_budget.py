@@ -108,7 +108,7 @@ def test_a_curve_calibrated_on_a_busy_machine_is_rescaled_by_the_real_passes() -
         planner.overhead_s = 0.05  # the host's own time a cycle, as measured
     assert right.choose(0.0, 0, 0.3) > wrong.choose(0.0, 0, 0.3)
     for rows in (1, 4, 8, 16) * 20:  # the passes really run cost what the true curve says
-        wrong.observe_verify(rows, float(true_curve(rows)))
+        wrong.observe_pass(1, rows, float(true_curve(rows)))
     assert wrong.scale == pytest.approx(1 / 30, rel=0.01)
     assert wrong.choose(0.0, 0, 0.3) == right.choose(0.0, 0, 0.3)
     # its rates stay in the stale curve's seconds: the same ranking, 30 times lower

@@ -49,7 +49,7 @@ def test_a_prediction_that_departs_midway_resyncs(case):
     decoder = GooseDecoder(model, tokenizer)
     result = decoder.generate(prompt, TOKENS, prediction=edited)
     assert result.new_token_ids == reference.new_token_ids
-    source = decoder.drafter._predicting.instances["prediction"]
+    source = decoder.drafter.spare[0].predicting.instances["prediction"]
     assert source.resyncs >= 1
     accepted, rejected, tested = _counters(result)
     # the 12 tokens before the departure and at least 6 after it: drafted again after the departure

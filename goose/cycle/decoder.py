@@ -3,9 +3,11 @@
 Both turn prompts and options into requests and drive them through one engine, a
 :class:`goose.cycle.session.Session` (the cycle, top to bottom, is there): a single request is a
 session of one over the decoder's own verifier, many requests a session of several
-(:meth:`_Decoding.batch`). The autoregressive decoder drafts nothing: every pass verifies the bare
-anchor, one token a row. ``model`` is a Hugging Face model (the torch engine) or a GGUF file in
-llama.cpp (:class:`goose.llama_model.LlamaModel`); :mod:`goose.cycle.engine` gives each its verifier.
+(:meth:`_Decoding.batch`), every row drafting from sources the decoder lends it for the request
+(:meth:`goose.cycle.drafting.Drafter.take_sources`). The autoregressive decoder drafts nothing:
+every pass verifies the bare anchor, one token a row. ``model`` is a Hugging Face model (the torch
+engine) or a GGUF file in llama.cpp (:class:`goose.llama_model.LlamaModel`); :mod:`goose.cycle.engine`
+gives each its verifier.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from goose import plugins
 from goose.boundary import FaultLog, SourceSet, TopologyPlanner
 from goose.config import GooseConfig
 from goose.contract.candidates import CandidatePool, DecodeContext
-from goose.contract.outcome import AuxiliaryRows, Harvest, VerifyOutcome
+from goose.contract.outcome import AuxiliaryRows, Harvest
 from goose.contract.tree import ROOT, DraftTree
 from goose.cycle.calibration import load_or_measure
 from goose.cycle.readout import greedy_and_top_k, read
@@ -44,15 +44,16 @@ class Drafter:
             raise plugins.PluginError("no sources enabled: name at least one with --sources")
         self.model, self.tokenizer, self.config, self.vocab_size = model, tokenizer, config, vocab_size
         faults = FaultLog()
-        self.sources = SourceSet(config.sources, config, vocab_size, faults=faults)
+        # the shareable sources' instances (knowledge of the model, not of a request) serve every row it decodes
+        self.shared = self._shared_instances(tuple(config.sources), faults)
+        self.sources = SourceSet(config.sources, config, vocab_size, faults=faults, instances=self.shared)
         self.topology = TopologyPlanner(config.topology, config, vocab_size, faults=faults)
         self.profile = profile
         self.draw_all_rows = False  # sampled: draw every tree row in one batch on the CPU too (as on a GPU)
-        self.unpriced: dict[str, int] = {}  # the own sources': cycles since a source's auxiliary rows last rode
         self.row_weight = output_layer_weight(model)  # prices the prefill harvest (prefill_harvest="auto")
         self._cost_curve = cost_curve
         self._budget_planner: BudgetPlanner | None = None
-        self._predicting: SourceSet | None = None  # self.sources plus the prediction source (see own_sources)
+        self.spare = [SourceSlot(self.sources)]  # the slots no request holds now, the decoder's own first
         # auxiliary rows to price: known once, not looked up in every cycle's two reads of budget_planner
         self._prices_rows = config.price_rows and any(self.sources.implements(name, "goose_auxiliary_rows")
                                                       for name in self.sources.names)
@@ -67,7 +68,8 @@ class Drafter:
             return None
         if self._budget_planner is None:
             curve = self._cost_curve if self._cost_curve is not None else load_or_measure(self.model)
-            self._budget_planner = BudgetPlanner(curve, max_depth=self.config.max_depth)
+            self._budget_planner = BudgetPlanner(curve, max_depth=self.config.max_depth,
+                                                 batch_curve=lambda batch: load_or_measure(self.model, batch=batch))
         return self._budget_planner
 
     def source_names(self, with_prediction: bool) -> tuple[str, ...]:
@@ -77,47 +79,78 @@ class Drafter:
             return ("prediction", *self.sources.names)
         return self.sources.names
 
-    def own_sources(self, names: tuple[str, ...]) -> SourceSet:
-        """The decoder's own set for the sources ``names`` (one request at a time).
+    def take_sources(self) -> SourceSlot:
+        """Sources for one request, in a session of any size: a spare slot (the decoder's own first, so a
+        request at a time always drafts from them), else a new one holding the shared instances. What a
+        slot's sources learn stays with it for the next request that takes it (:meth:`give_back`)."""
+        try:
+            return self.spare.pop()  # one atomic step: sessions on other threads may be taking too
+        except IndexError:
+            pass
+        return SourceSlot(SourceSet(self.sources.names, self.config, self.vocab_size, faults=self.sources.faults,
+                                    instances=self.shared, strict=False))
 
-        The set with the prediction source is made once, on the first request with a prediction, and shares
-        every other source's instance and acceptance estimate with the decoder's own set, so what they learn
-        carries over.
-        """
-        if names == self.sources.names:
-            return self.sources
-        if self._predicting is None:
-            self._predicting = SourceSet(names, self.config, self.vocab_size, faults=self.sources.faults,
-                                         estimates=self.sources.estimates, instances=self.sources.instances)
-        return self._predicting
+    def give_back(self, slot: SourceSlot) -> None:
+        """A request has left: its slot serves the next one."""
+        self.spare.append(slot)
 
-    def new_sources(self, names: tuple[str, ...], shared: dict[str, Any]) -> SourceSet:
-        """A set of its own for one row of a batch, holding the ``shared`` instances."""
-        return SourceSet(names, self.config, self.vocab_size, faults=self.sources.faults, instances=shared,
-                         strict=False)
+    def budgets(self, cycles: list[RowCycle]) -> list[int]:
+        """2. Every drafted row's budget for this pass: the fixed budget, or the cost curve's split of the pass."""
+        planner = self.budget_planner
+        if self.config.budget != "auto" or planner is None:
+            return [self.config.fixed_budget()] * len(cycles)
+        return planner.split([cycle.pool for cycle in cycles], self.topology.spine_lengths,
+                             [cycle.riding for cycle in cycles])
 
-    def shared_instances(self) -> dict[str, Any]:
-        """One instance of each source in ``batch_shared_sources``, for every row's source set of a batch to hold."""
+    def _shared_instances(self, drafting: tuple[str, ...], faults: FaultLog) -> dict[str, Any]:
+        """One instance of each source in ``batch_shared_sources``, for every slot's set to hold."""
         names = self.config.batch_shared_sources
-        drafting = self.source_names(True)
+        if "prediction" not in drafting:
+            drafting = ("prediction", *drafting)
         if names == "auto":
             sources = plugins.registry().sources
             names = [name for name in drafting if name in sources and sources[name].shareable]
         unused = set(names) - set(drafting)
         if unused:
             raise ValueError(f"batch_shared_sources names {', '.join(sorted(unused))}, which this decoder does not "
-                             f"draft from (its sources: {', '.join(self.sources.names)})")
-        return dict(SourceSet(names, self.config, self.vocab_size, faults=self.sources.faults).instances) \
-            if names else {}
+                             f"draft from (its sources: {', '.join(self.config.sources)})")
+        return dict(SourceSet(names, self.config, self.vocab_size, faults=faults).instances) if names else {}
+
+
+class SourceSlot:
+    """The sources one request drafts from, lent by its decoder (:meth:`Drafter.take_sources`) for the request.
+
+    A set of the decoder's sources with their acceptance estimates, when each one's auxiliary rows last
+    rode, and the same set with the prediction source in front (made on the first request with a
+    prediction, sharing every other instance and estimate, so what they learn carries over either way).
+    """
+
+    def __init__(self, sources: SourceSet) -> None:
+        self.sources = sources
+        self.unpriced: dict[str, int] = {}  # per source: cycles since its auxiliary rows last rode
+        self.predicting: SourceSet | None = None
+
+    def drafting(self, drafter: Drafter, with_prediction: bool) -> SourceSet:
+        """The set a request drafts from: with the prediction source for a request that carries a prediction
+        (unless the decoder's own sources include it)."""
+        if not with_prediction or "prediction" in drafter.sources.names:
+            return self.sources
+        if self.predicting is None:
+            self.predicting = SourceSet(("prediction", *self.sources.names), drafter.config, drafter.vocab_size,
+                                        faults=self.sources.faults, estimates=self.sources.estimates,
+                                        instances=self.sources.instances, strict=False)
+        return self.predicting
 
 
 class RowCycle:
     """One request's side of the Goose cycle: its sources draft, its topology plans, it walks and learns."""
 
-    def __init__(self, drafter: Drafter, request: Request, sources: SourceSet, unpriced: dict[str, int]) -> None:
-        self.drafter, self.request, self.sources = drafter, request, sources
+    def __init__(self, drafter: Drafter, request: Request, slot: SourceSlot) -> None:
+        self.drafter, self.request, self.slot = drafter, request, slot
+        self.sources = slot.drafting(drafter, request.prediction is not None)
+        self.sources.reset(keep=frozenset(drafter.shared))  # a new request: all but the shared instances start over
         self.stats = request.stats
-        self.unpriced = unpriced  # per source: cycles since its rows last rode
+        self.unpriced = slot.unpriced
         self.clock = _PhaseClock(self.stats if drafter.profile else None)
         self.pool: CandidatePool | None = None
         self.auxiliary: list[tuple[str, AuxiliaryRows]] = []
@@ -190,11 +223,7 @@ class RowCycle:
         kept = request.accept_scored(walked.tokens, logits, [ROOT, *walked.path.tolist()])
         self.clock.lap("walk+commit")
         # 5. every source learns from the outcome; the boundary updates their acceptance estimates
-        outcome = VerifyOutcome(
-            tree=tree, accepted_nodes=walked.path, new_tokens=kept, bonus_token=walked.bonus_token,
-            reached=walked.reached, accepted=walked.accepted, path_kind=walked.kind,
-            harvest=Harvest.of_tree(tree, pool.previous, readout.top_tokens, readout.top_scores),
-        )
+        outcome = walked.outcome(kept, Harvest.of_tree(tree, pool.previous, readout.top_tokens, readout.top_scores))
         counts = self.sources.observe(outcome, _split_auxiliary(self.auxiliary, readout.predictions[tree.size :]))
         self.stats.record_step(len(kept), tree.size, walked.kind, counts, self.riding)
         self.clock.lap("observe")

@@ -8,24 +8,27 @@ A step either admits or cycles:
 or, one cycle of every row decoding:
 
 1. every row's sources draft (:class:`goose.cycle.drafting.RowCycle`); the pool ranks them;
-2. the budget: one row takes the cost curve's best for its pool; several split the pass's rows by
-   expected yield (:meth:`goose.planning.budget.BudgetPlanner.split`); each row's topology plans its tree;
+2. the budget: the cost curve's split of the pass's rows by expected yield (one row: the best for its
+   pool; :meth:`goose.planning.budget.BudgetPlanner.split`); each row's topology plans its tree;
 3. one pass of the verifier verifies every tree (:mod:`goose.cycle.engine`: torch or llama.cpp);
 4. each row walks (the longest path the target agrees with, then the bonus token) and commits to
    its own slot;
 5. its sources learn from the outcome, and the planner from the cycle's times and yields. A
-   finished or cancelled row frees its slot at once.
+   finished or cancelled row frees its slot at once, and gives its sources back to the decoder.
 
 Greedy, each row's output is token for token the target's greedy decoding of its prompt; sampled
 (with a seed), the seeded autoregressive sampler's. Sources and topologies only change how many
 tokens a pass yields. Without a :class:`Drafter` (the autoregressive decoder) every tree is the bare
 anchor: plain decoding, one token a row a pass, through the same verifier.
 
-A single request is a session of one (``GooseDecoder.generate`` and ``stream``): it drafts from the
-decoder's own sources, so what they learn carries over to the next request. In a session of several
-each row keeps its own sources (their state is the request's) but for those that know the model
-rather than the request (``GooseConfig.batch_shared_sources``), and its own acceptance estimates,
-sampler (its own seed) and stopping rule, so every row's output is the one that prompt gets alone.
+A single request is a session of one (``GooseDecoder.generate`` and ``stream``), a batch a session of
+several: the same steps either way. Each row drafts from sources its decoder lends it for the request
+(:meth:`goose.cycle.drafting.Drafter.take_sources`: the decoder's own first) and gets back afterwards,
+so what they learn carries over to the next request; their state is the request's but for the
+sources that know the model rather than the request (``GooseConfig.batch_shared_sources``: one
+instance for every row). Each row keeps its own acceptance estimates, sampler (its own seed) and
+stopping rule, so every row's output is the one that prompt gets alone. A chunk's text is decoded
+when first read (a stream's consumer), in order; nobody reading it costs nothing.
 """
 
 from __future__ import annotations
@@ -39,15 +42,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from goose.boundary import SourceSet
 from goose.contract.tree import DraftTree
-from goose.cycle.calibration import load_or_measure
 from goose.cycle.detokenize import IncrementalText
 from goose.cycle.drafting import Drafter, RowCycle
 from goose.cycle.engine import Verifying
 from goose.cycle.logprobs import TokenLogprob
 from goose.cycle.request import GenerationResult, Prompt, Request
-from goose.planning.cost import BatchCosts
 
 # prompt, max_new_tokens, options -> the request (bad input raises here)
 Intake = Callable[[Prompt, int, dict[str, Any]], Request]
@@ -60,9 +60,15 @@ class Chunk:
 
     request_id: int
     token_ids: list[int]
-    text: str
-    result: GenerationResult | None = None  # set on the request's last chunk
-    logprobs: list[TokenLogprob] | None = None
+    result: GenerationResult | None  # set on the request's last chunk
+    logprobs: list[TokenLogprob] | None
+    _decoded: IncrementalText
+    _mark: int  # this chunk's tokens are the request's ``_mark``-th extension of its text
+
+    @property
+    def text(self) -> str:
+        """The text these tokens complete (the last chunk: with whatever was held back), decoded when first read."""
+        return self._decoded.piece(self._mark)
 
     @property
     def finished(self) -> bool:
@@ -95,10 +101,6 @@ class Session:
         self.waiting: deque[_Row] = deque()
         self._next_id = 0
         self.pass_rows: deque[int] = deque(maxlen=4096)  # rows of the latest passes (the batch-size record)
-        self._costs: BatchCosts | None = None  # the batched passes' cost curves, measured when first needed
-        self._spare_sources: dict[tuple[str, ...], list[SourceSet]] = {}  # released rows' sets, to reuse
-        # a session of one drafts from the decoder's own sources; several rows share the model's knowledge only
-        self._shared_sources = drafter.shared_instances() if drafter is not None and self.max_batch > 1 else {}
 
     @property
     def active(self) -> int:
@@ -155,14 +157,7 @@ class Session:
         request, drafter = row.request, self.drafter
         request.started = time.perf_counter()
         if drafter is not None:
-            names = drafter.source_names(request.prediction is not None)
-            if self.max_batch == 1:
-                row.cycle = RowCycle(drafter, request, drafter.own_sources(names), drafter.unpriced)
-            else:
-                spare = self._spare_sources.get(names)
-                row.cycle = RowCycle(drafter, request, spare.pop() if spare else
-                                     drafter.new_sources(names, self._shared_sources), {})
-            row.cycle.sources.reset(keep=frozenset(self._shared_sources))
+            row.cycle = RowCycle(drafter, request, drafter.take_sources())
         harvest = row.cycle.harvest_rows() if row.cycle is not None else 0
         logits = self.verifier.prefill(request.prompt_ids, logits_to_keep=harvest + 1)
         request.accept_scored([request.next_token(logits[-1], request.length)], logits, [logits.shape[0] - 1])
@@ -202,8 +197,7 @@ class Session:
             else:
                 path, kept = row.cycle.conclude(row_logits, verifier.lengths[slot])
                 verifier.commit(slot, path)
-            if self.max_batch > 1:
-                row.request.stats.batch_rows.append(len(rows))
+            row.request.stats.batch_rows.append(len(rows))
             chunks.append(self._chunk(row, kept))
         self._learn(widths, verify_s, time.perf_counter() - started - verify_s)
         return chunks
@@ -217,19 +211,9 @@ class Session:
         planner = drafter.budget_planner
         for cycle, row_room in zip(cycles, room, strict=True):
             cycle.draft(row_room, planner)
-        if drafter.config.budget != "auto" or planner is None:
-            budgets = [drafter.config.fixed_budget()] * len(cycles)
-        elif len(cycles) == 1:  # one row: the pass is one request's, priced by the single curve
-            budgets = [planner.budget(cycles[0].pool, drafter.topology.spine_lengths, cycles[0].riding)]
-        else:
-            if self._costs is None:
-                model = self.verifier.model
-                self._costs = BatchCosts(planner.curve, lambda batch: load_or_measure(model, batch=batch))
-            budgets = planner.split([planner.yields(cycle.pool, drafter.topology.spine_lengths) for cycle in cycles],
-                                    [cycle.riding for cycle in cycles], self._costs.curve(len(cycles)))
-        if self.max_batch > 1:
-            for cycle, budget in zip(cycles, budgets, strict=True):
-                cycle.stats.row_budgets.append(budget)
+        budgets = drafter.budgets(cycles)
+        for cycle, budget in zip(cycles, budgets, strict=True):
+            cycle.stats.row_budgets.append(budget)
         return [cycle.plan(min(budget, row_room - cycle.riding))
                 for cycle, budget, row_room in zip(cycles, budgets, room, strict=True)]
 
@@ -240,10 +224,8 @@ class Session:
         if planner is None:
             return
         planner.observe_overhead(host_s / len(self.rows))
-        if len(self.rows) == 1:
-            planner.observe_verify(widths[0], verify_s)
-        elif self._costs is not None:  # what the pass really cost corrects the curve the next split reads
-            self._costs.observe(len(widths), len(widths) * max(widths), verify_s)
+        # a batched pass pads every row to the widest: it verified that many rows a request
+        planner.observe_pass(len(widths), len(widths) * max(widths), verify_s)
         for row in self.rows:
             if row.cycle is not None and row.cycle.tree is not None:
                 planner.observe_cycle(row.cycle.tree.size, row.request.stats.accepted_lengths[-1])
@@ -256,12 +238,11 @@ class Session:
         if moved is not None:
             self.rows[slot] = self.rows[moved]
         self.rows.pop()
-        if row.cycle is not None and self.max_batch > 1:
-            self._spare_sources.setdefault(row.cycle.sources.names, []).append(row.cycle.sources)
+        if row.cycle is not None:
+            row.cycle.drafter.give_back(row.cycle.slot)
 
     def _chunk(self, row: _Row, token_ids: list[int]) -> Chunk:
-        piece = row.text.add(token_ids)
-        logprobs = row.request.recent_logprobs(len(token_ids))
-        if row.request.stop_reason is None:
-            return Chunk(row.request_id, token_ids, piece, logprobs=logprobs)
-        return Chunk(row.request_id, token_ids, piece + row.text.finish(), row.request.result(self.tokenizer), logprobs)
+        ended = row.request.stop_reason is not None
+        mark = row.text.extend(token_ids, last=ended)
+        return Chunk(row.request_id, token_ids, row.request.result(self.tokenizer) if ended else None,
+                     row.request.recent_logprobs(len(token_ids)), row.text, mark)

@@ -21,23 +21,31 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from goose.contract.outcome import PathKind
+from goose.contract.outcome import Harvest, PathKind, VerifyOutcome
 from goose.contract.tree import ROOT, DraftTree
 
 
 @dataclass(frozen=True)
 class Walk:
-    """The walk's result. ``path``: accepted draft nodes in depth order; ``tokens``: their tokens then the bonus.
+    """The walk of ``tree``. ``path``: accepted draft nodes in depth order; ``tokens``: their tokens then the bonus.
 
     ``reached``: bool [n], nodes that were tested (their parent was accepted); ``accepted``: bool [n].
     """
 
+    tree: DraftTree
     path: np.ndarray
     tokens: list[int]
     bonus_token: int
     reached: np.ndarray
     accepted: np.ndarray
     kind: PathKind
+
+    def outcome(self, new_tokens: list[int], harvest: Harvest) -> VerifyOutcome:
+        """What the sources observe of this walk: ``new_tokens`` what the cycle appended (the walked tokens, cut
+        at EOS and at the generation limit), ``harvest`` the target's top-k at the tree's rows."""
+        return VerifyOutcome(tree=self.tree, accepted_nodes=self.path, new_tokens=new_tokens,
+                             bonus_token=self.bonus_token, reached=self.reached, accepted=self.accepted,
+                             path_kind=self.kind, harvest=harvest)
 
 
 def walk(tree: DraftTree, predictions: np.ndarray) -> Walk:
@@ -67,7 +75,7 @@ def _result(tree: DraftTree, path: np.ndarray, bonus: int) -> Walk:
     on_path[path] = True
     reached = on_path[np.maximum(tree.parents, 0)]
     reached[ROOT] = False
-    return Walk(path=path, tokens=[*tree.tokens[path].tolist(), bonus], bonus_token=bonus, reached=reached,
+    return Walk(tree=tree, path=path, tokens=[*tree.tokens[path].tolist(), bonus], bonus_token=bonus, reached=reached,
                 accepted=on_path & (tree.depths > 0), kind=classify(tree, path))
 
 

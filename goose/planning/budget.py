@@ -27,7 +27,7 @@ import numpy as np
 
 from goose.contract.acceptance import BUDGET_STEP, quantize, quantize_all
 from goose.contract.candidates import CandidatePool, without_trailing_repeats
-from goose.planning.cost import CostCurve
+from goose.planning.cost import BatchCosts, CostCurve
 from goose.planning.spine_tree import best_spine_tree, spine_yields
 
 CANDIDATE_BUDGETS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128)
@@ -39,8 +39,11 @@ SpineLengths = Callable[[CandidatePool, tuple[int, ...]], tuple[int, ...] | None
 class BudgetPlanner:
     """Chooses a draft-tree budget from the cost curve and the current acceptance estimates."""
 
-    def __init__(self, curve: CostCurve, max_budget: int = 128, max_depth: int = 6) -> None:
+    def __init__(self, curve: CostCurve, max_budget: int = 128, max_depth: int = 6,
+                 batch_curve: Callable[[int], CostCurve] | None = None) -> None:
         self.curve = curve
+        self._batch_curve = batch_curve  # batch size -> its calibrated curve (None: batches priced on ``curve``)
+        self._batches: BatchCosts | None = None  # the batched passes' curves, made when a split first needs them
         self.max_depth = max_depth
         self.candidates = tuple(n for n in CANDIDATE_BUDGETS if n <= max_budget) or (1,)
         self.overhead_s = 0.0005
@@ -55,15 +58,20 @@ class BudgetPlanner:
         """Fold one cycle's non-verify time into the running mean."""
         self.overhead_s += 0.1 * (seconds - self.overhead_s)
 
-    def observe_verify(self, rows: int, seconds: float) -> None:
-        """Fold one real pass of ``rows`` rows into the curve's scale.
+    def observe_pass(self, requests: int, rows: int, seconds: float) -> None:
+        """Fold one real pass of ``requests`` requests and ``rows`` rows in all into the curve such a pass is priced by.
 
-        A curve calibrated while the machine was busier (or quieter) than now, or at another context
-        length, keeps its shape but not its seconds; the overhead is a real time, so it is priced
-        against what a pass really costs now (``overhead_s / scale`` in the curve's seconds).
+        One request's is this planner's curve: one calibrated while the machine was busier (or quieter)
+        than now, or at another context length, keeps its shape but not its seconds, so the passes rescale
+        it, and the overhead, a real time, is priced against what a pass really costs now
+        (``overhead_s / scale`` in the curve's seconds). Several requests' curves, in real seconds, are
+        corrected point by point (:meth:`goose.planning.cost.BatchCosts.observe`) once a split has used them.
         """
-        ratio = min(50.0, max(0.02, seconds / float(self.curve(rows))))
-        self.scale += 0.1 * (ratio - self.scale)
+        if requests == 1:
+            ratio = min(50.0, max(0.02, seconds / float(self.curve(rows))))
+            self.scale += 0.1 * (ratio - self.scale)
+        elif self._batches is not None:
+            self._batches.observe(requests, rows, seconds)
 
     @property
     def _overhead(self) -> float:
@@ -86,29 +94,36 @@ class BudgetPlanner:
         with_rows = (self.tokens + contribution) / (float(self.curve(base + rows)) + self._overhead)
         return with_rows > without
 
-    def budget(self, pool: CandidatePool, spine_lengths: SpineLengths, extra_rows: int = 0) -> int:
-        """The budget for this cycle's pool: its best draft on the spine, its best brancher on the branches.
-
-        ``spine_lengths`` is the topology's hint (``goose_spine_lengths``) of the spine it will lay;
-        ``extra_rows`` the auxiliary rows riding in the same pass.
-        """
-        return self.choose(*self._pool_key(pool, spine_lengths), extra_rows=extra_rows)
-
-    def yields(self, pool: CandidatePool, spine_lengths: SpineLengths) -> np.ndarray:
-        """Expected tokens of the pool's best tree at every candidate budget (``self.candidates``) [c]."""
-        spine_acceptance, spine_length, branch_acceptance, caps = self._pool_key(pool, spine_lengths)
-        return self._yields(*self._key(spine_acceptance, spine_length, branch_acceptance, caps))
-
-    def split(self, yields: Sequence[np.ndarray], extra_rows: Sequence[int], curve: CostCurve | None = None
+    def split(self, pools: Sequence[CandidatePool], spine_lengths: SpineLengths, extra_rows: Sequence[int]
               ) -> list[int]:
-        """Budgets for the rows of one batched pass: each row's ``yields`` (from :meth:`yields`), ``extra_rows``
-        its auxiliary rows; ``curve`` the cost of a pass of that many requests over its total rows
-        (:class:`goose.planning.cost.BatchCosts`; default: the single-request curve).
+        """The budgets of one verify pass's rows, however many: each row's pool and ``extra_rows``, its auxiliary
+        rows riding in the pass; ``spine_lengths`` is the topology's hint (``goose_spine_lengths``) of the spine
+        it will lay.
+
+        A pass of one request is that request's tree: its budget is :meth:`choose`'s, its pool's best draft
+        on the spine and best brancher on the branches, which is what :meth:`divide` gives one row on this
+        planner's curve, read from the choice's cache. A pass of several is divided by :meth:`divide` on the
+        curve of a pass of that many requests (:class:`goose.planning.cost.BatchCosts`: measured when first
+        needed, corrected by :meth:`observe_pass`).
+        """
+        keys = [self._pool_key(pool, spine_lengths) for pool in pools]
+        if len(keys) == 1:
+            return [self.choose(*keys[0], extra_rows=extra_rows[0])]
+        if self._batches is None and self._batch_curve is not None:
+            self._batches = BatchCosts(self.curve, self._batch_curve)
+        return self.divide([self._yields(*self._key(*key)) for key in keys], extra_rows,
+                           self._batches.curve(len(keys)) if self._batches is not None else None)
+
+    def divide(self, yields: Sequence[np.ndarray], extra_rows: Sequence[int], curve: CostCurve | None = None
+               ) -> list[int]:
+        """Budgets for the rows of one batched pass: each row's ``yields`` (its best tree's expected tokens at
+        every candidate budget), ``extra_rows`` its auxiliary rows; ``curve`` the cost of a pass of that many
+        requests over its total rows (default: the single-request curve).
 
         A batched pass pads every row to the longest, so it costs t(rows x R) for R rows each, whatever
         the shorter ones hold: once R is chosen, a row's nodes up to R are free. With several rows, a
         budget of 0 (the anchor alone: a plain decoding step) is a choice too, since on a device where
-        rows cost, batching alone may already use what drafting would. The split picks the
+        rows cost, batching alone may already use what drafting would. The division picks the
         R whose pass yields the most tokens per second, the rows' summed expected tokens (each row its
         best tree within R) over t(rows x R) plus every row's overhead; each row then takes its best
         budget within R, and a row whose tree could be larger waits for a pass where it pays. For one
