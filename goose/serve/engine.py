@@ -3,7 +3,7 @@
 A decoder is not thread-safe and holds its requests' KV cache, so every generation runs in one
 worker thread. It decodes up to ``max_batch`` requests together: every cycle verifies all their
 trees in one pass (a :class:`goose.cycle.session.Session`, one per set of Goose options in use;
-with ``max_batch`` 1 a session of one, drafting from the decoder's own sources), requests join and
+with ``max_batch`` 1 a session of one: the same steps), requests join and
 leave at cycle boundaries, and each streams on its own. Requests wait in a bounded queue in arrival
 order; when it is full, ``submit`` refuses at once (the server answers 503 with Retry-After). Each
 job streams its events back to the event loop that asked for it; a job whose client has gone is
