@@ -4,7 +4,7 @@ Each cycle is a forward pass plus Goose's own work (drafting, planning, building
 reading the logits, walking, committing the cache, observing). The model's forward is timed with
 forward hooks (public torch API); what is left of a cycle is Goose's. Prompts of the given lengths
 are cut from the benchmark files (code and questions, plain text, no chat template), each
-generated ``--repeats`` times after a warm-up; medians are printed and written as JSON, with the
+generated ``--repeats`` times after a warm-up, each by a new decoder; medians are printed and written as JSON, with the
 decoder's per-phase times (its profile; "verify" there is the pass's inputs and readout, the
 forward taken out) and a digest of the output tokens, so two versions of the code can be compared
 on the same prompts (run one with PYTHONPATH pointing at the other's checkout).
@@ -76,17 +76,18 @@ def main() -> None:
     config = GooseConfig(temperature=args.temperature, seed=0 if args.temperature > 0 else None,
                          prefill_harvest=harvest if harvest in ("auto", None) else int(harvest))
     curve = CostCurve.load(args.curve) if args.curve else None
-    decoder = GooseDecoder(model, tokenizer, config, chat=False, profile=True, cost_curve=curve)
     rows = []
     for length in (int(value) for value in args.lengths.split(",")):
         prompt = long_prompt(tokenizer, length, args.data_dir or default_data_dir())
         for repeat in range(args.repeats + 1):
+            # a new decoder a generation: cold sources, as `goose bench` runs a prompt, so that what the
+            # sources learnt in one run does not change the next run's trees
+            decoder = GooseDecoder(model, tokenizer, config, chat=False, profile=True, cost_curve=curve)
             forward_s.clear()
             with torch.inference_mode():
                 clock = time.perf_counter()
                 result = decoder.generate(prompt, args.tokens)
                 wall = time.perf_counter() - clock
-            decoder.verifier.reset()
             if repeat == 0:
                 continue  # warm-up: one-off costs (kernels, allocations, the cost curve) land here
             steps = max(1, result.stats.verify_steps)
