@@ -19,7 +19,7 @@ no per-row gather.
 Every layer of the usual shape keeps its keys and values in one shared tensor (:class:`LayerStack`),
 so moving a commit's kept rows is one gather for all layers at once; a layer of another shape keeps
 its own storage and moves alone. Per cycle the pass crosses to the model's device once: one host
-array holding the tokens, the positions, the ancestor blocks, the lengths, and the rows the previous
+array holding the tokens, the positions, the ancestor blocks (a byte an entry), the lengths, and the rows the previous
 commits keep when they must move (a commit that is not a plain cut is applied at the start of the
 next pass, from that same copy).
 
@@ -327,8 +327,9 @@ class Verifier:
                                        f"{self.slot_positions} positions")
         tokens = np.zeros((live, rows), dtype=np.int64)
         depths = np.zeros((live, rows), dtype=np.int64)
-        block = np.zeros((live, rows, rows), dtype=np.int64)
-        block[:, np.arange(rows), np.arange(rows)] = 1  # a padding row sees itself only
+        columns = -(-rows // 8) * 8  # the blocks cross as bytes, eight to each int64 of the packed array
+        block = np.zeros((live, rows, columns), dtype=np.bool_)
+        block[:, np.arange(rows), np.arange(rows)] = True  # a padding row sees itself only
         for i, (row_tokens, offsets, row_block) in enumerate(own):
             tokens[i, : sizes[i]], depths[i, : sizes[i]], block[i, : sizes[i], : sizes[i]] = row_tokens, offsets, \
                 row_block
@@ -337,12 +338,12 @@ class Verifier:
             raise ContextOverflowError(f"context reached the model's limit of {self.max_positions} positions")
         moves = sorted(self._pending.items())
         # the one host-to-device copy: tokens, positions, ancestor blocks, lengths, the rows kept rows move from
-        packed = torch.from_numpy(np.concatenate([tokens.ravel(), positions.ravel(), block.ravel(), lengths,
-                                                  *(kept for _, (_, kept) in moves)])).to(self.device,
-                                                                                          non_blocking=True)
-        cut = np.cumsum([live * rows, live * rows, live * rows * rows, live])
+        packed = torch.from_numpy(np.concatenate([tokens.ravel(), positions.ravel(), block.view(np.int64).ravel(),
+                                                  lengths, *(kept for _, (_, kept) in moves)]))
+        packed = packed.to(self.device, non_blocking=True)
+        cut = np.cumsum([live * rows, live * rows, live * rows * columns // 8, live])
         tokens_t, positions_t = packed[: cut[0]].view(live, rows), packed[cut[0] : cut[1]].view(live, rows)
-        block_t = packed[cut[1] : cut[2]].view(live, rows, rows).bool()
+        block_t = packed[cut[1] : cut[2]].view(torch.bool).view(live, rows, columns)[..., :rows]
         start = int(cut[3])
         for slot, (first, kept) in moves:
             self.stack.move(slot, first, packed[start : start + kept.shape[0]])
