@@ -52,6 +52,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per generation")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--temperature", type=float, default=0.0, help="> 0: seeded sampling (seed 0)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="with --temperature: nucleus sampling")
+    parser.add_argument("--draw-all-rows", action="store_true",
+                        help="sampled: draw every tree row in one batch, as on a GPU (the CPU draws walked rows only)")
     parser.add_argument("--curve", type=Path, default=None,
                         help="a saved cost curve (JSON) for the automatic budget, instead of this machine's: "
                         "two runs then plan by the same prices whatever the machine's load while measuring")
@@ -73,7 +76,7 @@ def main() -> None:
     model.register_forward_pre_hook(lambda *_: started.append(synchronized()))
     model.register_forward_hook(lambda *_: forward_s.append(synchronized() - started[-1]))
     harvest = {"auto": "auto", "all": None}.get(args.prefill_harvest, args.prefill_harvest)
-    config = GooseConfig(temperature=args.temperature, seed=0 if args.temperature > 0 else None,
+    config = GooseConfig(temperature=args.temperature, top_p=args.top_p, seed=0 if args.temperature > 0 else None,
                          prefill_harvest=harvest if harvest in ("auto", None) else int(harvest))
     curve = CostCurve.load(args.curve) if args.curve else None
     rows = []
@@ -83,6 +86,8 @@ def main() -> None:
             # a new decoder a generation: cold sources, as `goose bench` runs a prompt, so that what the
             # sources learnt in one run does not change the next run's trees
             decoder = GooseDecoder(model, tokenizer, config, chat=False, profile=True, cost_curve=curve)
+            if args.draw_all_rows:
+                decoder.drafter.draw_all_rows = True
             forward_s.clear()
             with torch.inference_mode():
                 clock = time.perf_counter()

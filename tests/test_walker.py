@@ -103,6 +103,16 @@ def test_rows_drawn_in_one_batch_are_the_rows_drawn_one_by_one(tiny) -> None:
             sampler = Sampler(params, seed)
             one_by_one = [sampler.draw(row, position) for row, position in zip(rows, positions, strict=True)]
             assert sampler.draw_rows(rows, positions).tolist() == one_by_one
+    # top-p alone on bfloat16 rows (ties everywhere), peaked and flat: their nuclei are read from different
+    # numbers of candidates, yet each row keeps what it keeps alone
+    generator = torch.Generator().manual_seed(0)
+    rows = (torch.randn(12, 32_768, generator=generator) * torch.linspace(0.3, 6.0, 12)[:, None]).to(torch.bfloat16)
+    for top_p in (0.5, 0.95):
+        sampler = Sampler(SamplingParams(temperature=1.0, top_p=top_p), 1)
+        one_by_one = [sampler.draw(row, position) for row, position in zip(rows, positions, strict=True)]
+        assert sampler.draw_rows(rows, positions).tolist() == one_by_one
+        kept = [len(sampler.support(row)[0]) for row in rows]
+        assert kept[0] > 4 * 64 > kept[-1]  # flat rows needed more rounds than peaked ones
 
 
 def test_the_batched_sampled_walk_is_the_seeded_autoregressive_sampler(tiny) -> None:
@@ -111,7 +121,8 @@ def test_the_batched_sampled_walk_is_the_seeded_autoregressive_sampler(tiny) -> 
 
     model, tokenizer = tiny
     prompt = "Repeat after me: one two three four five six seven. One two three four five six seven."
-    for options in ({"temperature": 0.7, "seed": 3}, {"temperature": 1.0, "top_k": 40, "seed": 11}):
+    for options in ({"temperature": 0.7, "seed": 3}, {"temperature": 1.0, "top_k": 40, "seed": 11},
+                    {"temperature": 0.9, "top_p": 0.8, "seed": 5}):
         reference = AutoregressiveDecoder(model, tokenizer).generate(prompt, 32, **options).new_token_ids
         decoder = GooseDecoder(model, tokenizer, budget=12)
         decoder.drafter.draw_all_rows = True

@@ -1,9 +1,10 @@
 """Sampling that stays lossless: warped distributions and draws that depend only on (seed, position).
 
 Temperature 0 (the default) is greedy decoding. Otherwise a token is drawn from the target's
-distribution after the warpers ``model.generate(do_sample=True)`` applies, built from
-transformers' own logits processors in generate's order (temperature, then top-k, then top-p), so
-a sampled token means what it means in ``model.generate``.
+distribution after the warpers ``model.generate(do_sample=True)`` applies, in generate's order
+(temperature, then top-k, then top-p): transformers' own logits processors, except top-p without
+top-k, which keeps the same tokens by the same rule over its candidates only. So a sampled token
+means what it means in ``model.generate``.
 
 The draw is inverse-CDF sampling with a uniform number that depends only on the seed and the
 absolute position of the token being drawn (its index in prompt + output), from a counter-based
@@ -54,19 +55,20 @@ class Sampler:
 
     The warpers run on the warped distribution's support only, found with ``torch.topk`` rather than a
     sort of the whole vocabulary (top-p's sort of every drawn row is what makes sampling slow on a
-    large vocabulary). This is exact, not an approximation:
+    large vocabulary):
 
-    - top-k: ``TopKLogitsWarper`` (a ``topk``, no sort) leaves the support; top-p then sees exactly
-      the values it would see.
-    - top-p alone: the candidates are the m largest logits (ties included), m growing until they hold
-      mass M >= top_p. Every other token is then removed by top-p (its ascending cumulative mass is at
-      most 1 - M <= 1 - top_p), and top-p over the whole vocabulary removes a candidate exactly when
-      top-p with threshold top_p / M over the candidates renormalised does.
+    - top-k: ``TopKLogitsWarper`` (a ``topk``, no sort) leaves the support; ``TopPLogitsWarper`` then
+      sees exactly the values it would see.
+    - top-p alone: the rows' softmax over the vocabulary, then their largest probabilities in
+      descending order, their number growing until each row's nucleus is inside: a token is
+      kept while the mass before it is below top_p, as ``TopPLogitsWarper`` keeps it (which breaks
+      ties in its sort's order, so at a tied boundary the two may keep different tokens of equal mass).
     - temperature alone: the support is the whole vocabulary.
 
     Goose's walk and the autoregressive sampler both draw here (:meth:`draw_rows`; :meth:`draw` is
     one row of it), so they stay token-identical: a row's draw is the same whichever rows are warped
-    with it, since every step works row by row (temperature, top-k, softmax, cumulative sum, search).
+    with it. Every step works row by row (temperature, top-k, softmax, cumulative sum, search); no
+    step sums a row with a reduction, whose order torch may split across threads for a lone row.
     """
 
     def __init__(self, params: SamplingParams, seed: int) -> None:
@@ -76,28 +78,66 @@ class Sampler:
         self.seed = seed
         self.temperature = TemperatureLogitsWarper(params.temperature) if params.temperature != 1.0 else None
         self.top_k = TopKLogitsWarper(top_k=params.top_k) if params.top_k else None
+        self.top_p = TopPLogitsWarper(top_p=params.top_p) if params.top_p < 1.0 else None  # after top-k only
         self._no_ids = torch.zeros((1, 0), dtype=torch.long)
 
     def support(self, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The tokens the warpers keep for one row of logits [V] (ascending ids) and their probabilities."""
+        scaled = self._scaled(row[None])
+        if self.top_k is None and self.params.top_p < 1.0:
+            ids, masses = self._nucleus(torch.softmax(scaled, dim=-1))
+            kept = ids[0] < row.shape[-1]  # not the padding
+            return ids[0][kept], masses[0][kept] / masses[0].sum()
         no_ids = self._no_ids.to(row.device)
-        scaled = row.float()[None]
-        if self.temperature is not None:
-            scaled = self.temperature(no_ids, scaled)
         if self.top_k is not None:
             scaled = self.top_k(no_ids, scaled)
         scaled = scaled[0]
-        top_p = self.params.top_p
-        if self.top_k is not None:
-            ids = torch.nonzero(scaled > -torch.inf).flatten()
-        elif top_p < 1.0:
-            ids, top_p = _nucleus_candidates(scaled, top_p)
-        else:
-            ids = torch.arange(scaled.shape[0], device=scaled.device)
+        ids = (torch.nonzero(scaled > -torch.inf).flatten() if self.top_k is not None
+               else torch.arange(scaled.shape[0], device=scaled.device))
         warped = scaled[ids][None]
-        if top_p < 1.0:
-            warped = TopPLogitsWarper(top_p=top_p)(no_ids, warped)
+        if self.top_p is not None:
+            warped = self.top_p(no_ids, warped)
         return ids, torch.softmax(warped[0], dim=-1)
+
+    def _scaled(self, rows: torch.Tensor) -> torch.Tensor:
+        scaled = rows.float()
+        return scaled if self.temperature is None else self.temperature(self._no_ids.to(rows.device), scaled)
+
+    def _nucleus(self, probabilities: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-p alone over rows of probabilities [n, V]: each row's kept ids, ascending, and their masses [n, K].
+
+        Rows keep different counts; the shorter ones end in id V with mass 0, which changes no
+        cumulative sum and is never drawn. A row's nucleus is read from its ``count`` largest
+        probabilities, ``count`` growing until the nucleus lies inside with no token tied with its
+        last one left outside. That ``count`` depends on the row's values alone, so a row keeps the
+        same tokens (ties at the boundary in topk's order) whichever rows are drawn with it.
+        """
+        vocabulary = probabilities.shape[-1]
+        pending = torch.arange(probabilities.shape[0], device=probabilities.device)
+        parts = []
+        count = min(64, vocabulary)
+        while pending.numel():
+            candidates = probabilities if len(parts) == 0 else probabilities[pending]  # no copy in round one
+            values, ids = torch.topk(candidates, count, dim=-1)
+            cumulative = torch.cumsum(values, dim=-1)
+            before = torch.cat([torch.zeros_like(cumulative[:, :1]), cumulative[:, :-1]], dim=-1)
+            kept = (before < self.params.top_p).sum(dim=-1)  # a prefix: the cumulative mass never falls
+            inside = values.gather(-1, (kept - 1)[:, None])[:, 0] > values[:, -1]
+            if count == vocabulary:
+                inside[:] = True
+            parts.append((pending[inside], ids[inside], values[inside], kept[inside]))
+            pending = pending[~inside]
+            count = min(count * 4, vocabulary)
+        width = max(int(kept.max()) for *_, kept in parts if kept.numel())
+        kept_ids = torch.full((probabilities.shape[0], width), vocabulary, device=probabilities.device)
+        masses = torch.zeros((probabilities.shape[0], width), device=probabilities.device)
+        for rows, ids, values, kept in parts:
+            columns = min(width, ids.shape[1])
+            padding = torch.arange(columns, device=ids.device)[None] >= kept[:, None]
+            kept_ids[rows, :columns] = ids[:, :columns].masked_fill(padding, vocabulary)
+            masses[rows, :columns] = values[:, :columns].masked_fill(padding, 0.0)
+        kept_ids, order = kept_ids.sort(dim=-1)
+        return kept_ids, masses.gather(-1, order)
 
     def probabilities(self, row: torch.Tensor) -> torch.Tensor:
         """The warped distribution [V] of one row of logits, in float32."""
@@ -114,48 +154,27 @@ class Sampler:
         The rows are warped and drawn together and the result stays on the device, so a caller that
         needs many rows' draws (the sampled walk) reads them all at once. Top-k finds its support's
         size with one read (the same size in every row unless the k-th value ties); top-p alone
-        searches each row's candidates in turn, reading their mass.
+        reads its candidates a round at a time, every row still open in one round (usually one).
         """
         uniforms = torch.tensor([uniform(self.seed, position) for position in positions], dtype=torch.float64)
-        if self.top_k is None and self.params.top_p < 1.0:
-            return torch.stack([ids[inverse_cdf(probabilities, uniforms[i : i + 1])[0]]
-                                for i, (ids, probabilities) in enumerate(map(self.support, rows))])
-        no_ids = self._no_ids.to(rows.device)
-        scaled = rows.float()
-        if self.temperature is not None:
-            scaled = self.temperature(no_ids, scaled)
-        if self.top_k is None:  # temperature alone: the support is the whole vocabulary
-            return inverse_cdf(torch.softmax(scaled, dim=-1), uniforms[:, None])[:, 0]
-        scaled = self.top_k(no_ids, scaled)
+        scaled = self._scaled(rows)
+        if self.top_k is None:
+            probabilities = torch.softmax(scaled, dim=-1)
+            if self.params.top_p == 1.0:  # temperature alone: the support is the whole vocabulary
+                return inverse_cdf(probabilities, uniforms[:, None])[:, 0]
+            ids, masses = self._nucleus(probabilities)
+            return ids.gather(-1, inverse_cdf(masses, uniforms[:, None]))[:, 0]
+        scaled = self.top_k(self._no_ids.to(rows.device), scaled)
         kept = (scaled > -torch.inf).sum(dim=-1).tolist()
         if len(set(kept)) > 1:  # ties at the k-th value in some row: supports of different sizes
             return torch.cat([self.draw_rows(row[None], [position]) for row, position in zip(rows, positions,
                                                                                              strict=True)])
         ids = torch.topk(scaled, kept[0], dim=-1).indices.sort(dim=-1).values  # the support, ascending ids
         warped = scaled.gather(-1, ids)
-        if self.params.top_p < 1.0:
-            warped = TopPLogitsWarper(top_p=self.params.top_p)(no_ids, warped)
+        if self.top_p is not None:
+            warped = self.top_p(self._no_ids.to(rows.device), warped)
         chosen = inverse_cdf(torch.softmax(warped, dim=-1), uniforms[:, None])[:, 0]
         return ids.gather(-1, chosen[:, None])[:, 0]
-
-
-def _largest_with_ties(scores: torch.Tensor, count: int) -> torch.Tensor:
-    """Ascending ids of the ``count`` largest scores and of every score tied with the smallest of them."""
-    smallest_kept = torch.topk(scores, min(count, scores.shape[0])).values[-1]
-    return torch.nonzero(scores >= smallest_kept).flatten()
-
-
-def _nucleus_candidates(scaled: torch.Tensor, top_p: float) -> tuple[torch.Tensor, float]:
-    """Candidates holding mass M >= ``top_p`` and the threshold (``top_p / M``) that top-p needs over them alone."""
-    total = torch.logsumexp(scaled, dim=0)
-    count = 64
-    while count < scaled.shape[0]:
-        ids = _largest_with_ties(scaled, count)
-        mass = float(torch.exp(torch.logsumexp(scaled[ids], dim=0) - total))
-        if mass >= top_p:
-            return ids, min(top_p / mass, 1.0)
-        count *= 4
-    return torch.arange(scaled.shape[0], device=scaled.device), top_p
 
 
 def inverse_cdf(probabilities: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -165,7 +184,7 @@ def inverse_cdf(probabilities: torch.Tensor, uniforms: torch.Tensor) -> torch.Te
     ``uniforms`` [n, m]: [n, m], row i's draws from row i's mass).
     """
     cumulative = torch.cumsum(probabilities, dim=-1)
-    total = cumulative[..., -1:]
+    total = cumulative[..., -1:].contiguous()
     thresholds = total * uniforms.to(cumulative.dtype).to(cumulative.device)
     indices = torch.searchsorted(cumulative, thresholds, right=True)
     # u * total can round up to the total (rare); then the draw is the first token where the mass reaches
