@@ -161,7 +161,8 @@ def test_goose_bench_with_llama_cpp_on_smollm2(tmp_path: Path) -> None:
     Q4_1 file, joined in summary.json and report.md."""
     status = cli.main(["bench", "--model", "smollm2-135m", "--datasets", "humaneval", "--limit", "2",
                        "--max-new-tokens", "16", "--methods", "goose", "--dtype", "float32", "--threads", "1",
-                       "--llama-python", sys.executable, "--out", str(tmp_path), "--no-progress"])
+                       "--llama-python", sys.executable, "--llama-methods", "llama,llama_pld", "--out", str(tmp_path),
+                       "--no-progress"])
     assert status == 0
     results = json.loads((tmp_path / "llama" / "results.json").read_text())
     conditions = results["conditions"]
