@@ -22,6 +22,16 @@ LLAMA_BUILD := llama-cpp-python-$(LLAMA_CPP_VERSION)-$(shell echo '$(LLAMA_CMAKE
 LLAMA_WHEELS := $(GOOSE_CACHE)/wheels/$(LLAMA_BUILD)
 LLAMA_STAMP := $(VENV)/.goose-$(LLAMA_BUILD)-installed
 
+# llama-server (the `llama_server_ngram` peer of `goose bench`: llama.cpp's server with --spec-type
+# ngram-mod) is built from the same version's sdist, which vendors llama.cpp, with the wheel's flags and no
+# network code (LLAMA_CURL is deprecated and ignored in this version; OpenSSL and the prebuilt web UI, which
+# is downloaded at build time, are what reach out), with llama.cpp's own libraries linked in: one file.
+# Only the llama-server target is compiled; goose finds it through the link $(GOOSE_CACHE)/bin/llama-server.
+LLAMA_SERVER_CMAKE_ARGS ?= $(LLAMA_CMAKE_ARGS) -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+	-DLLAMA_BUILD_UI=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release
+LLAMA_SDIST := $(GOOSE_CACHE)/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz
+LLAMA_SERVER_DIR := $(GOOSE_CACHE)/bin/llama-server-$(LLAMA_CPP_VERSION)-$(shell echo '$(LLAMA_SERVER_CMAKE_ARGS)' | sha256sum | cut -c1-12)
+
 .PHONY: demo test test-fast lint setup vllm-setup llama-setup llama-wheel llama-server models clean
 
 setup: $(STAMP)
@@ -68,16 +78,6 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
-# llama-server (the `llama_server_ngram` peer of `goose bench`: llama.cpp's server with --spec-type
-# ngram-mod) is built from the same version's sdist, which vendors llama.cpp, with the wheel's flags and no
-# network code (LLAMA_CURL is deprecated and ignored in this version; OpenSSL and the prebuilt web UI, which
-# is downloaded at build time, are what reach out), linked statically so the one file is the whole build.
-# Only the llama-server target is compiled; goose finds it through the link $(GOOSE_CACHE)/bin/llama-server.
-LLAMA_SERVER_CMAKE_ARGS ?= $(LLAMA_CMAKE_ARGS) -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-	-DLLAMA_BUILD_UI=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release
-LLAMA_SDIST := $(GOOSE_CACHE)/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz
-LLAMA_SERVER_DIR := $(GOOSE_CACHE)/bin/llama-server-$(LLAMA_CPP_VERSION)-$(shell echo '$(LLAMA_SERVER_CMAKE_ARGS)' | sha256sum | cut -c1-12)
-
 # The wheel is built aside and renamed into place, so an interrupted build leaves nothing a later run trusts.
 # It compiles llama.cpp (minutes on 2 cores, once).
 $(LLAMA_WHEELS)/.complete: | $(STAMP)
@@ -90,9 +90,9 @@ $(LLAMA_WHEELS)/.complete: | $(STAMP)
 # The sdist and the binary, like the wheel, are made aside and renamed into place. The build compiles
 # llama.cpp's core and server (minutes on 2 cores, once per version and flags); the link names the build of
 # the current flags.
-$(LLAMA_SDIST):
+$(LLAMA_SDIST): | $(STAMP)
 	rm -rf $(LLAMA_SDIST).partial && mkdir -p $(LLAMA_SDIST).partial
-	python3 -m pip download -q --no-deps --no-binary :all: \
+	$(PY) -m pip download -q --no-deps --no-binary :all: \
 		llama-cpp-python==$(LLAMA_CPP_VERSION) -d $(LLAMA_SDIST).partial
 	mv $(LLAMA_SDIST).partial/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz $(LLAMA_SDIST)
 	rm -rf $(LLAMA_SDIST).partial
