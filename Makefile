@@ -22,7 +22,17 @@ LLAMA_BUILD := llama-cpp-python-$(LLAMA_CPP_VERSION)-$(shell echo '$(LLAMA_CMAKE
 LLAMA_WHEELS := $(GOOSE_CACHE)/wheels/$(LLAMA_BUILD)
 LLAMA_STAMP := $(VENV)/.goose-$(LLAMA_BUILD)-installed
 
-.PHONY: demo test test-fast lint setup vllm-setup llama-setup llama-wheel models clean
+# llama-server (the `llama_server_ngram` peer of `goose bench`: llama.cpp's server with --spec-type
+# ngram-mod) is built from the same version's sdist, which vendors llama.cpp, with the wheel's flags and no
+# network code (LLAMA_CURL is deprecated and ignored in this version; OpenSSL and the prebuilt web UI, which
+# is downloaded at build time, are what reach out), with llama.cpp's own libraries linked in: one file.
+# Only the llama-server target is compiled; goose finds it through the link $(GOOSE_CACHE)/bin/llama-server.
+LLAMA_SERVER_CMAKE_ARGS ?= $(LLAMA_CMAKE_ARGS) -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+	-DLLAMA_BUILD_UI=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release
+LLAMA_SDIST := $(GOOSE_CACHE)/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz
+LLAMA_SERVER_DIR := $(GOOSE_CACHE)/bin/llama-server-$(LLAMA_CPP_VERSION)-$(shell echo '$(LLAMA_SERVER_CMAKE_ARGS)' | sha256sum | cut -c1-12)
+
+.PHONY: demo test test-fast lint setup vllm-setup llama-setup llama-wheel llama-server models clean
 
 setup: $(STAMP)
 
@@ -77,6 +87,30 @@ $(LLAMA_WHEELS)/.complete: | $(STAMP)
 	echo '$(LLAMA_CMAKE_ARGS)' > $(LLAMA_WHEELS).partial/.complete
 	rm -rf $(LLAMA_WHEELS) && mv $(LLAMA_WHEELS).partial $(LLAMA_WHEELS)
 
+# The sdist and the binary, like the wheel, are made aside and renamed into place. The build compiles
+# llama.cpp's core and server (minutes on 2 cores, once per version and flags); the link names the build of
+# the current flags.
+$(LLAMA_SDIST): | $(STAMP)
+	rm -rf $(LLAMA_SDIST).partial && mkdir -p $(LLAMA_SDIST).partial
+	$(PY) -m pip download -q --no-deps --no-binary :all: \
+		llama-cpp-python==$(LLAMA_CPP_VERSION) -d $(LLAMA_SDIST).partial
+	mv $(LLAMA_SDIST).partial/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz $(LLAMA_SDIST)
+	rm -rf $(LLAMA_SDIST).partial
+
+$(LLAMA_SERVER_DIR)/.complete: $(LLAMA_SDIST)
+	rm -rf $(LLAMA_SERVER_DIR).partial && mkdir -p $(LLAMA_SERVER_DIR).partial/src
+	tar xzf $(LLAMA_SDIST) -C $(LLAMA_SERVER_DIR).partial/src --strip-components=1
+	cmake -S $(LLAMA_SERVER_DIR).partial/src/vendor/llama.cpp -B $(LLAMA_SERVER_DIR).partial/build -G Ninja \
+		$(LLAMA_SERVER_CMAKE_ARGS) > $(LLAMA_SERVER_DIR).partial/cmake.log
+	cmake --build $(LLAMA_SERVER_DIR).partial/build --target llama-server -j2 > $(LLAMA_SERVER_DIR).partial/build.log
+	cp $(LLAMA_SERVER_DIR).partial/build/bin/llama-server $(LLAMA_SERVER_DIR).partial/llama-server
+	rm -rf $(LLAMA_SERVER_DIR).partial/src $(LLAMA_SERVER_DIR).partial/build
+	echo '$(LLAMA_SERVER_CMAKE_ARGS)' > $(LLAMA_SERVER_DIR).partial/.complete
+	rm -rf $(LLAMA_SERVER_DIR) && mv $(LLAMA_SERVER_DIR).partial $(LLAMA_SERVER_DIR)
+
+llama-server: $(LLAMA_SERVER_DIR)/.complete
+	ln -sfn $(LLAMA_SERVER_DIR)/llama-server $(GOOSE_CACHE)/bin/llama-server
+
 $(LLAMA_STAMP): $(LLAMA_WHEELS)/.complete $(STAMP)
 	$(PY) -m pip install -q --no-deps --force-reinstall $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl
 	$(PY) -m pip install -q diskcache jinja2
@@ -95,7 +129,7 @@ demo: $(STAMP)
 # suite's two workers instead of after them: on 2 cores that takes minutes off the wall clock. Its
 # output is printed when both have finished; the target fails if either suite fails.
 VLLM_TEST_LOG ?= .vllm-tests.log
-test: $(STAMP) $(MODELS_STAMP) $(VLLM_STAMP) $(LLAMA_STAMP)
+test: $(STAMP) $(MODELS_STAMP) $(VLLM_STAMP) $(LLAMA_STAMP) llama-server
 	$(VENV)/bin/ruff check goose sources topologies tests examples plugins scripts
 	@$(VLLM_PY) -m pytest -q tests/vllm > $(VLLM_TEST_LOG) 2>&1 & vllm_suite=$$!; \
 	echo "$(VLLM_PY) -m pytest -q tests/vllm > $(VLLM_TEST_LOG)  (running beside the main suite)"; \

@@ -48,7 +48,7 @@ def test_bench_llama_argument_errors(flags: list[str], message: str, capsys: pyt
 
 
 def test_the_llama_peer_runs_the_packaged_runner() -> None:
-    peer = llama_peer(sys.executable, ["smollm2-135m"])
+    peer = llama_peer(sys.executable, ["smollm2-135m"], "llama,llama_pld")
     assert peer.methods == ("llama", "llama_pld") and peer.script == LLAMA_RUNNER and LLAMA_RUNNER.is_file()
 
 
@@ -109,7 +109,7 @@ def test_llama_section_and_its_table(tmp_path: Path) -> None:
         "conditions": {"engine": "llama.cpp via llama-cpp-python 0.3.36", "gguf": "/x/model.gguf",
                        "gguf_bytes": 100_000_000, "n_params": 200_000_000, "threads": 2, "n_ctx": 256,
                        "max_tokens": 2, "num_pred_tokens": 10, "max_ngram_size": 2, "repeats": 1},
-        "methods": ["llama", "llama_pld"],
+        "methods": ["llama", "llama_pld", "llama_server_ngram"],
         "prompts": [{"dataset": "humaneval", "question_id": 0, "ids": [1, 2, 3]},
                     {"dataset": "humaneval", "question_id": 1, "ids": [4, 5, 6]}],
         "generations": [
@@ -117,18 +117,26 @@ def test_llama_section_and_its_table(tmp_path: Path) -> None:
             {"method": "llama_pld", "prompt": 0, "output": [7, 8], "tokens_per_s": 2.0},
             {"method": "llama", "prompt": 1, "output": [9, 11], "tokens_per_s": 2.0},
             {"method": "llama_pld", "prompt": 1, "output": [9, 11], "tokens_per_s": 4.0},
+            {"method": "llama_server_ngram", "prompt": 0, "output": [7, 8], "tokens_per_s": 4.0, "drafted": 48,
+             "accepted": 12},
+            {"method": "llama_server_ngram", "prompt": 1, "output": [9, 12], "tokens_per_s": 1.0, "drafted": 0,
+             "accepted": 0},
         ],
     }
     section = llama_section(results, records, "bfloat16")
     assert section["reference"] == "goose" and section["compared"] == 2
     assert section["weight_bytes_ratio"] == 0.25  # 100 MB against 200M parameters of 2 bytes
     first, second = section["prompts"]
-    assert first["tokens_per_s"] == {"ar": 2.0, "goose": 4.0, "llama": 8.0, "llama_pld": 2.0}
-    assert first["ratios"] == {"goose/llama": 0.5, "goose/llama_pld": 2.0}
-    assert second["ratios"] == {"goose/llama": 2.0, "goose/llama_pld": 1.0}
-    assert first["identical_to_ar"] == {"llama": True, "llama_pld": True}
-    assert second["identical_to_ar"] == {"llama": False, "llama_pld": False}
-    assert section["identical_to_ar"] == {"llama": 1, "llama_pld": 1} and section["pld_identical_to_plain"] == 2
+    assert first["tokens_per_s"] == {"ar": 2.0, "goose": 4.0, "llama": 8.0, "llama_pld": 2.0,
+                                     "llama_server_ngram": 4.0}
+    assert first["ratios"] == {"goose/llama": 0.5, "goose/llama_pld": 2.0, "goose/llama_server_ngram": 1.0}
+    assert second["ratios"] == {"goose/llama": 2.0, "goose/llama_pld": 1.0, "goose/llama_server_ngram": 4.0}
+    assert first["identical_to_ar"] == {"llama": True, "llama_pld": True, "llama_server_ngram": True}
+    assert second["identical_to_ar"] == {"llama": False, "llama_pld": False, "llama_server_ngram": False}
+    assert second["identical_to_plain"] == {"llama_pld": True, "llama_server_ngram": False}
+    assert section["identical_to_ar"] == {"llama": 1, "llama_pld": 1, "llama_server_ngram": 1}
+    assert section["identical_to_plain"] == {"llama_pld": 2, "llama_server_ngram": 1}
+    assert section["drafts"] == {"llama_server_ngram": {"drafted": 48, "accepted": 12}}
     assert section["median_tokens_per_s"]["llama"] == 5.0 and section["median_ratios"]["goose/llama"] == 1.25
 
     summary = {"model": "smollm2-135m", "device": "cpu", "dtype": "bfloat16", "settings": {},
@@ -136,9 +144,11 @@ def test_llama_section_and_its_table(tmp_path: Path) -> None:
     write_outputs([summary], tmp_path)
     report = (tmp_path / "report.md").read_text()
     assert "### llama.cpp on the same prompts (tok/s)" in report
-    assert "| HumanEval 0 | 3 | 2.0 | 4.0 | 8.0 | 2.0 | 0.50x | 2.00x | yes | yes |" in report
-    assert "| **median** |  | 1.5 | 4.0 | 5.0 | 3.0 | 1.25x | 1.50x | 1/2 | 1/2 |" in report
+    assert "| HumanEval 0 | 3 | 2.0 | 4.0 | 8.0 | 2.0 | 4.0 | 0.50x | 2.00x | 1.00x | yes | yes | yes |" in report
+    assert "| **median** |  | 1.5 | 4.0 | 5.0 | 3.0 | 2.5 | 1.25x | 1.50x | 2.50x | 1/2 | 1/2 | 1/2 |" in report
     assert "about 25% of the weight bytes" in report and "`llama_pld`'s text equals `llama`'s on 2/2" in report
+    assert "`llama_server_ngram`'s text equals `llama`'s on 1/2" in report
+    assert "`llama_server_ngram` drafted 48 tokens, 12 accepted (25%)" in report
 
 
 # --- the real thing, where `make llama-setup` has built it ----------------------------------------
@@ -151,7 +161,8 @@ def test_goose_bench_with_llama_cpp_on_smollm2(tmp_path: Path) -> None:
     Q4_1 file, joined in summary.json and report.md."""
     status = cli.main(["bench", "--model", "smollm2-135m", "--datasets", "humaneval", "--limit", "2",
                        "--max-new-tokens", "16", "--methods", "goose", "--dtype", "float32", "--threads", "1",
-                       "--llama-python", sys.executable, "--out", str(tmp_path), "--no-progress"])
+                       "--llama-python", sys.executable, "--llama-methods", "llama,llama_pld", "--out", str(tmp_path),
+                       "--no-progress"])
     assert status == 0
     results = json.loads((tmp_path / "llama" / "results.json").read_text())
     conditions = results["conditions"]
@@ -175,6 +186,6 @@ def test_goose_bench_with_llama_cpp_on_smollm2(tmp_path: Path) -> None:
     # deterministic, so this does not flake)
     assert by_method["llama_pld"] == by_method["llama"]
     section = json.loads((tmp_path / "summary.json").read_text())["llama"]
-    assert section["compared"] == 2 and section["pld_identical_to_plain"] == 2
+    assert section["compared"] == 2 and section["identical_to_plain"]["llama_pld"] == 2
     assert all(row["ratios"]["goose/llama"] > 0 for row in section["prompts"])
     assert "### llama.cpp on the same prompts (tok/s)" in (tmp_path / "report.md").read_text()

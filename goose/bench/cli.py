@@ -107,11 +107,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "as its reference)")
     parser.add_argument("--llama-python", default=None, metavar="PATH",
                         help="then measure llama.cpp on the same prompts (first turns), greedy, one request at a "
-                             "time: plain (llama) and its prompt lookup (llama_pld), reading the model's GGUF file "
+                             "time: plain (llama), its prompt lookup (llama_pld) and its server's ngram-mod "
+                             "(llama_server_ngram; see --llama-methods), reading the model's GGUF file "
                              "as shipped (goose/bench/peers/llama_runner.py run by this interpreter of the llama.cpp "
                              "environment, e.g. .venv/bin/python after `make llama-setup`; its files go to --out's "
                              "llama/ folder); tok/s side by side with ours in report.md and summary.json; with "
                              "--engine llama.cpp it runs by default, under this interpreter")
+    parser.add_argument("--llama-methods", default=None, metavar="M1,M2,...",
+                        help="with --llama-python (or --engine llama.cpp): llama.cpp's methods, from llama, llama_pld "
+                             "and llama_server_ngram (its server with --spec-type ngram-mod: the binary `make "
+                             "llama-server` builds); default all three, llama_server_ngram left out with a notice "
+                             "where it is not built")
     parser.add_argument("--repeats", type=int, default=1, metavar="N",
                         help="time every method N times on every prompt (fresh decoders, rotated order) and keep "
                              "the run with the median wall time; every run's time is in results.jsonl (wall_s_runs)")
@@ -241,7 +247,10 @@ def run_command(args: argparse.Namespace) -> int:
     if args.llama_python:
         from goose.bench.llama_peer import llama_peer
 
-        llama = llama_peer(args.llama_python, model_names)  # every check before any model loads
+        llama = llama_peer(args.llama_python, model_names, args.llama_methods)  # every check before any model loads
+    elif args.llama_methods:
+        raise ValueError("--llama-methods needs --llama-python (the llama.cpp environment's interpreter) or "
+                         "--engine llama.cpp")
 
     if args.repeats != 1 and args.concurrency is not None:
         raise ValueError("--repeats times single-request runs; --concurrency measures a closed loop of clients")

@@ -5,9 +5,11 @@ runs in another interpreter: after our methods, :mod:`goose.bench.peers.llama_ru
 its path, on the GGUF
 file the model ships as (:func:`goose.models.gguf_path`), with the token ids our run encoded for
 each sample's first turn, our EOS ids, the same max new tokens, threads and repeats. Its methods
-(``llama``: greedy; ``llama_pld``: llama-cpp-python's prompt lookup drafting) become the summary's
-``llama`` section: tokens per second per prompt beside our methods' on the same first turn, the
-ratio of ours over each, and how many of its texts equal ours.
+(``llama``: greedy; ``llama_pld``: llama-cpp-python's prompt lookup drafting; ``llama_server_ngram``:
+llama.cpp's server with ``--spec-type ngram-mod``, where ``make llama-server`` has built it) become
+the summary's ``llama`` section: tokens per second per prompt beside our methods' on the same first
+turn, the ratio of ours over each, how many of its texts equal ours and ``llama``'s, and the
+server's drafted and accepted tokens.
 
 The two sides do not decode the same weights: llama.cpp runs the quantized GGUF (Q4_K_M, Q4_1)
 through its quantized kernels, ours the dequantized weights in ``--dtype`` (with ``--quantize int8``:
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from statistics import median
@@ -28,10 +31,12 @@ from goose.bench.peer_script import PeerBenchError, PeerScript, peer_interpreter
 from goose.bench.peers import llama_runner
 from goose.bench.prompts import Sample
 from goose.bench.records import Record
+from goose.store.cache_dir import default_cache_dir
 
 STDERR_LOG = "llama_bench.stderr.log"
 PROMPTS_FILE = "prompts.json"
-PLAIN, LOOKUP = "llama", "llama_pld"
+PLAIN, SERVER_NGRAM = llama_runner.PLAIN, llama_runner.SERVER_NGRAM
+SERVER_TARGET = "make llama-server"
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
 
 
@@ -39,8 +44,15 @@ class LlamaBenchError(PeerBenchError):
     """The llama.cpp runner failed; the message names the command and its last stderr lines."""
 
 
-def llama_peer(python: str, model_names: Sequence[str]) -> PeerScript:
-    """``--llama-python`` checked before any model loads: the interpreter and a GGUF file per model."""
+def llama_server_binary() -> Path:
+    """Where ``make llama-server`` links the llama-server binary it built for the current version and flags."""
+    return default_cache_dir() / "bin" / "llama-server"
+
+
+def llama_peer(python: str, model_names: Sequence[str], methods_text: str | None = None) -> PeerScript:
+    """``--llama-python`` and ``--llama-methods`` checked before any model loads: the interpreter, a GGUF file per
+    model, the methods; ``llama_server_ngram`` needs the llama-server binary: an error where it is named, left out
+    with a notice where it is only a default."""
     from goose.models import has_gguf
 
     interpreter = peer_interpreter("--llama-python", python, "the llama.cpp environment's python, e.g. "
@@ -49,7 +61,20 @@ def llama_peer(python: str, model_names: Sequence[str]) -> PeerScript:
     if no_file:
         raise ValueError(f"--llama-python: llama.cpp reads GGUF files; {', '.join(no_file)} has none (an embedded "
                          f"model or a .gguf path has one)")
-    return PeerScript(interpreter, Path(llama_runner.__file__), llama_runner.METHODS)
+    named = tuple(dict.fromkeys(part.strip() for part in (methods_text or "").split(",") if part.strip()))
+    known = llama_runner.METHODS
+    unknown = [method for method in named if method not in known]
+    if unknown:
+        raise ValueError(f"--llama-methods: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    methods = named or known
+    if SERVER_NGRAM in methods and not llama_server_binary().is_file():
+        if named:
+            raise ValueError(f"--llama-methods {SERVER_NGRAM}: no llama-server at {llama_server_binary()}; "
+                             f"`{SERVER_TARGET}` builds it")
+        print(f"llama.cpp: {SERVER_NGRAM} left out: no llama-server at {llama_server_binary()} (`{SERVER_TARGET}` "
+              "builds it)", file=sys.stderr, flush=True)
+        methods = tuple(method for method in methods if method != SERVER_NGRAM)
+    return PeerScript(interpreter, Path(llama_runner.__file__), methods)
 
 
 def prompts_document(samples: Sequence[Sample], first_turn_ids: Sequence[list[int]], eos_ids: Sequence[int]
@@ -66,7 +91,8 @@ def llama_command(peer: PeerScript, gguf: Path, prompts_file: Path, max_new_toke
     (and inherit its ggml switches from this process's environment), so ``llama`` decodes as our ``ar`` does."""
     return [peer.python, str(peer.script), "--gguf", str(gguf), "--prompts", str(prompts_file),
             "--max-tokens", str(max_new_tokens), "--methods", ",".join(peer.methods), "--threads", str(threads),
-            "--repeats", str(repeats), "--out", str(out), *(["--engine-attention"] if engine == "llama.cpp" else [])]
+            "--repeats", str(repeats), "--out", str(out), *(["--engine-attention"] if engine == "llama.cpp" else []),
+            *(["--server", str(llama_server_binary())] if SERVER_NGRAM in peer.methods else [])]
 
 
 def run_llama_bench(command: Sequence[str], out: Path, progress: bool = True) -> dict[str, Any]:
@@ -92,8 +118,9 @@ def llama_section(results: dict[str, Any], records: Sequence[Record], dtype: str
     """The llama.cpp runner's ``results`` beside our ``records`` of the same model: the summary's ``llama`` section.
 
     Per prompt (a sample's first turn): every method's tokens per second, ours over each of
-    llama.cpp's (ours: ``goose`` where it ran, else ``ar``), and whether each llama.cpp text equals
-    our ``ar`` text and ``llama_pld``'s equals ``llama``'s. Then the medians over prompts.
+    llama.cpp's (ours: ``goose`` where it ran, else ``ar``), whether each llama.cpp text equals
+    our ``ar`` text and each drafting method's equals ``llama``'s, and the server's draft counts.
+    Then the medians, counts and sums over prompts.
     """
     ours: dict[tuple[str, Any], dict[str, Record]] = {}
     for record in records:
@@ -124,7 +151,10 @@ def llama_section(results: dict[str, Any], records: Sequence[Record], dtype: str
                                                   if speed.get(reference) and speed.get(method) else None)
                        for method in llama_methods},
             "identical_to_ar": {method: output == ar_ids for method, output in outputs.items()},
-            "pld_identical_to_plain": outputs[LOOKUP] == outputs[PLAIN] if {PLAIN, LOOKUP} <= set(outputs) else None,
+            "identical_to_plain": {method: output == outputs[PLAIN] for method, output in outputs.items()
+                                   if method != PLAIN and PLAIN in outputs},
+            "drafts": {method: {"drafted": generation["drafted"], "accepted": generation["accepted"]}
+                       for method, generation in theirs[index].items() if generation.get("drafted") is not None},
         })
     conditions = results["conditions"]
     our_bytes = conditions["n_params"] * DTYPE_BYTES[quantize or dtype] if (quantize or dtype) in DTYPE_BYTES \
@@ -143,7 +173,11 @@ def llama_section(results: dict[str, Any], records: Sequence[Record], dtype: str
         "median_ratios": {f"{reference}/{method}": _median([row["ratios"][f"{reference}/{method}"] for row in rows])
                           for method in llama_methods},
         "identical_to_ar": {method: sum(row["identical_to_ar"][method] for row in rows) for method in llama_methods},
-        "pld_identical_to_plain": sum(bool(row["pld_identical_to_plain"]) for row in rows),
+        "identical_to_plain": {method: sum(row["identical_to_plain"][method] for row in rows)
+                               for method in llama_methods if method != PLAIN and PLAIN in llama_methods},
+        "drafts": {method: {key: sum(row["drafts"][method][key] for row in rows if method in row["drafts"])
+                            for key in ("drafted", "accepted")}
+                   for method in llama_methods if any(method in row["drafts"] for row in rows)},
         "compared": len(rows),
     }
 

@@ -254,8 +254,15 @@ def _llama_table(view: _View) -> str | None:
         + ("Same weights, same kernels: `llama` is ours `ar`'s peer token for token." if llama.get("engine") ==
            "llama.cpp" else "Other weights, other arithmetic: its texts may differ from ours."),
     ]
-    if {"llama", "llama_pld"} <= set(theirs):
-        lines.append(f"`llama_pld`'s text equals `llama`'s on {llama['pld_identical_to_plain']}/{count} prompts.")
+    if "server" in c:
+        lines.append("`llama_server_ngram`: `llama-server " + " ".join(c["server"]["arguments"][2:]) + "` (its own "
+                     "build of the same version), a fresh server per run (its ngram pool is shared by all its "
+                     "requests), `cache_prompt` off, timed from the request to the whole answer.")
+    for method, same in llama.get("identical_to_plain", {}).items():
+        lines.append(f"`{method}`'s text equals `llama`'s on {same}/{count} prompts.")
+    for method, drafts in llama.get("drafts", {}).items():
+        share = f" ({drafts['accepted'] / drafts['drafted']:.0%})" if drafts["drafted"] else ""
+        lines.append(f"`{method}` drafted {drafts['drafted']} tokens, {drafts['accepted']} accepted{share}.")
     for ratio in ratios:
         value = llama["median_ratios"][ratio]
         if value is not None:
