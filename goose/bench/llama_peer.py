@@ -27,7 +27,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from goose.bench.peer_script import PeerBenchError, PeerScript, peer_interpreter, run_peer_script
+from goose.bench.peer_script import PeerBenchError, PeerScript, peer_interpreter, peer_methods, run_peer_script
 from goose.bench.peers import llama_runner
 from goose.bench.prompts import Sample
 from goose.bench.records import Record
@@ -61,12 +61,8 @@ def llama_peer(python: str, model_names: Sequence[str], methods_text: str | None
     if no_file:
         raise ValueError(f"--llama-python: llama.cpp reads GGUF files; {', '.join(no_file)} has none (an embedded "
                          f"model or a .gguf path has one)")
-    named = tuple(dict.fromkeys(part.strip() for part in (methods_text or "").split(",") if part.strip()))
-    known = llama_runner.METHODS
-    unknown = [method for method in named if method not in known]
-    if unknown:
-        raise ValueError(f"--llama-methods: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
-    methods = named or known
+    named = peer_methods("--llama-methods", methods_text, llama_runner.METHODS)
+    methods = named or llama_runner.METHODS
     if SERVER_NGRAM in methods and not llama_server_binary().is_file():
         if named:
             raise ValueError(f"--llama-methods {SERVER_NGRAM}: no llama-server at {llama_server_binary()}; "

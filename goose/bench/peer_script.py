@@ -41,6 +41,16 @@ def peer_interpreter(flag: str, python: str, setup: str) -> str:
     return str(Path(interpreter).absolute())
 
 
+def peer_methods(flag: str, text: str | None, known: Sequence[str]) -> tuple[str, ...]:
+    """A peer's ``--*-methods`` list (comma-separated): the names given, once each, in order; every one its
+    runner's. Empty where none is given (the caller's default then)."""
+    named = tuple(dict.fromkeys(part.strip() for part in (text or "").split(",") if part.strip()))
+    unknown = [method for method in named if method not in known]
+    if unknown:
+        raise ValueError(f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    return named
+
+
 def run_peer_script(command: Sequence[str], out: Path, *, name: str, log_name: str, env: Mapping[str, str],
                     error: type[PeerBenchError], progress: bool = True) -> dict[str, Any]:
     """Run ``command`` (a runner writing ``results.json`` into ``out``), echo its stdout, return the results."""

@@ -19,7 +19,7 @@ from typing import Any
 
 import goose
 from goose.bench.concurrency import VLLM_PREFIX, ConcurrencyRow, latency_percentile
-from goose.bench.peer_script import PeerBenchError, PeerScript, peer_interpreter, run_peer_script
+from goose.bench.peer_script import PeerBenchError, PeerScript, peer_interpreter, peer_methods, run_peer_script
 from goose.bench.peers import vllm_runner
 
 DEFAULT_VLLM_METHODS = ("none", "ngram", "goose")
@@ -34,11 +34,7 @@ def vllm_peer(python: str, methods_text: str | None) -> PeerScript:
     """``--vllm-python`` and ``--vllm-methods`` checked before any model loads."""
     interpreter = peer_interpreter("--vllm-python", python, "the vLLM environment's python, e.g. "
                                    ".venv-vllm/bin/python (`make vllm-setup` builds it)")
-    known = vllm_runner.METHODS
-    methods = tuple(part.strip() for part in (methods_text or "").split(",") if part.strip()) or DEFAULT_VLLM_METHODS
-    unknown = [method for method in methods if method not in known]
-    if unknown:
-        raise ValueError(f"--vllm-methods: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    methods = peer_methods("--vllm-methods", methods_text, vllm_runner.METHODS) or DEFAULT_VLLM_METHODS
     if "none" not in methods:
         raise ValueError("--vllm-methods must keep none: the vLLM runner compares every output with it")
     return PeerScript(interpreter, Path(vllm_runner.__file__), methods)

@@ -128,7 +128,7 @@ class Sampler:
             parts.append((pending[inside], ids[inside], values[inside], kept[inside]))
             pending = pending[~inside]
             count = min(count * 4, vocabulary)
-        width = max(int(kept.max()) for *_, kept in parts if kept.numel())
+        width = int(torch.cat([kept for *_, kept in parts]).max())  # one read
         kept_ids = torch.full((probabilities.shape[0], width), vocabulary, device=probabilities.device)
         masses = torch.zeros((probabilities.shape[0], width), device=probabilities.device)
         for rows, ids, values, kept in parts:
