@@ -22,7 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from goose.config import GooseConfig, SamplingParams
 from goose.cycle.drafting import Drafter
-from goose.cycle.engine import check_sources, eos_ids, new_verifier
+from goose.cycle.engine import Verifying, check_sources, eos_ids, new_verifier
 from goose.cycle.logprobs import check_top_logprobs
 from goose.cycle.request import GenerationResult, Prompt, Request, check_request
 from goose.cycle.sampling import Sampler, random_seed
@@ -45,12 +45,13 @@ class _Decoding:
     drafter: Drafter | None = None
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, chat: bool = True,
-                 sampling: SamplingParams | None = None) -> None:
+                 sampling: SamplingParams | None = None, verifier: Verifying | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.chat = chat
         self.sampling = sampling or SamplingParams()
-        self.verifier = new_verifier(model)  # one request at a time: generate and stream
+        # one request at a time: generate and stream (a study's decoders verify through a memo: goose.cycle.memo)
+        self.verifier = verifier if verifier is not None else new_verifier(model)
         self.eos_ids = eos_ids(model, tokenizer)
         self.last_result: GenerationResult | None = None
 
@@ -184,14 +185,17 @@ class _Decoding:
 
 
 class AutoregressiveDecoder(_Decoding):
-    """Plain decoding, one token per forward, through the same engine as Goose (greedy or sampled)."""
+    """Plain decoding, one token per forward, through the same engine as Goose (greedy or sampled).
+
+    ``verifier``: what one request at a time verifies through (default: a new one of the model's engine).
+    """
 
 
 class GooseDecoder(_Decoding):
     """Goose speculative decoding: multi-source candidates, a planned draft tree, one verify pass per cycle.
 
-    What it drafts with, and what ``cost_curve`` does: :class:`goose.cycle.drafting.Drafter`;
-    ``profile``: time each phase of the cycle (``stats.profile``).
+    What it drafts with, and what ``cost_curve`` and ``pinned_costs`` do: :class:`goose.cycle.drafting.Drafter`;
+    ``profile``: time each phase of the cycle (``stats.profile``); ``verifier``: as for the autoregressive decoder.
     """
 
     def __init__(
@@ -203,11 +207,14 @@ class GooseDecoder(_Decoding):
         chat: bool = True,
         profile: bool = False,
         cost_curve: CostCurve | None = None,
+        pinned_costs: bool = False,
+        verifier: Verifying | None = None,
         **overrides: Any,
     ) -> None:
         self.config = (config or GooseConfig()).merged(overrides) if overrides else config or GooseConfig()
-        super().__init__(model, tokenizer, chat, self.config.sampling_params())
-        self.drafter = Drafter(model, tokenizer, self.config, self.verifier.vocab_size, profile, cost_curve)
+        super().__init__(model, tokenizer, chat, self.config.sampling_params(), verifier)
+        self.drafter = Drafter(model, tokenizer, self.config, self.verifier.vocab_size, profile, cost_curve,
+                               pinned_costs)
         check_sources(model, self.drafter.sources)
         self.sources, self.topology, self.source_names = self.drafter.sources, self.drafter.topology, \
             self.drafter.source_names

@@ -35,11 +35,14 @@ class Drafter:
     Sources and the topology are made once (their state, such as a persistent adjacency table or the
     acceptance estimates, lives as long as the decoder). With ``budget="auto"`` the budget follows
     ``cost_curve``, or this device's measured curve, loaded (and measured once, if no cached one
-    exists) when the first generation needs it.
+    exists) when the first generation needs it. Decoding, the passes' measured times correct that
+    curve as they come; with ``pinned_costs`` nothing measured moves it (a study's decoders: every
+    budget then follows from the drafts and the curve alone, the same on any machine and any load).
     """
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, config: GooseConfig,
-                 vocab_size: int, profile: bool = False, cost_curve: CostCurve | None = None) -> None:
+                 vocab_size: int, profile: bool = False, cost_curve: CostCurve | None = None,
+                 pinned_costs: bool = False) -> None:
         if not config.sources:
             raise plugins.PluginError("no sources enabled: name at least one with --sources")
         self.model, self.tokenizer, self.config, self.vocab_size = model, tokenizer, config, vocab_size
@@ -52,6 +55,7 @@ class Drafter:
         self.draw_all_rows = False  # sampled: draw every tree row in one batch on the CPU too (as on a GPU)
         self.row_weight = output_layer_weight(model)  # prices the prefill harvest (prefill_harvest="auto")
         self._cost_curve = cost_curve
+        self.pinned_costs = pinned_costs
         self._budget_planner: BudgetPlanner | None = None
         self.spare = [SourceSlot(self.sources)]  # the slots no request holds now, the decoder's own first
         # auxiliary rows to price: known once, not looked up in every cycle's two reads of budget_planner
@@ -69,7 +73,8 @@ class Drafter:
         if self._budget_planner is None:
             curve = self._cost_curve if self._cost_curve is not None else load_or_measure(self.model)
             self._budget_planner = BudgetPlanner(curve, max_depth=self.config.max_depth,
-                                                 batch_curve=lambda batch: load_or_measure(self.model, batch=batch))
+                                                 batch_curve=lambda batch: load_or_measure(self.model, batch=batch),
+                                                 pinned=self.pinned_costs)
         return self._budget_planner
 
     def source_names(self, with_prediction: bool) -> tuple[str, ...]:

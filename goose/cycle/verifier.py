@@ -411,6 +411,17 @@ class Verifier:
         self.lengths[slot] = start + int(keep.shape[0])
 
     @torch.inference_mode()
+    def truncate(self, slot: int, length: int) -> None:
+        """Forget slot ``slot``'s positions from ``length`` on (the next pass writes over them): its context becomes
+        its first ``length`` tokens. The memo (:mod:`goose.cycle.memo`) rewinds a cache shared by several decoders."""
+        if not 0 < length <= self.lengths[slot]:
+            raise ValueError(f"slot {slot} holds {self.lengths[slot]} positions; cannot keep {length}")
+        if slot in self._pending:  # the last commit's kept rows move into place first
+            first, kept = self._pending.pop(slot)
+            self.stack.move(slot, first, torch.from_numpy(kept).to(self.device))
+        self.lengths[slot] = length
+
+    @torch.inference_mode()
     def release(self, slot: int) -> int | None:
         """Free ``slot``; the last live slot's request moves into it. Returns the slot that moved (or None)."""
         last = self.live - 1

@@ -40,8 +40,9 @@ class BudgetPlanner:
     """Chooses a draft-tree budget from the cost curve and the current acceptance estimates."""
 
     def __init__(self, curve: CostCurve, max_budget: int = 128, max_depth: int = 6,
-                 batch_curve: Callable[[int], CostCurve] | None = None) -> None:
+                 batch_curve: Callable[[int], CostCurve] | None = None, pinned: bool = False) -> None:
         self.curve = curve
+        self.pinned = pinned  # measured times move nothing: the budgets follow from the curve and the drafts
         self._batch_curve = batch_curve  # batch size -> its calibrated curve (None: batches priced on ``curve``)
         self._batches: BatchCosts | None = None  # the batched passes' curves, made when a split first needs them
         self.max_depth = max_depth
@@ -55,8 +56,9 @@ class BudgetPlanner:
         self._yields = lru_cache(maxsize=4096)(self._spine_yields)
 
     def observe_overhead(self, seconds: float) -> None:
-        """Fold one cycle's non-verify time into the running mean."""
-        self.overhead_s += 0.1 * (seconds - self.overhead_s)
+        """Fold one cycle's non-verify time into the running mean (pinned: kept at its starting value)."""
+        if not self.pinned:
+            self.overhead_s += 0.1 * (seconds - self.overhead_s)
 
     def observe_pass(self, requests: int, rows: int, seconds: float) -> None:
         """Fold one real pass of ``requests`` requests and ``rows`` rows in all into the curve such a pass is priced by.
@@ -67,6 +69,8 @@ class BudgetPlanner:
         (``overhead_s / scale`` in the curve's seconds). Several requests' curves, in real seconds, are
         corrected point by point (:meth:`goose.planning.cost.BatchCosts.observe`) once a split has used them.
         """
+        if self.pinned:
+            return
         if requests == 1:
             ratio = min(50.0, max(0.02, seconds / float(self.curve(rows))))
             self.scale += 0.1 * (ratio - self.scale)
