@@ -20,12 +20,19 @@ Per (method, dataset):
 - ``speedup_vs_hf_pld``: the mean of per-sample speedups over Hugging Face's prompt lookup (where
   ``hf_pld`` ran), with ``speedup_vs_hf_pld_range`` their [min, max];
 - ``first_token_s``: the median time to first token (the call to the first new token of a
-  sample's first turn; the ``all`` row's median is over every sample).
+  sample's first turn; the ``all`` row's median is over every sample);
+- ``speedup_ci`` / ``estimated_speedup_ci``: the 95% percentile bootstrap interval of ``speedup`` /
+  ``estimated_speedup`` over prompts (:func:`bootstrap_ci`: 2000 resamples of the prompts, a fixed
+  seed, so the same records give the same interval); None with fewer than two prompts;
+- ``faults``: per plugin whose hooks faulted (the boundary skipped the call: it raised or answered
+  malformed), ``{"kind", "count", "samples", "hooks", "first"}``: faults summed, samples with at
+  least one, per hook, and the first message (``goose.bench.records``).
 
 The ``all`` row of a method is the mean over its datasets of ``speedup``, ``tau``,
 ``tokens_per_s``, ``speedup_vs_hf_ar``, ``speedup_vs_hf_pld`` and ``estimated_speedup`` (each dataset weighs the
-same, as in the paper's "mean" column); the counts, spreads, ``speedup_of_sums``, ``identical_to_ar`` and
-``path_kinds`` are pooled over every sample. Every row carries its method's ``config`` (sources,
+same, as in the paper's "mean" column), and its intervals resample the prompts within each dataset and take the
+same mean of dataset means; the counts, spreads, ``speedup_of_sums``, ``identical_to_ar``, ``path_kinds`` and
+``faults`` are pooled over every sample. Every row carries its method's ``config`` (sources,
 topology, budget, options, other changed fields).
 """
 
@@ -36,7 +43,9 @@ from collections.abc import Iterable, Sequence
 from statistics import fmean, median
 from typing import Any
 
-from goose.bench.records import Record
+import numpy as np
+
+from goose.bench.records import Record, merge_faults
 
 ALL = "all"
 Row = dict[str, Any]
@@ -61,6 +70,37 @@ def _spread(values: Iterable[float | None]) -> list[float] | None:
     """[min, median, max]."""
     present = [v for v in values if v is not None]
     return [min(present), median(present), max(present)] if present else None
+
+
+BOOTSTRAP_LEVEL, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 0.95, 2000, 0
+BOOTSTRAP = {"kind": "percentile", "level": BOOTSTRAP_LEVEL, "resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED,
+             "statistic": "mean over prompts (the all row: the mean of dataset means, prompts resampled within each "
+                          "dataset)"}
+
+
+def bootstrap_ci(groups: Sequence[Sequence[float | None]], level: float = BOOTSTRAP_LEVEL,
+                 resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> list[float] | None:
+    """[low, high]: the percentile bootstrap interval of the mean of group means, the values resampled with
+    replacement within each group (one group: the plain mean over prompts). Deterministic (a fixed seed); None
+    where no group has two values (nothing to resample)."""
+    arrays = [np.asarray([v for v in group if v is not None], dtype=np.float64) for group in groups]
+    arrays = [a for a in arrays if len(a)]
+    if not arrays or all(len(a) < 2 for a in arrays):
+        return None
+    generator = np.random.default_rng(seed)
+    means = np.zeros(resamples)
+    for values in arrays:
+        means += values[generator.integers(0, len(values), size=(resamples, len(values)))].mean(axis=1)
+    low, high = np.percentile(means / len(arrays), [50 * (1 - level), 50 * (1 + level)])
+    return [float(low), float(high)]
+
+
+def _faults(records: Sequence[Record]) -> dict[str, dict[str, Any]]:
+    """Per plugin: faults summed over the records, the samples with any, per hook, and the first message."""
+    pooled = merge_faults([r.get("faults") for r in records])
+    for name, entry in pooled.items():
+        entry["samples"] = sum(1 for r in records if ((r.get("faults") or {}).get(name) or {}).get("count"))
+    return pooled
 
 
 DISAGREEMENT = 0.10  # the mean of ratios and the ratio of sums this far apart (or either side of 1x): flagged
@@ -98,6 +138,7 @@ def _pooled(records: Sequence[Record]) -> Row:
         "source_accepted": {name: accepted[name] for name in sorted(tested)},
         "source_tested": dict(sorted(tested.items())),
         "path_kinds": {kind: count / steps for kind, count in kinds.items()} if steps else {},
+        "faults": _faults(records),
         **_honest(records),
     }
 
@@ -120,10 +161,12 @@ def _dataset_row(method: str, dataset: str, records: Sequence[Record]) -> Row:
         "dataset": dataset,
         **_pooled(records),
         "speedup": _mean(r.get("speedup") for r in records),
+        "speedup_ci": bootstrap_ci([[r.get("speedup") for r in records]]),
         "speedup_vs_hf_ar": _mean(r.get("speedup_vs_hf_ar") for r in records),
         "speedup_vs_hf_pld": _mean(r.get("speedup_vs_hf_pld") for r in records),
         "speedup_vs_hf_pld_range": _range(r.get("speedup_vs_hf_pld") for r in records),
         "estimated_speedup": _mean(r.get("estimated_speedup") for r in records),
+        "estimated_speedup_ci": bootstrap_ci([[r.get("estimated_speedup") for r in records]]),
         "tau": accepted / steps if steps else None,
         "tokens_per_s": _mean(r["tokens_per_s"] for r in records),
         "new_tokens": _mean(r["new_tokens"] for r in records),
@@ -132,6 +175,9 @@ def _dataset_row(method: str, dataset: str, records: Sequence[Record]) -> Row:
 
 
 def _all_row(method: str, rows: Sequence[Row], records: Sequence[Record]) -> Row:
+    by_dataset: dict[str, list[Record]] = {}
+    for record in records:
+        by_dataset.setdefault(record["dataset"], []).append(record)
     return _flagged({
         "method": method,
         "dataset": ALL,
@@ -139,6 +185,8 @@ def _all_row(method: str, rows: Sequence[Row], records: Sequence[Record]) -> Row
         **{key: _mean(row[key] for row in rows)
            for key in ("speedup", "speedup_vs_hf_ar", "speedup_vs_hf_pld", "estimated_speedup", "tau", "tokens_per_s",
                        "new_tokens")},
+        **{f"{key}_ci": bootstrap_ci([[r.get(key) for r in group] for group in by_dataset.values()])
+           for key in ("speedup", "estimated_speedup")},
         "speedup_vs_hf_pld_range": _range(r.get("speedup_vs_hf_pld") for r in records),
         "first_token_s": _median(r.get("first_token_s") for r in records),
     })
@@ -205,6 +253,7 @@ def build_summary(
         "settings": settings or {},
         "methods": methods,
         "unavailable": unavailable or {},
+        "bootstrap": dict(BOOTSTRAP),
         "results": rows,
         "categories": summarize_categories(records),
         "differences": differences(records),

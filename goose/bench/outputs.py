@@ -4,7 +4,8 @@
 model's summary object; with several it is a JSON list of them, in ``--model`` order, and the
 plots carry the model in their names (``speedup-<model>.png``). ``report.md`` has one section per
 model either way. ``summary.csv`` holds one line per model, method and dataset (the ``all`` rows
-included): the figures, the method's config and every source's accepted and tested draft nodes.
+included): the figures (with the bootstrap intervals' bounds), the plugins that faulted (``name: count
+(first message)``, ``;``-separated), the method's config and every source's accepted and tested draft nodes.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ logger = logging.getLogger("goose.bench")
 
 SUMMARY_FILE = "summary.json"
 CSV_FILE = "summary.csv"
-CSV_FIGURES = ("samples", "speedup", "speedup_min", "speedup_median", "speedup_max", "speedup_of_sums",
-               "ratios_disagree", "tau", "tokens_per_s", "identical_to_ar", "speedup_vs_hf_pld", "estimated_speedup",
-               "first_token_s")
+CSV_FIGURES = ("samples", "speedup", "speedup_ci_low", "speedup_ci_high", "speedup_min", "speedup_median",
+               "speedup_max", "speedup_of_sums", "ratios_disagree", "tau", "tokens_per_s", "identical_to_ar",
+               "speedup_vs_hf_pld", "estimated_speedup", "estimated_speedup_ci_low", "estimated_speedup_ci_high",
+               "first_token_s", "faults")
 REPORT_FILE = "report.md"
 
 
@@ -63,7 +65,12 @@ def write_csv(summaries: Sequence[dict[str, Any]], path: Path) -> None:
         writer.writerow(header)
         for model, row in rows:
             spread = row.get("speedup_spread") or [None, None, None]
-            figures = {**row, "speedup_min": spread[0], "speedup_median": spread[1], "speedup_max": spread[2]}
+            figures = {**row, "speedup_min": spread[0], "speedup_median": spread[1], "speedup_max": spread[2],
+                       "faults": "; ".join(f"{name}: {entry['count']} ({entry.get('first')})"
+                                           for name, entry in (row.get("faults") or {}).items())}
+            for key in ("speedup", "estimated_speedup"):
+                low, high = row.get(f"{key}_ci") or (None, None)
+                figures |= {f"{key}_ci_low": low, f"{key}_ci_high": high}
             config = row.get("config") or {}
             counts = []
             for source in sources:

@@ -1,9 +1,15 @@
 """Summary -> PNG plots (matplotlib, Agg backend: no display needed).
 
-- ``speedup*.png``: speedup over ``ar`` per dataset, one bar per method;
+- ``speedup*.png``: speedup over ``ar`` per dataset, one bar per method, with the 95% bootstrap
+  interval over prompts as an error bar (``speedup_ci``);
 - ``tau_topology*.png``: tau of the spine tree against Iso(3)/Iso(5) per dataset;
-- ``acceptance*.png``: every source's accepted / tested draft nodes, per method (all datasets);
-- ``sweep*.png``: mean tau and speedup against each swept parameter.
+- ``acceptance*.png``: every source's accepted / tested draft nodes, per method (all datasets); a
+  source of the method none of whose nodes was tested is a hatched "not tested" bar (or "faulted"
+  where the boundary skipped its hooks), not a 0;
+- ``sweep*.png``: mean tau and speedup against each swept parameter;
+- ``study*.png``: the three-source study's tau and its one speedup estimate per configuration.
+
+Legends sit outside the axes, so no bar hides behind one.
 
 A plot whose methods did not run is skipped. matplotlib is the ``bench`` extra; without it the
 run still writes every other output and says why there are no plots.
@@ -40,20 +46,48 @@ def _value(rows: Sequence[Row], method: str, dataset: str, key: str) -> float:
 
 
 def _grouped_bars(plt: Any, groups: list[str], series: dict[str, list[float]], ylabel: str, title: str,
-                  path: Path, reference: float | None = None) -> None:
-    figure, axes = plt.subplots(figsize=(max(6.0, 1.2 * len(groups) * max(1, len(series)) / 3 + 3), 4))
+                  path: Path, reference: float | None = None,
+                  errors: dict[str, list[list[float] | None]] | None = None,
+                  untested: dict[str, list[str | None]] | None = None) -> None:
+    """One group of bars per ``groups`` entry, one bar per series; ``errors``: per series and group a [low, high]
+    interval (an error bar) or None; ``untested``: per series and group a label ("not tested") drawn as a hatched
+    bar in place of a missing value, or None. The legend goes to the right of the axes."""
+    figure, axes = plt.subplots(figsize=(max(6.0, 1.2 * len(groups) * max(1, len(series)) / 3 + 3) + 2, 4))
+    from matplotlib import patches
+
     width = 0.8 / max(1, len(series))
+    placeholders = False
+    top = max([v for values in series.values() for v in values if v == v] +
+              [interval[1] for intervals in (errors or {}).values() for interval in intervals if interval] + [1.0])
     for i, (name, values) in enumerate(series.items()):
         offsets = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
-        axes.bar(offsets, values, width, label=name)
+        bars = axes.bar(offsets, values, width, label=name)
+        intervals = (errors or {}).get(name)
+        if intervals and any(intervals):
+            low = [v - iv[0] if iv and v == v else float("nan") for v, iv in zip(values, intervals, strict=True)]
+            high = [iv[1] - v if iv and v == v else float("nan") for v, iv in zip(values, intervals, strict=True)]
+            axes.errorbar(offsets, values, yerr=[low, high], fmt="none", ecolor="black", elinewidth=0.8, capsize=3)
+        for offset, label in zip(offsets, (untested or {}).get(name) or [], strict=False):
+            if label is None:
+                continue
+            # a grey hatched placeholder the height of the axes (no value), its label naming the series
+            axes.bar(offset, top, width, facecolor="none", edgecolor="0.7", hatch="///", linewidth=0.0)
+            axes.text(offset, top / 2, f"{name}: {label}", rotation=90, ha="center", va="center", fontsize=8,
+                      color=bars.patches[0].get_facecolor(), fontweight="bold",
+                      bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.9, "pad": 1.5})
+            placeholders = True
     if reference is not None:
         axes.axhline(reference, color="grey", linewidth=0.8, linestyle="--")
     axes.set_xticks(range(len(groups)), groups)
     axes.set_ylabel(ylabel)
     axes.set_title(title)
-    axes.legend(fontsize="small", ncols=min(4, len(series)))
+    handles, labels = axes.get_legend_handles_labels()
+    if placeholders:
+        handles.append(patches.Patch(facecolor="none", edgecolor="0.7", hatch="///"))
+        labels.append("no node tested (no value)")
+    axes.legend(handles, labels, fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
 
 
@@ -68,7 +102,9 @@ def _speedup(plt: Any, summary: dict[str, Any], path: Path) -> bool:
         return False
     datasets = _datasets(rows)
     series = {m: [_value(rows, m, d, "speedup") for d in [*datasets, ALL]] for m in methods}
-    _grouped_bars(plt, _titles(datasets), series, "speedup over ar", f"{summary['model']}: speedup", path, 1.0)
+    errors = {m: [(lookup(rows, m, d) or {}).get("speedup_ci") for d in [*datasets, ALL]] for m in methods}
+    _grouped_bars(plt, _titles(datasets), series, "speedup over ar (mean, 95% bootstrap CI)",
+                  f"{summary['model']}: speedup", path, 1.0, errors=errors)
     return True
 
 
@@ -95,8 +131,21 @@ def _acceptance(plt: Any, summary: dict[str, Any], path: Path) -> bool:
     pooled = {m: lookup(rows, m, ALL) or {} for m in methods}
     sources = list(dict.fromkeys(s for m in methods for s in pooled[m]["source_tested"]))
     series = {s: [pooled[m]["source_acceptance"].get(s, float("nan")) for m in methods] for s in sources}
+
+    def untested(source: str, method: str) -> str | None:
+        """Why a source of the method has no acceptance: none of its nodes was tested (it faulted, or drafted
+        nothing); None where it has one, or is not the method's."""
+        if source in pooled[method]["source_acceptance"]:
+            return None
+        mine = set(pooled[method]["source_tested"]) | set(
+            ((summary.get("methods", {}).get(method) or {}).get("digest") or {}).get("sources") or ())
+        if source not in mine:
+            return None
+        return "not tested (faulted)" if source in (pooled[method].get("faults") or {}) else "not tested"
+
     _grouped_bars(plt, methods, series, "accepted / tested draft nodes",
-                  f"{summary['model']}: acceptance per source (all datasets, measured)", path)
+                  f"{summary['model']}: acceptance per source (all datasets, measured)", path,
+                  untested={s: [untested(s, m) for m in methods] for s in sources})
     return True
 
 
@@ -125,8 +174,8 @@ def _sweep(plt: Any, summary: dict[str, Any], path: Path) -> bool:
 
 
 def _study(plt: Any, summary: dict[str, Any], path: Path) -> bool:
-    """Mean tau and the predicted speedup (on --cost-curve's curve, else this device's) of every study
-    configuration, one colour per shape."""
+    """Mean tau and the report's one speedup estimate (priced over ``ar`` on --cost-curve's curve, else predicted
+    over one token a pass from this device's) of every study configuration, one colour per shape."""
     study = summary.get("study")
     if not study or not study["rows"]:
         return False
@@ -135,11 +184,17 @@ def _study(plt: Any, summary: dict[str, Any], path: Path) -> bool:
     figure, axes = plt.subplots(1, 2, figsize=(13, max(4.0, 0.28 * len(rows))), sharey=True)
     positions = list(range(len(rows)))
     curve = summary.get("settings", {}).get("priced_on")
-    predicted = ("predicted_curve", f"predicted speedup on {curve['curve']} (estimate)") if curve else \
-        ("predicted_device", "predicted speedup on this device's curve (estimate)")
-    for axis, key, title in ((axes[0], "tau", "mean tau (tokens per pass)"), (axes[1], *predicted)):
-        values = [(r[key]["all"] if key == "tau" else r[key]) or 0.0 for r in rows]
-        axis.barh(positions, values, color=[colours.get(r["topology"], "grey") for r in rows])
+    # the report's one estimate per configuration: priced over ar on --cost-curve's curve, else this device's
+    # prediction over one token a pass
+    results = summary["results"]
+    estimates = [(lookup(results, r["method"], ALL) or {}).get("estimated_speedup") if curve else
+                 r["predicted_device"] for r in rows]
+    named = ("this device's curve" if curve["curve"] == "device" else Path(str(curve["curve"])).name) if curve else ""
+    estimate_title = (f"estimated speedup over ar on {named}" if curve else
+                      "predicted speedup over one token a pass, this device's curve") + " (estimate)"
+    for axis, values, title in ((axes[0], [r["tau"]["all"] for r in rows], "mean tau (tokens per pass)"),
+                                (axes[1], estimates, estimate_title)):
+        axis.barh(positions, [v or 0.0 for v in values], color=[colours.get(r["topology"], "grey") for r in rows])
         axis.set_title(title)
         axis.grid(axis="x", alpha=0.3)
     axes[0].set_yticks(positions, [r["method"] for r in rows], fontsize=7)

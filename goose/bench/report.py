@@ -1,10 +1,17 @@
 """Summary -> ``report.md``: the paper's tables, from whatever methods the run had.
 
-Tables appear only when their methods ran: speedup / tau per dataset (every method), speedup
-over Hugging Face greedy (the peers' yardstick), llama.cpp's tok/s beside ours (``--llama-python``),
-topology (spine vs Iso(3)/Iso(5) at equal sources and budget), synergy (Goose over the best
-standalone source), per-source acceptance with the heterogeneity ratio p_s/p_t, accepted-path
-kinds, ablations, sweeps; then what did not run and the exact configuration of every method.
+Tables appear only when their methods ran: speedup / tau per dataset (every method, with the
+bootstrap interval of the mean speedup over prompts), the plugins that faulted (the source, its
+fault count and first message), speedup over Hugging Face greedy (the peers' yardstick), llama.cpp's
+tok/s beside ours (``--llama-python``), topology (spine vs Iso(3)/Iso(5) at equal sources and
+budget), synergy (Goose over the best standalone source), per-source acceptance with the
+heterogeneity ratio p_s/p_t, accepted-path kinds, ablations, sweeps; then what did not run and the
+exact configuration of every method.
+
+One estimate per method: with ``--cost-curve`` it is the priced one (every sample's verify passes
+priced on the named curve, over ``ar``'s priced the same way: ``estimated_speedup``), in the
+estimate table and the three-source study alike; without it the study's prediction from this
+device's curve. The measured speedup (the clock) is the main table's, in every table that shows it.
 """
 
 from __future__ import annotations
@@ -45,6 +52,18 @@ def _gain(value: float | None, base: float | None) -> float | None:
 
 def _ratio(value: float | None, base: float | None) -> float | None:
     return value / base if value is not None and base else None
+
+
+def _ci(interval: Sequence[float] | None) -> str:
+    return f"{interval[0]:.2f}–{interval[1]:.2f}x" if interval else DASH
+
+
+def _curve_name(curve: dict[str, Any], settings: dict[str, Any] | None = None) -> str:
+    """The ``--cost-curve`` a run priced its passes on, by name: a curve file's path, or this device's."""
+    if curve["curve"] != "device":
+        return f"`{curve['curve']}`"
+    cpu = (settings or {}).get("cpu")
+    return "this device's measured curve" + (f" ({cpu})" if cpu else "")
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -122,15 +141,40 @@ def _main_table(view: _View) -> str:
         identical = view.value(method, ALL, "identical_to_ar")
         flag = " (!)" if view.value(method, ALL, "ratios_disagree") else ""
         rows.append([f"`{method}`", *cells, _x(view.value(method, ALL, "speedup")) + flag,
+                     _ci(view.value(method, ALL, "speedup_ci")),
                      _x(view.value(method, ALL, "speedup_of_sums")), _f(view.value(method, ALL, "tau")),
                      _f(view.value(method, ALL, "tokens_per_s"), 1), _share(identical)])
-    header = ["method", *(_title(d) for d in view.datasets), "mean speedup", "summed tok/s over ar", "mean tau",
-              "tok/s", "identical to AR"]
+    header = ["method", *(_title(d) for d in view.datasets), "mean speedup", "95% CI", "summed tok/s over ar",
+              "mean tau", "tok/s", "identical to AR"]
     text = "### Speedup / tau per dataset\n\n" + _table(header, rows)
+    text += ("\n\n95% CI: percentile bootstrap interval of the mean speedup over prompts (2000 resamples of the "
+             "prompts within each dataset, a fixed seed; – with fewer than two prompts).")
     if any(view.value(m, ALL, "ratios_disagree") for m in view.methods):
         text += ("\n\n(!) the mean of per-prompt ratios and the ratio of summed tokens/s disagree (either side of 1x, "
                  "or more than 10% apart): a few prompts carry the mean; see the spread below.")
     return text
+
+
+def _faults_table(view: _View) -> str | None:
+    """Every plugin whose hooks faulted (the boundary skipped the call and decoding went on without it): how often,
+    on how many samples, in which hooks, and its first message."""
+    rows = []
+    for method in view.methods:
+        for dataset in [*view.datasets, ALL] if len(view.datasets) > 1 else [ALL]:
+            row = view.row(method, dataset)
+            for name, entry in ((row or {}).get("faults") or {}).items():
+                hooks = ", ".join(f"{hook} {count}" for hook, count in entry.get("hooks", {}).items())
+                rows.append([f"`{method}`", _title(dataset) if dataset != ALL else "**all**",
+                             f"`{name}` ({entry.get('kind', 'source')})", str(entry["count"]),
+                             f"{entry.get('samples', 0)}/{row['samples']}", hooks,
+                             json.dumps(entry.get("first") or "")[1:-1].replace("|", "\\|")])
+    if not rows:
+        return None
+    return ("### Plugin faults\n\nEvery source or topology whose hooks raised or answered malformed: the plugin "
+            "boundary skipped the call and decoding went on without its contribution (the output is unchanged; its "
+            "drafts, and so its acceptance and speedup, are not). Faults summed over the samples, the samples with "
+            "any, per hook, and the first message.\n\n"
+            + _table(["method", "dataset", "plugin", "faults", "samples", "hooks", "first message"], rows))
 
 
 def _spread_table(view: _View) -> str | None:
@@ -165,17 +209,20 @@ def _estimate_table(view: _View) -> str | None:
         return None
     rows = [[f"`{m}`", *view.per_dataset(lambda d, m=m: f"{_x(view.value(m, d, 'estimated_speedup'))} / "
                                                         f"{_f(view.value(m, d, 'tau'))}"),
-             _x(view.value(m, ALL, "estimated_speedup")), _share(view.value(m, ALL, "identical_to_ar"))]
+             _x(view.value(m, ALL, "estimated_speedup")), _ci(view.value(m, ALL, "estimated_speedup_ci")),
+             _share(view.value(m, ALL, "identical_to_ar"))]
             for m in view.methods if view.value(m, ALL, "estimated_speedup") is not None]
     relative = ", ".join(f"{n}: {t / curve['seconds'][0]:.2f}" for n, t in zip(curve["sizes"], curve["seconds"],
                                                                                strict=True))
-    source = "this device's measured curve" if curve["curve"] == "device" else f"`{curve['curve']}`"
-    return ("### Estimated speedup from a cost curve (an estimate, not a clock)\n\n"
-            f"Every sample's verify passes priced on {source} (t(n) / t(1): {relative}; t(1) "
+    name = _curve_name(curve, view.summary.get("settings"))
+    return (f"### Estimated speedup on {name} (an estimate, not a clock)\n\n"
+            f"Every sample's verify passes priced on {name} (t(n) / t(1): {relative}; t(1) "
             f"{1e3 * curve['seconds'][0]:.1f} ms), over `ar`'s passes priced the same way on the same prompt; prefill "
             "and host time left out on both sides. In float32 every lossless method decodes `ar`'s text, so this "
-            "ranks drafting without the clock's noise.\n\n"
-            + _table(["method", *(_title(d) for d in view.datasets), "mean estimate", "identical to AR"], rows))
+            "ranks drafting without the clock's noise. This is the run's one estimate per method (the three-source "
+            "study shows the same figure).\n\n"
+            + _table(["method", *(_title(d) for d in view.datasets), "mean estimate", "95% CI", "identical to AR"],
+                     rows))
 
 
 def _peer_table(view: _View) -> str | None:
@@ -329,9 +376,15 @@ def _acceptance_table(view: _View) -> str | None:
             tested = view.value(method, dataset, "source_tested") or {}
             accepted = view.value(method, dataset, "source_accepted") or {}
 
-            def cell(source: str, tested: dict = tested, accepted: dict = accepted) -> str:
+            faults = view.value(method, dataset, "faults") or {}
+
+            def cell(source: str, tested: dict = tested, accepted: dict = accepted, faults: dict = faults) -> str:
                 n = tested.get(source)
-                return f"{accepted.get(source, 0) / n:.3f} ({accepted.get(source, 0)}/{n})" if n else DASH
+                if n:
+                    return f"{accepted.get(source, 0) / n:.3f} ({accepted.get(source, 0)}/{n})"
+                if source in faults:
+                    return f"not tested: faulted ({faults[source]['count']})"
+                return "not tested" if source in tested else DASH
 
             accept = view.value(method, dataset, "source_acceptance") or {}
             p_s, p_t = accept.get(SPINE_SOURCE), accept.get(BRANCH_SOURCE)
@@ -341,7 +394,9 @@ def _acceptance_table(view: _View) -> str | None:
     return ("### Per-source acceptance: accepted / tested draft nodes\n\n"
             "Every source's draft nodes the target checked and kept, pooled over the dataset's prompts (measured; not "
             f"the running estimates Goose plans with). p_s = `{SPINE_SOURCE}`, p_t = `{BRANCH_SOURCE}`; the paper "
-            "measures p_s 0.07–0.60, p_t 0.03–0.05, p_s/p_t 2x–18x.\n\n" + _table(header, rows))
+            "measures p_s 0.07–0.60, p_t 0.03–0.05, p_s/p_t 2x–18x. \"not tested\": the source is the method's "
+            "but none of its nodes was checked (it drafted nothing, or faulted: see Plugin faults).\n\n"
+            + _table(header, rows))
 
 
 def _path_table(view: _View) -> str | None:
@@ -418,32 +473,37 @@ def _definitions(view: _View) -> str | None:
 
 
 def _study_tables(view: _View) -> str | None:
-    """The three-source study: tau per configuration against the two-source spine, yields, predicted speedups."""
+    """The three-source study: tau per configuration against the two-source spine, yields, one speedup estimate (the
+    priced one on --cost-curve's curve, else the prediction from this device's) and the measured speedup."""
     study = view.summary.get("study")
     if not study or not study["rows"]:
         return None
     rows = sorted(study["rows"], key=lambda r: (r["topology"], len(r["sources"]), r["method"]))
     reference = next((r for r in rows if r["method"] == REFERENCE), None)
     datasets = [d for d in view.datasets if any(d in r["tau"] for r in rows)]
-    curve = view.summary.get("settings", {}).get("priced_on")
-    header = ["configuration", *(_title(d) for d in datasets), "mean tau", f"vs {REFERENCE}",
-              "pred. this device", *(["pred. " + str(curve["curve"])] if curve else []), "measured", "yield per pass"]
+    settings = view.summary.get("settings", {})
+    curve = settings.get("priced_on")
+    # one estimate per configuration: the priced one on --cost-curve's curve (the estimate table's), else the
+    # prediction from this device's curve; the measured speedup is the main table's
+    estimate = f"est. over `ar` on {_curve_name(curve, settings)}" if curve else \
+        "pred. over one token a pass, this device's curve"
+    header = ["configuration", *(_title(d) for d in datasets), "mean tau", f"vs {REFERENCE}", estimate,
+              "measured", "yield per pass"]
     table = []
     for row in rows:
         gains = [_gain(row["tau"].get(d), reference["tau"].get(d) if reference else None) for d in datasets]
         yields = ", ".join(f"{name} {value:.2f}" for name, value in row["yield_per_pass"].items())
+        estimated = view.value(row["method"], ALL, "estimated_speedup") if curve else row["predicted_device"]
         table.append([f"`{row['method']}`", *(_f(row["tau"].get(d)) for d in datasets), _f(row["tau"]["all"]),
                       _pct(_gain(row["tau"]["all"], reference["tau"]["all"] if reference else None))
                       + f" ({sum(g is not None and g >= 0.10 for g in gains)}/{len(datasets)} >= +10%)",
-                      _x(row["predicted_device"]), *([_x(row["predicted_curve"])] if curve else []),
-                      _x(row["speedup"]), yields])
+                      _x(estimated), _x(view.value(row["method"], ALL, "speedup")), yields])
     lost: dict[tuple[str, str], list[float]] = {}
     for item in study["tokens_lost_without"]:
         lost.setdefault((item["source"], item["triple"].split("@")[1]), []).append(item["tau_lost"])
     lost_rows = [[f"`{source}`", f"`{topology}`", _f(sum(values) / len(values), 3), str(len(values))]
                  for (source, topology), values in sorted(lost.items())]
-    text = ("### Three-source study (equal budget; tau per dataset, predicted speedup over one token a pass "
-            "from this device's cost curve" + (" and from --cost-curve's" if curve else "") + ": estimates)\n\n"
+    text = ("### Three-source study (equal budget; tau per dataset, one speedup estimate, the measured speedup)\n\n"
             + _table(header, table))
     if lost_rows:
         text += ("\n\n#### Tokens per pass lost without each source (mean over the triples holding it)\n\n"
@@ -477,7 +537,7 @@ def _differences_table(view: _View) -> str | None:
 
 
 SECTIONS: tuple[Callable[[_View], str | None], ...] = (
-    _header, _main_table, _differences_table, _spread_table, _estimate_table, _peer_table, _lookup_table,
+    _header, _main_table, _faults_table, _differences_table, _spread_table, _estimate_table, _peer_table, _lookup_table,
     _first_token_table, _llama_table, _topology_table,
     _synergy_table, _acceptance_table, _path_table, _category_tables, _ablation_table, _sweep_table, _study_tables,
     _unavailable, _definitions,
@@ -491,9 +551,10 @@ def model_report(summary: dict[str, Any]) -> str:
 
 
 def main_table(summary: dict[str, Any]) -> str:
-    """The tables printed at the end of a run: speedup / tau, and the estimate of --cost-curve when it ran."""
+    """The tables printed at the end of a run: speedup / tau, the plugins that faulted, and the estimate of
+    --cost-curve when it ran."""
     view = _View(summary)
-    return "\n\n".join(part for part in (_main_table(view), _estimate_table(view)) if part)
+    return "\n\n".join(part for part in (_main_table(view), _faults_table(view), _estimate_table(view)) if part)
 
 
 def build_report(summaries: Sequence[dict[str, Any]], plots: Sequence[str] = ()) -> str:
