@@ -21,7 +21,10 @@ PAPER_DATASETS: tuple[str, ...] = ("humaneval", "mbpp", "classeval", "gsm8k", "m
 # (goose.bench.edit_set: code edits of installed packages' functions, each with its prediction).
 SPEC_BENCH_CATEGORIES: tuple[str, ...] = ("rag", "summarization")
 COPY_DATASETS: tuple[str, ...] = ("edit", *SPEC_BENCH_CATEGORIES)
-KNOWN_DATASETS: tuple[str, ...] = (*PAPER_DATASETS, "spec_bench", *COPY_DATASETS)
+# Written for goose (goose/bench/data/README.md), where structure-aware sources would be studied: numbered
+# lists, tables, JSON, CSV and logs to continue, convert or reformat. Always found in the packaged copy.
+GOOSE_DATASETS: tuple[str, ...] = ("structured",)
+KNOWN_DATASETS: tuple[str, ...] = (*PAPER_DATASETS, "spec_bench", *COPY_DATASETS, *GOOSE_DATASETS)
 
 # Display names for tables and plots.
 DATASET_TITLES: dict[str, str] = {
@@ -34,6 +37,7 @@ DATASET_TITLES: dict[str, str] = {
     "edit": "Edits",
     "rag": "RAG",
     "summarization": "Summaries",
+    "structured": "Structured",
 }
 
 
@@ -92,6 +96,7 @@ _FORMATS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "spec_bench": _turns,
     "rag": _turns,
     "summarization": _turns,
+    "structured": _turns,
 }
 
 
@@ -132,6 +137,8 @@ def resolve_dataset(spec: str, data_dir: Path) -> tuple[str, Path, bool]:
     """(dataset name, file, is a known benchmark) for a ``--datasets`` entry: a name or a JSONL path."""
     if spec in KNOWN_DATASETS:
         path = data_dir / f"{'spec_bench' if spec in SPEC_BENCH_CATEGORIES else spec}.jsonl"
+        if spec in GOOSE_DATASETS and not path.is_file():  # no upstream copy exists: the one goose ships
+            path = PACKAGED_DATA / f"{spec}.jsonl"
         if not path.is_file():
             raise DatasetError(f"dataset {spec!r}: {path} not found (set --data-dir or GOOSE_DATA)")
         return spec, path, True
