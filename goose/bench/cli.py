@@ -46,8 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated: humaneval, mbpp, classeval, gsm8k, mt_bench, spec_bench; where "
                              "prompt lookup is strongest: edit (code edits of installed packages' functions, see "
                              "python -m goose.bench.edit_set --list), rag, summarization (Spec-Bench's categories); "
-                             "or paths of JSONL files whose lines hold a 'prompt' string or a 'turns' list, and "
-                             "optionally a 'prediction' (default: the paper's five)")
+                             "structured (numbered lists, tables, JSON, CSV and logs to continue or convert, written "
+                             "for goose); or paths of JSONL files whose lines hold a 'prompt' string or a 'turns' "
+                             "list, and optionally a 'prediction' (default: the paper's five)")
     parser.add_argument("--methods", default=None,
                         help="comma-separated methods: built-in names (see --list-methods) or SOURCES@TOPOLOGY for any "
                              "registered sources and topology, sources joined by '+' (cm, bt, rest, la, sm stand for "
@@ -123,6 +124,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the run with the median wall time; every run's time is in results.jsonl (wall_s_runs)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--list-methods", action="store_true", help="print every method and whether it can run")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print what the flags expand to (every method's sources, topology and config, the "
+                             "prompts per dataset) and the passes and time the run would take at most, then exit "
+                             "without loading any model")
     parser.set_defaults(run=run_command)
 
 
@@ -254,6 +259,9 @@ def run_command(args: argparse.Namespace) -> int:
 
     if args.repeats != 1 and args.concurrency is not None:
         raise ValueError("--repeats times single-request runs; --concurrency measures a closed loop of clients")
+    if args.dry_run:
+        return _dry_run(args, model_names, methods if args.concurrency is None else None, datasets, data_dir, limit,
+                        max_new_tokens)
     if args.concurrency is not None:
         return _run_concurrency(args, model_names, datasets, data_dir, limit, max_new_tokens)
 
@@ -297,6 +305,90 @@ def run_command(args: argparse.Namespace) -> int:
                 "cold (a fresh decoder per prompt)"
             print(f"\nsources: {state}")
             print("wrote " + ", ".join(str(p) for p in [out / RESULTS_FILE, *written]))
+    return 0
+
+
+DRY_RUN_WARMUP_TOKENS = 8  # goose.bench.runner.BenchSettings.warmup_tokens
+
+
+def _describe_method(method: Any) -> str:
+    """One method as the run would build it: a Goose config's sources, topology, budget and changed fields; a peer's
+    generate() arguments; or why it cannot run."""
+    from goose.bench.methods import unavailable_reason
+
+    if method.kind == "ar":
+        return "one token per forward pass (the baseline)"
+    if method.kind == "hf":
+        arguments = ", ".join(f"{key}={value!r}" for key, value in method.fields.items())
+        return f"model.generate({arguments})"
+    reason = unavailable_reason(method)
+    if reason is not None:
+        return f"unavailable: {reason}"
+    digest = method.config().digest()
+    parts = [f"sources {'+'.join(digest['sources'])}", f"topology {digest['topology']}", f"budget {digest['budget']}"]
+    for key in ("source_options", "topology_options", "changed"):
+        if digest.get(key):
+            parts.append(f"{key} {json.dumps(digest[key])}")
+    return ", ".join(parts)
+
+
+def _dry_run(args: argparse.Namespace, model_names: list[str], methods: list[Any] | None, datasets: list[str],
+             data_dir: Path, limit: int | None, max_new_tokens: int) -> int:
+    """``--dry-run``: the expansion of the flags and the size of the run; loads no model, writes nothing."""
+    from goose.bench.prompts import load_samples
+
+    print("goose bench --dry-run: nothing is loaded, run or written")
+    print(f"models: {', '.join(model_names)} (engine {args.engine}, dtype {args.dtype}, device {args.device}"
+          + (f", {args.quantize}" if args.quantize else "") + (f", {args.threads} threads" if args.threads else "")
+          + ")")
+    sampled = f"sampled (temperature {args.temperature}, seed {args.seed} + prompt index)" if args.temperature else \
+        "greedy"
+    sources = "warm (one decoder per method)" if args.warm_sources else "cold (a fresh decoder per prompt)"
+    print(f"decoding: {sampled}; sources {sources}; {max_new_tokens} new tokens a turn at most")
+    found = {spec: load_samples(spec, data_dir, limit) for spec in datasets}  # a bad dataset fails here, as in a run
+    samples = [sample for group in found.values() for sample in group]
+    turns = sum(len(sample.turns) for sample in samples)
+    if methods is None:  # --concurrency: its own methods, closed-loop clients over the first turns
+        from goose.bench.concurrency import CONCURRENCY_METHODS
+
+        names = _names(args.methods) or list(CONCURRENCY_METHODS)
+        concurrencies = _names(args.concurrency)
+        print(f"\nmethods (--concurrency {','.join(concurrencies)}): {', '.join(names)}, closed-loop clients over "
+              "every prompt's first turn at each concurrency")
+    else:
+        print(f"\nmethods ({len(methods)}; ar is the baseline every speedup is over):")
+        width = max(len(method.name) for method in methods)
+        for method in methods:
+            print(f"  {method.name:<{width}}  {method.kind:<5}  {_describe_method(method)}")
+    print(f"\nprompts ({len(samples)}, {turns} turns; limit {limit if limit is not None else 'none'}):")
+    for spec, group in found.items():
+        categories = sorted({s.category for s in group if s.category})
+        more = f"; categories {', '.join(categories)}" if 1 < len(categories) <= 12 else ""
+        print(f"  {spec}: {len(group)} prompts, {sum(len(s.turns) for s in group)} turns{more}")
+    if methods is None:
+        return 0
+    generations = len(model_names) * len(methods) * len(samples) * args.repeats
+    per_turn = max_new_tokens - 1  # the prefill gives the first token; each verify pass at least one more (tau 1)
+    passes = len(model_names) * len(methods) * turns * args.repeats * per_turn
+    print(f"\nruns: {len(model_names)} model(s) x {len(methods)} methods x {len(samples)} prompts"
+          + (f" x {args.repeats} repeats" if args.repeats > 1 else "")
+          + f" = {generations} generations, after one warm-up of {DRY_RUN_WARMUP_TOKENS} tokens per method")
+    prefills = len(model_names) * len(methods) * turns * args.repeats
+    print(f"passes: at most {passes} verify passes beside {prefills} prefills "
+          f"({max_new_tokens} new tokens a turn at tau 1: every method at worst one token a pass, as ar is)")
+    curve_spec = args.cost_curve
+    if curve_spec and curve_spec != "device":
+        from goose.bench.estimate import load_curve
+
+        curve = load_curve(curve_spec)
+        seconds = passes * curve.seconds[0]
+        print(f"time: about {seconds:.0f} s ({seconds / 60:.1f} min) of verify passes priced on {curve_spec} "
+              f"(t(1) {1e3 * curve.seconds[0]:.2f} ms a pass, every pass at ar's cost; prefills, warm-ups and host "
+              "time not counted): what ar takes, an upper bound for methods that accept drafts")
+    else:
+        why = "--cost-curve device is measured when the model loads" if curve_spec else "no --cost-curve FILE"
+        print(f"time: not priced ({why}); the pass count above is a rough upper bound, reached when nothing "
+              "drafted is accepted")
     return 0
 
 
