@@ -480,6 +480,9 @@ def _run_plugins(args: argparse.Namespace) -> int:
 def _add_calibrate(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser, dtype="bfloat16")
     parser.add_argument("--refresh", action="store_true", help="measure again instead of using the cached curve")
+    parser.add_argument("--show", action="store_true",
+                        help="print the curve cached for this model, dtype, threads and CPU (file, when, CPU, spread) "
+                             "without measuring; exit status 1 when there is none")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--plot", default=None, metavar="PNG",
                         help="also draw the curve, t(n) / t(1) against tree nodes, into this PNG file")
@@ -487,24 +490,58 @@ def _add_calibrate(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_calibrate(args: argparse.Namespace) -> int:
+    import statistics
+
     from goose.cycle import calibration
     from goose.planning import cost
 
+    if args.show and args.refresh:
+        raise ValueError("--show prints the cached curve and --refresh measures a new one: give one of them")
     model, _ = load_model(args)
-    curve = calibration.load_or_measure(model, refresh=args.refresh)
+    path = cost.curve_path(model)
+    if args.show:
+        if not path.exists():
+            print(f"goose: no verify cost curve is cached for {args.model} ({weights(args)}, {args.device}) with "
+                  f"these threads on this CPU ({path}); `goose calibrate` without --show measures it", file=sys.stderr)
+            return 1
+        curve = cost.CostCurve.load(path)
+    else:
+        curve = calibration.load_or_measure(model, refresh=args.refresh)
+    cached = not (curve.meta and curve.meta.problems)  # a curve that looked busy every time was not cached
+    signs = cost.busy_signs(curve) if cached else list(curve.meta.problems)
     if args.plot:
         _plot_curve(curve.sizes, curve.seconds, f"{args.model} ({weights(args)}, {args.device})", Path(args.plot))
     if args.json:
         print(json.dumps({"model": args.model, "dtype": args.dtype, "quantize": args.quantize, "device": args.device,
-                          "key": cost.cache_key(model),
+                          "key": cost.cache_key(model), "path": str(path), "cached": cached, "busy_signs": signs,
                           **curve.to_dict(), "relative": curve.relative()}))
-        return 0
-    print(f"verify cost t(n) for {args.model} ({weights(args)}, {args.device}, "
-          f"{calibration.CALIBRATION_CONTEXT}-token context)")
-    print(f"{'tree nodes':>10}  {'ms':>8}  {'x one token':>11}")
-    for size, seconds in zip(curve.sizes, curve.seconds, strict=True):
-        print(f"{size:>10}  {1000 * seconds:>8.2f}  {seconds / curve.seconds[0]:>11.2f}")
-    return 0
+        return 0 if cached else 1
+    meta = curve.meta
+    context = meta.context_length if meta and meta.context_length else calibration.CALIBRATION_CONTEXT
+    print(f"verify cost t(n) for {args.model} ({weights(args)}, {args.device}, {context}-token context)")
+    print(f"file      {path}{'' if cached else ' (not written: measured on a busy machine)'}")
+    if meta is None or not meta.measured_at:
+        print("measured  (not recorded: a file of sizes and seconds alone)")
+    else:
+        load = "" if meta.load_average is None else f", load average {meta.load_average:.2f} before"
+        tries = f", {meta.tries} measurements" if meta.tries > 1 else ""
+        print(f"measured  {meta.measured_at}{load}, {meta.rounds} passes a size{tries}")
+        features = f" ({meta.cpu_features}; key {meta.cpu_key})" if meta.cpu_key else ""
+        print(f"cpu       {meta.cpu}{features}, {meta.threads} threads")
+        if meta.spread:
+            worst = max(range(len(meta.spread)), key=meta.spread.__getitem__)
+            print(f"spread    IQR/median {statistics.median(meta.spread):.3f} (median over sizes), at most "
+                  f"{meta.spread[worst]:.3f} (n = {curve.sizes[worst]})")
+        if meta.note:
+            print(f"note      {meta.note}")
+    print(f"checks    {'; '.join(signs) if signs else 'no sign of a busy machine'}"
+          f"{' (the next run measures it again)' if signs and cached else ''}")
+    spread = meta.spread if meta and len(meta.spread) == len(curve.sizes) else None
+    print(f"{'tree nodes':>10}  {'ms':>8}  {'x one token':>11}{'  spread' if spread else ''}")
+    for index, (size, seconds) in enumerate(zip(curve.sizes, curve.seconds, strict=True)):
+        print(f"{size:>10}  {1000 * seconds:>8.2f}  {seconds / curve.seconds[0]:>11.2f}"
+              f"{f'  {spread[index]:>6.3f}' if spread else ''}")
+    return 0 if cached else 1
 
 
 def _plot_curve(sizes: Sequence[int], seconds: Sequence[float], title: str, path: Path) -> None:

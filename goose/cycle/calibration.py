@@ -1,5 +1,6 @@
 """Measuring this device's verify cost curve t(n) (:class:`goose.planning.cost.CostCurve`): timed passes of the
-real verifier over chain-shaped trees, cached per machine."""
+real verifier over chain-shaped trees, every sample kept, cached per machine only when it looks measured on a
+quiet one (:func:`goose.planning.cost.busy_signs`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from goose.config import GooseConfig
 from goose.contract.tree import TreeBuilder
 from goose.cycle.engine import new_verifier
 from goose.cycle.readout import read
-from goose.planning.cost import BATCH_WIDTHS, CostCurve, cached, curve_path, monotone
+from goose.planning import machine
+from goose.planning.cost import BATCH_WIDTHS, CostCurve, cached, curve_path, describe_measurement, monotone
 
 DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 CALIBRATION_CONTEXT = 256  # tokens of context while measuring: a typical prompt length
@@ -31,7 +33,12 @@ def measure(model: torch.nn.Module, sizes: tuple[int, ...] = DEFAULT_SIZES, roun
     every size alike instead of inflating whichever size was being timed at the moment. A batched
     pass does not cost what one request's pass of as many rows does (every request attends over its
     own context, and small per-request blocks use the kernels less well), hence a curve per batch size.
+
+    Every sample is kept in the curve's ``meta`` with each size's median and spread (interquartile
+    range over median), the machine, the model and the time: what tells a curve measured on a busy
+    machine from a quiet one.
     """
+    load = machine.load_average()  # before the measurement's own load
     verifier = new_verifier(model, batch)
     vocab = verifier.vocab_size
     generator = np.random.default_rng(0)
@@ -54,13 +61,19 @@ def measure(model: torch.nn.Module, sizes: tuple[int, ...] = DEFAULT_SIZES, roun
                 read(logits, tree.size, HARVEST_TOP_K)  # the readout and device read the decoder pays
             if round_index:
                 samples.append(time.perf_counter() - started)
-    return CostCurve(tuple(batch * size for size in sizes),
-                     tuple(float(s) for s in monotone([statistics.median(t) for t in timings])))
+    medians = [statistics.median(t) for t in timings]
+    spreads = [float(np.subtract(*np.percentile(t, [75, 25]))) / m for t, m in zip(timings, medians, strict=True)]
+    meta = describe_measurement(model, batch=batch, context_length=context_length, rounds=rounds, load_average=load,
+                                raw_seconds=tuple(medians), spread=tuple(round(s, 4) for s in spreads),
+                                samples=tuple(tuple(round(x, 7) for x in t) for t in timings))
+    return CostCurve(tuple(batch * size for size in sizes), tuple(float(s) for s in monotone(medians)), meta)
 
 
 def load_or_measure(model: torch.nn.Module, cache_dir: Path | None = None, refresh: bool = False,
                     batch: int = 1) -> CostCurve:
-    """The cached curve for this model/dtype/device/threads (of passes of ``batch`` requests), measured on first use."""
+    """The cached curve for this model/dtype/device/threads/CPU (of passes of ``batch`` requests), measured on first
+    use, and measured again when it looks measured on a busy machine (:func:`goose.planning.cost.cached`)."""
+    path, legacy = curve_path(model, cache_dir, batch), curve_path(model, cache_dir, batch, curve_format=6)
     if batch == 1:
-        return cached(curve_path(model, cache_dir), lambda: measure(model), refresh)
-    return cached(curve_path(model, cache_dir, batch), lambda: measure(model, BATCH_WIDTHS, 3, batch=batch), refresh)
+        return cached(path, lambda: measure(model), refresh, legacy=legacy)
+    return cached(path, lambda: measure(model, BATCH_WIDTHS, 3, batch=batch), refresh, legacy=legacy)

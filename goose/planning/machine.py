@@ -1,0 +1,97 @@
+"""Which machine a cost curve was measured on: the CPU's model name and a key of the features that set its speed.
+
+A CPU's name does not say what it computes with: "AMD EPYC" is the name a VM reports for an EPYC with
+AVX-512 (VNNI, BF16) and for one with AVX2 only, and their verify cost curves differ severalfold. So a
+curve is keyed by the CPU's *features* as well: a short hash of the instruction-set flags that the
+numeric kernels choose between (AVX, AVX2, FMA, F16C, every AVX-512 and AMX extension, AVX-VNNI; on
+ARM NEON, SVE, dot products, BF16 and int8 matrix multiply), and by how many CPUs this process may run
+on (a 2-CPU and a 16-CPU slice of the same chip share its flags, not its memory bandwidth or its noise).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+from pathlib import Path
+
+CPUINFO = Path("/proc/cpuinfo")
+# the flags the numeric kernels (oneDNN, MKL, llama.cpp's ggml) dispatch on; "avx512*" and "amx*" are prefixes
+SPEED_FLAGS = frozenset({"avx", "avx2", "fma", "f16c", "avx_vnni", "avx_vnni_int8", "avx_ifma", "avx_ne_convert",
+                         # ARM (the "Features" line)
+                         "asimd", "asimddp", "asimdhp", "fphp", "bf16", "i8mm", "sve", "sve2", "sme"})
+SPEED_PREFIXES = ("avx512", "amx")
+
+
+def _cpuinfo_field(field: str, text: str | None = None) -> str:
+    """The first ``field : value`` line of /proc/cpuinfo (``text``: its contents, for tests), or ''."""
+    if text is None:
+        try:
+            text = CPUINFO.read_text()
+        except OSError:
+            return ""
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == field:
+            return value.strip()
+    return ""
+
+
+@functools.cache
+def cpu_model() -> str:
+    """This machine's processor model as the OS names it ("AMD EPYC"); the platform's word where there is none."""
+    return _cpuinfo_field("model name") or _cpuinfo_field("Hardware") or platform.processor() or "cpu"
+
+
+def speed_flags(flags: str | None = None) -> tuple[str, ...]:
+    """The sorted flags of ``flags`` (a cpuinfo flags line; default: this CPU's) that the kernels' speed depends on."""
+    if flags is None:
+        flags = _cpuinfo_field("flags") or _cpuinfo_field("Features")
+    return tuple(sorted({f for f in flags.split() if f in SPEED_FLAGS or f.startswith(SPEED_PREFIXES)}))
+
+
+def features_key(flags: tuple[str, ...] | None = None) -> str:
+    """8 hex digits of the sorted speed flags: the part of a cache key that tells two CPUs of one name apart."""
+    chosen = speed_flags() if flags is None else tuple(sorted(flags))
+    return hashlib.sha256(" ".join(chosen).encode()).hexdigest()[:8]
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity: a container's or taskset's share, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def machine_key(flags: tuple[str, ...] | None = None) -> str:
+    """``f<features_key>-cpus<n>``: what a cost curve's cache key adds to the CPU's name."""
+    return f"f{features_key(flags)}-cpus{cpu_count()}"
+
+
+def describe_features(flags: tuple[str, ...] | None = None) -> str:
+    """The speed flags in a line: ``AVX-512 (bf16 vnni ...), AVX2, FMA, F16C, AVX-VNNI, no AMX``."""
+    chosen = speed_flags() if flags is None else tuple(sorted(flags))
+    if not chosen:
+        return "no vector extensions the kernels use" if platform.machine() in ("x86_64", "AMD64") else "none listed"
+    if not any(f.startswith("avx") for f in chosen):  # ARM and the like: the flags as listed
+        return " ".join(chosen)
+    avx512 = [f.removeprefix("avx512").lstrip("_") for f in chosen if f.startswith("avx512")]
+    words = []
+    if avx512:
+        extras = sorted(f for f in avx512 if f not in ("f", "cd", "bw", "dq", "vl"))
+        words.append(f"AVX-512 ({' '.join(extras)})" if extras else "AVX-512")
+    words += [name for flag, name in (("avx2", "AVX2"), ("fma", "FMA"), ("f16c", "F16C"), ("avx_vnni", "AVX-VNNI"))
+              if flag in chosen]
+    amx = [f.removeprefix("amx").lstrip("_") for f in chosen if f.startswith("amx")]
+    words.append(f"AMX ({' '.join(amx)})" if amx else "no AMX")
+    return ", ".join(words)
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (None where the OS has none): how busy the machine was when a curve was measured."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
