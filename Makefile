@@ -13,10 +13,20 @@ VLLM_STAMP := $(VLLM_VENV)/.goose-vllm-installed
 # PyPI and is compiled from source, once per version and flags: the wheel is kept under the cache folder
 # (pip's own cache keys a built wheel by version only, so a wheel built with other flags would be reused
 # silently) and installed into .venv. `make test` builds it; `make demo` does not need it.
-# The native build (GGML_NATIVE=ON) crashed inside llama_decode on this machine, and AMX builds die on
-# CPUs without AMX: a portable build with AVX-512 named explicitly and the AMX kernels off runs here.
+# The build follows this CPU: scripts/llama_cmake_args.py reads /proc/cpuinfo's flags and names each x86
+# instruction set ggml can use ON or OFF (a fixed AVX-512 build died with SIGILL on the AVX2-only EPYC; ggml
+# turns AVX2, FMA and F16C on by default). It stays a portable build with explicit flags: the native build
+# (GGML_NATIVE=ON) crashed inside llama_decode on the AVX-512 EPYC, and AMX builds died on the AMX Xeon, so
+# the AMX kernels are always off. The flags are part of the wheel's and the server's cache keys, so each CPU
+# kind gets its own build; `make LLAMA_CMAKE_ARGS='...'` overrides them. Each build records the instruction
+# sets it needs (`--needs`, as /proc/cpuinfo names them: $(VENV)/goose-llama-cpu-flags beside the installed
+# wheel, cpu-flags beside the server), and goose refuses one that needs what the CPU lacks (goose/cpu.py).
 LLAMA_CPP_VERSION ?= 0.3.36
-LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+LLAMA_ARGS_SCRIPT := scripts/llama_cmake_args.py
+ifeq ($(origin LLAMA_CMAKE_ARGS),undefined)
+LLAMA_CMAKE_ARGS := $(shell python3 $(LLAMA_ARGS_SCRIPT))
+endif
+LLAMA_CPU_FLAGS := $(VENV)/goose-llama-cpu-flags
 GOOSE_CACHE ?= $(HOME)/.cache/goose
 LLAMA_BUILD := llama-cpp-python-$(LLAMA_CPP_VERSION)-$(shell echo '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
 LLAMA_WHEELS := $(GOOSE_CACHE)/wheels/$(LLAMA_BUILD)
@@ -81,9 +91,11 @@ $(VLLM_STAMP): pyproject.toml
 # The wheel is built aside and renamed into place, so an interrupted build leaves nothing a later run trusts.
 # It compiles llama.cpp (minutes on 2 cores, once).
 $(LLAMA_WHEELS)/.complete: | $(STAMP)
+	@test -n '$(strip $(LLAMA_CMAKE_ARGS))' || { echo "no llama.cpp cmake args (python3 $(LLAMA_ARGS_SCRIPT) failed)"; exit 1; }
 	rm -rf $(LLAMA_WHEELS).partial && mkdir -p $(LLAMA_WHEELS).partial
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip wheel -q --no-deps --no-cache-dir \
 		llama-cpp-python==$(LLAMA_CPP_VERSION) -w $(LLAMA_WHEELS).partial
+	python3 $(LLAMA_ARGS_SCRIPT) --needs '$(LLAMA_CMAKE_ARGS)' > $(LLAMA_WHEELS).partial/cpu-flags
 	echo '$(LLAMA_CMAKE_ARGS)' > $(LLAMA_WHEELS).partial/.complete
 	rm -rf $(LLAMA_WHEELS) && mv $(LLAMA_WHEELS).partial $(LLAMA_WHEELS)
 
@@ -98,6 +110,7 @@ $(LLAMA_SDIST): | $(STAMP)
 	rm -rf $(LLAMA_SDIST).partial
 
 $(LLAMA_SERVER_DIR)/.complete: $(LLAMA_SDIST)
+	@test -n '$(strip $(LLAMA_CMAKE_ARGS))' || { echo "no llama.cpp cmake args (python3 $(LLAMA_ARGS_SCRIPT) failed)"; exit 1; }
 	rm -rf $(LLAMA_SERVER_DIR).partial && mkdir -p $(LLAMA_SERVER_DIR).partial/src
 	tar xzf $(LLAMA_SDIST) -C $(LLAMA_SERVER_DIR).partial/src --strip-components=1
 	cmake -S $(LLAMA_SERVER_DIR).partial/src/vendor/llama.cpp -B $(LLAMA_SERVER_DIR).partial/build -G Ninja \
@@ -105,6 +118,7 @@ $(LLAMA_SERVER_DIR)/.complete: $(LLAMA_SDIST)
 	cmake --build $(LLAMA_SERVER_DIR).partial/build --target llama-server -j2 > $(LLAMA_SERVER_DIR).partial/build.log
 	cp $(LLAMA_SERVER_DIR).partial/build/bin/llama-server $(LLAMA_SERVER_DIR).partial/llama-server
 	rm -rf $(LLAMA_SERVER_DIR).partial/src $(LLAMA_SERVER_DIR).partial/build
+	python3 $(LLAMA_ARGS_SCRIPT) --needs '$(LLAMA_SERVER_CMAKE_ARGS)' > $(LLAMA_SERVER_DIR).partial/cpu-flags
 	echo '$(LLAMA_SERVER_CMAKE_ARGS)' > $(LLAMA_SERVER_DIR).partial/.complete
 	rm -rf $(LLAMA_SERVER_DIR) && mv $(LLAMA_SERVER_DIR).partial $(LLAMA_SERVER_DIR)
 
@@ -114,6 +128,8 @@ llama-server: $(LLAMA_SERVER_DIR)/.complete
 $(LLAMA_STAMP): $(LLAMA_WHEELS)/.complete $(STAMP)
 	$(PY) -m pip install -q --no-deps --force-reinstall $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl
 	$(PY) -m pip install -q diskcache jinja2
+	test -f $(LLAMA_WHEELS)/cpu-flags || python3 $(LLAMA_ARGS_SCRIPT) --needs '$(LLAMA_CMAKE_ARGS)' > $(LLAMA_WHEELS)/cpu-flags
+	cp $(LLAMA_WHEELS)/cpu-flags $(LLAMA_CPU_FLAGS)
 	rm -f $(VENV)/.goose-llama-cpp-python-*-installed
 	touch $(LLAMA_STAMP)
 

@@ -3,7 +3,10 @@
 llama-cpp-python's public low-level bindings (``llama_cpp.llama_model_load_from_file`` and
 friends) load the file with its quantized weights; :mod:`goose.cycle.llama_verifier` verifies
 Goose's trees on it. Nothing here imports ``llama_cpp`` until a model is loaded, so ``import goose``
-never needs it; a missing or broken installation is a :class:`LlamaEngineError` saying how to get it.
+never needs it; a missing or broken installation is a :class:`LlamaEngineError` saying how to get it,
+and so is a build for another CPU: ``make llama-setup`` records the instruction sets its build needs
+(:func:`cpu_flags_file`), and one this CPU lacks is refused before the library loads (goose.cpu), never
+a SIGILL.
 
 llama.cpp logs to stderr from C; its lines go to the ``goose.llama`` logger instead (debug level),
 and the last error lines are kept for the message of a failed call.
@@ -32,10 +35,12 @@ import hashlib
 import logging
 import os
 import platform
+import sys
 from collections import deque
 from pathlib import Path
 from typing import Any
 
+from goose import cpu
 from goose.planning.cost import cpu_name
 
 logger = logging.getLogger("goose.llama")
@@ -55,12 +60,23 @@ _recent_errors: deque[str] = deque(maxlen=8)
 TILED_SWITCH = "GGML_CPU_TILED_MM"
 CELL_PADDING = 256  # llama.cpp rounds a context's cells up to a multiple of this
 GGML_TYPE_BF16 = 30  # ggml.h's enum ggml_type (llama-cpp-python names no constant for it)
+CPU_FLAGS_VARIABLE = "GOOSE_LLAMA_CPU_FLAGS"
+CPU_FLAGS_FILE = "goose-llama-cpu-flags"  # written into the environment by `make llama-setup`
+
+
+def cpu_flags_file() -> Path:
+    """Where the installed llama-cpp-python's build recorded the instruction sets it needs: ``$GOOSE_LLAMA_CPU_FLAGS``,
+    else ``goose-llama-cpu-flags`` in this environment (``.venv``)."""
+    return Path(os.environ.get(CPU_FLAGS_VARIABLE) or Path(sys.prefix) / CPU_FLAGS_FILE)
 
 
 def bindings() -> Any:
     """The ``llama_cpp`` module, its backend initialised and its log routed to the ``goose.llama`` logger."""
     if "module" in _state:
         return _state["module"]
+    refused = cpu.refusal("llama-cpp-python", cpu_flags_file(), "make llama-setup")
+    if refused:  # loading it would die with SIGILL at its first instruction this CPU lacks
+        raise LlamaEngineError(refused)
     os.environ.setdefault(TILED_SWITCH, "0")  # read by ggml at its first matmul (see the module's docstring)
     try:
         import llama_cpp

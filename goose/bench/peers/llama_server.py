@@ -2,7 +2,12 @@
 ids, always stopped.
 
 The llama.cpp runner's ``llama_server_ngram`` runs through it (the runner imports it from its own folder);
-the standard library alone, so it runs in the llama.cpp environment as in goose's.
+the standard library alone, so it runs in the llama.cpp environment as in goose's (and so it reads the CPU's
+flags itself rather than through goose.cpu).
+
+``make llama-server`` builds the binary for this CPU's instruction sets and records them in ``cpu-flags``
+beside it (/proc/cpuinfo's names); a binary whose record names one this CPU lacks is refused before it
+starts, in one line, where it would die with SIGILL. Without the record it starts as it is.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ STARTUP_S = 300.0  # loading the model and the server's own warm-up decode
 REQUEST_S = 3600.0
 STOP_S = 10.0
 LOG_LINES_SHOWN = 15
+CPUINFO = Path("/proc/cpuinfo")
+CPU_FLAGS_FILE = "cpu-flags"  # beside the binary that `make llama-server` built (the link resolved)
 
 
 class LlamaServerError(RuntimeError):
@@ -34,6 +41,26 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind((HOST, 0))
         return probe.getsockname()[1]
+
+
+def missing_instructions(binary: str | Path, cpuinfo: Path | None = None) -> tuple[list[str], Path | None]:
+    """The instruction sets that ``binary``'s build recorded (``cpu-flags`` beside it, the link resolved) and the
+    CPU of ``cpuinfo`` (default :data:`CPUINFO`) lacks, and the record's path; ([], None) where there is no record."""
+    record = Path(binary).resolve().parent / CPU_FLAGS_FILE
+    try:
+        required = record.read_text().split()
+    except OSError:
+        return [], None
+    have: set[str] = set()
+    try:
+        for line in (cpuinfo or CPUINFO).read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "flags":
+                have = set(value.split())
+                break
+    except OSError:
+        return [], record  # no cpuinfo to judge by: start it as it is
+    return list(dict.fromkeys(flag for flag in required if flag not in have)), record
 
 
 class LlamaServer:
@@ -59,6 +86,10 @@ class LlamaServer:
 
     def start(self) -> None:
         """Start the process and wait until its /health answers 200 (503 while the model loads)."""
+        missing, record = missing_instructions(self.command[0])
+        if missing:  # it would die with SIGILL ("Illegal instruction") at the first of them
+            raise LlamaServerError(f"{self.command[0]} was built for instructions this CPU lacks: {' '.join(missing)} "
+                                   f"(recorded in {record}); `make llama-server` rebuilds it for this CPU")
         port = free_port()
         self.url = f"http://{HOST}:{port}"
         self.log.parent.mkdir(parents=True, exist_ok=True)
