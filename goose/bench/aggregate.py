@@ -140,7 +140,20 @@ def _pooled(records: Sequence[Record]) -> Row:
         "path_kinds": {kind: count / steps for kind, count in kinds.items()} if steps else {},
         "faults": _faults(records),
         **_honest(records),
+        **_work(records),
     }
+
+
+def _work(records: Sequence[Record]) -> Row:
+    """What the samples cost in the target's work, the deterministic figure: verify passes and the rows they held
+    (auxiliary rows included), and, through the memo, the rows it answered and the real work left."""
+    counted = [r for r in records if r.get("tree_sizes") is not None]
+    memo: Counter[str] = Counter()
+    for record in records:
+        memo.update(record.get("memo") or {})
+    return {"passes": sum(len(r["tree_sizes"]) for r in counted) if counted else None,
+            "rows": sum(sum(r["tree_sizes"]) + r.get("auxiliary_rows", 0) for r in counted) if counted else None,
+            "memo": dict(memo) or None}
 
 
 def _flagged(row: Row) -> Row:

@@ -122,6 +122,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=1, metavar="N",
                         help="time every method N times on every prompt (fresh decoders, rotated order) and keep "
                              "the run with the median wall time; every run's time is in results.jsonl (wall_s_runs)")
+    parser.add_argument("--memo", default=None, type=Path, metavar="DIR",
+                        help="where the target's memo lives (default: a folder under Goose's cache): rows any run "
+                             "verified before are read, not run; where it cannot be exact (bfloat16, int8, "
+                             "llama.cpp, sampling, --repeats) every pass runs for real, and the run says why")
+    parser.add_argument("--no-memo", action="store_true", help="run every pass for real")
+    parser.add_argument("--resume", action="store_true",
+                        help="go on where a stopped run in --out stopped: the method x prompt cells already in its "
+                             "results.jsonl are kept, the rest run")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--list-methods", action="store_true", help="print every method and whether it can run")
     parser.add_argument("--dry-run", action="store_true",
@@ -280,6 +288,7 @@ def run_command(args: argparse.Namespace) -> int:
         threads=args.threads,
         chat=not args.no_chat, progress=not args.no_progress, warm_sources=args.warm_sources, sampling=sampling,
         datastore=datastore, repeats=args.repeats, cost_curve=args.cost_curve, engine=args.engine,
+        memo=not args.no_memo, memo_dir=args.memo.expanduser() if args.memo else None, resume=args.resume,
         extra={"quick": args.quick, "suite": args.suite, "suite_sources": _names(args.sources) or None,
                "disabled": args.disable or None},
     )

@@ -26,7 +26,9 @@ from transformers.generation.streamers import BaseStreamer
 from goose.bench.methods import Method
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.cycle.engine import model_device
+from goose.cycle.memo import MEMO_TOP_K, TargetMemo
 from goose.cycle.sampling import SamplingParams
+from goose.planning.cost import CostCurve
 
 # GenerationStats.to_dict() keys kept per turn (the per-step lists are kept separately)
 _STATS_KEYS = ("source_tested", "source_accepted", "path_kinds", "prefill_s", "mean_tree_size", "auxiliary_rows")
@@ -65,15 +67,30 @@ class Generator(Protocol):
                  prediction: str | None = None) -> TurnOutput: ...
 
 
+@dataclass(frozen=True)
+class Study:
+    """How a study's decoders run: through the target's memo (None: every pass for real) and, with ``curve``,
+    budgeted on that pinned curve alone (no measured time moves a budget: the figures reproduce anywhere)."""
+
+    memo: TargetMemo | None = None
+    curve: CostCurve | None = None
+
+
 class DecoderGenerator:
     """Our decoders: plain AR (the baseline) and every Goose configuration."""
 
-    def __init__(self, method: Method, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(self, method: Method, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 study: Study | None = None) -> None:
         self.method = method
+        study = study or Study()
+        memo = study.memo if study.memo is not None and memo_refusal(method) is None else None
+        verifier = memo.verifier() if memo is not None else None
         if method.kind == "ar":
-            self.decoder: AutoregressiveDecoder | GooseDecoder = AutoregressiveDecoder(model, tokenizer)
+            self.decoder: AutoregressiveDecoder | GooseDecoder = AutoregressiveDecoder(model, tokenizer,
+                                                                                      verifier=verifier)
         else:
-            self.decoder = GooseDecoder(model, tokenizer, method.config())
+            self.decoder = GooseDecoder(model, tokenizer, method.config(), cost_curve=study.curve,
+                                        pinned_costs=study.curve is not None, verifier=verifier)
         self.device = model_device(model)
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams | None = None,
@@ -91,13 +108,14 @@ class DecoderGenerator:
             # the finished request's KV cache is dead weight; with a dozen decoders it adds up
             self.decoder.verifier.reset()
         full = result.stats.to_dict()
+        counts = getattr(self.decoder.verifier, "counts", None)  # through the memo: what it answered and ran
         return TurnOutput(
             prompt_tokens=len(prompt_ids), new_token_ids=result.new_token_ids, text=result.text, wall_s=wall_s,
             stop_reason=result.stop_reason, accepted_lengths=list(result.stats.accepted_lengths),
             first_token_s=result.stats.prefill_s,
             tree_sizes=list(result.stats.tree_sizes) if isinstance(self.decoder, GooseDecoder)
             else [1] * result.stats.verify_steps,
-            stats={key: full[key] for key in _STATS_KEYS},
+            stats={key: full[key] for key in _STATS_KEYS} | ({"memo": counts.to_dict()} if counts else {}),
         )
 
 
@@ -164,9 +182,18 @@ class _FirstTokenClock(BaseStreamer):
         pass
 
 
+def memo_refusal(method: Method) -> str | None:
+    """Why ``method`` runs every pass for real in a study with the memo (None: it reads the memo)."""
+    if method.kind == "hf":
+        return "Hugging Face's generate runs its own passes"
+    if method.kind == "goose" and method.config().harvest_top_k > MEMO_TOP_K:
+        return f"it reads the top {method.config().harvest_top_k} of a row; the memo keeps {MEMO_TOP_K}"
+    return None
+
+
 def make_generator(method: Method, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                   eos_ids: frozenset[int]) -> Generator:
+                   eos_ids: frozenset[int], study: Study | None = None) -> Generator:
     """A generator for ``method`` (may raise: unknown plugin, bad source options, ...)."""
     if method.kind == "hf":
         return HuggingFaceGenerator(method, model, tokenizer, eos_ids)
-    return DecoderGenerator(method, model, tokenizer)
+    return DecoderGenerator(method, model, tokenizer, study)

@@ -199,6 +199,8 @@ def build_record(model: str, method: str, sample: Sample, outputs: Sequence[Turn
         "config": config,
         "stop_reasons": [o.stop_reason for o in outputs],
         "faults": _faults(method, outputs),
+        # through the target's memo: rows it answered and the real work still run (None: every pass was real)
+        "memo": _summed(outputs, "memo") or None,
         "new_token_ids": [o.new_token_ids for o in outputs],
         "speedup": None,
         "ar_tokens_per_s": None,  # ar's on the same prompt: summed over prompts, the ratio of totals

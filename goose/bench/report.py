@@ -127,6 +127,17 @@ def _header(view: _View) -> str:
     if samples:
         text += f"\n\nSamples: {samples}. Speedup = tokens/s over `ar` (Goose's own greedy loop) on the same prompt, "
         text += "mean of per-sample speedups; tau = accepted tokens per verification call (bonus included)."
+        memo = settings.get("memo") or {}
+        if memo.get("folder"):
+            totals = memo.get("totals") or {}
+            text += (f" Our methods verified through the target's memo ({memo['folder']}): of the rows they "
+                     f"verified, {totals.get('answered_rows', 0)} were read and {totals.get('computed_rows', 0)} "
+                     f"computed ({totals.get('passes', 0)} passes, {totals.get('prefills', 0)} prefills), so the "
+                     "clock timed the drafting and the little that ran: the speed of each method is its passes "
+                     "priced on the curve below, and the clock's columns are left empty (`--no-memo` times every "
+                     "pass for real).")
+        elif memo.get("off"):
+            text += f" Every pass ran for real ({memo['off']})."
         if (settings.get("repeats") or 1) > 1:
             text += (f" Every method ran {settings['repeats']} times on every prompt; each figure is from the run "
                      "with the median wall time.")
@@ -210,6 +221,7 @@ def _estimate_table(view: _View) -> str | None:
     rows = [[f"`{m}`", *view.per_dataset(lambda d, m=m: f"{_x(view.value(m, d, 'estimated_speedup'))} / "
                                                         f"{_f(view.value(m, d, 'tau'))}"),
              _x(view.value(m, ALL, "estimated_speedup")), _ci(view.value(m, ALL, "estimated_speedup_ci")),
+             str(view.value(m, ALL, "passes")), str(view.value(m, ALL, "rows")),
              _share(view.value(m, ALL, "identical_to_ar"))]
             for m in view.methods if view.value(m, ALL, "estimated_speedup") is not None]
     relative = ", ".join(f"{n}: {t / curve['seconds'][0]:.2f}" for n, t in zip(curve["sizes"], curve["seconds"],
@@ -220,9 +232,10 @@ def _estimate_table(view: _View) -> str | None:
             f"{1e3 * curve['seconds'][0]:.1f} ms), over `ar`'s passes priced the same way on the same prompt; prefill "
             "and host time left out on both sides. In float32 every lossless method decodes `ar`'s text, so this "
             "ranks drafting without the clock's noise. This is the run's one estimate per method (the three-source "
-            "study shows the same figure).\n\n"
-            + _table(["method", *(_title(d) for d in view.datasets), "mean estimate", "95% CI", "identical to AR"],
-                     rows))
+            "study shows the same figure). Passes and rows: every verify pass of every sample, and the rows they "
+            "held (the tree's and the auxiliary rows), whether run or read from the memo.\n\n"
+            + _table(["method", *(_title(d) for d in view.datasets), "mean estimate", "95% CI", "passes", "rows",
+                      "identical to AR"], rows))
 
 
 def _peer_table(view: _View) -> str | None:

@@ -13,6 +13,18 @@ Fair timing on a noisy machine:
   (``wall_s_runs`` keeps every run's): one slow moment of a shared machine then moves no sample.
   The runs do the same work, so their texts agree (``repeats_identical`` says whether they did).
 
+A study never runs the same pass twice: where a verified row's answer is a function of its token
+path (float32 on the torch engine, greedy), our decoders verify through the target's memo
+(:mod:`goose.cycle.memo`, on disk under Goose's cache or ``--memo DIR``): every method, and every later
+run on the same model, reads the rows any method computed before, and only the missing rows run. The
+clock then times the drafting and what little runs, so a method's figure is its passes priced on a
+pinned cost curve (``--cost-curve``; default this device's), on which its budgets are planned too
+(no measured time moves them, so the figures reproduce on any machine, at any load). Each record
+carries what the memo answered and what ran (``memo``). Where the memo cannot be exact (bfloat16,
+int8, llama.cpp, sampling) or ``--repeats`` asks for clocks, every pass runs for real, and the run says why.
+With ``resume`` (``--resume``) a run that stopped goes on: every method x prompt cell already in
+``results.jsonl`` is kept, not run again.
+
 Sources are cold by default: every Goose method gets a fresh decoder for each sample, so what a
 source learns on one prompt (acceptance estimates, tables, a memory of earlier outputs) never
 carries to the next and a sample's figures do not depend on the prompts before it. With
@@ -51,7 +63,8 @@ from goose import models
 from goose.bench.aggregate import build_summary
 from goose.bench.conversation import turn_prompt_ids
 from goose.bench.estimate import DEVICE_CURVE, load_curve, price
-from goose.bench.generators import DecoderGenerator, Generator, TurnOutput, make_generator
+from goose.bench.generators import DecoderGenerator, Generator, Study, TurnOutput, make_generator
+from goose.bench.generators import memo_refusal as memo_refusal_of
 from goose.bench.methods import (
     BASELINE,
     NO_OVERRIDES,
@@ -67,8 +80,11 @@ from goose.bench.prompts import Sample, load_samples
 from goose.bench.records import Record, build_record, compare
 from goose.bench.study import study_rows, tokens_lost_without
 from goose.cycle.calibration import load_or_measure
+from goose.cycle.engine import new_verifier
+from goose.cycle.memo import TargetMemo
+from goose.cycle.memo import refusal as memo_refusal
 from goose.cycle.sampling import SamplingParams
-from goose.cycle.verifier import ContextOverflowError
+from goose.cycle.verifier import ContextOverflowError, Verifier
 from goose.planning.cost import CostCurve
 
 logger = logging.getLogger("goose.bench")
@@ -104,6 +120,9 @@ class BenchSettings:
     cost_curve: str | None = None  # the deterministic mode: "device" or a curve file (goose.bench.estimate)
     progress: bool = True
     engine: str = "torch"  # or "llama.cpp": the GGUF file as shipped (goose.cycle.engine)
+    memo: bool = True  # through the target's memo where it is exact (goose.cycle.memo); False: every pass for real
+    memo_dir: Path | None = None  # where the memo lives (None: a folder under Goose's cache)
+    resume: bool = False  # keep the cells already in results.jsonl and run the rest
     extra: dict[str, Any] = field(default_factory=dict)  # recorded in the summary's settings as is
 
 
@@ -119,9 +138,11 @@ class ModelRun:
     records: list[Record] = field(default_factory=list)
     cost_curve: CostCurve | None = None  # this device's verify cost curve, for time predicted from tree sizes
     priced_on: CostCurve | None = None  # the deterministic mode's curve (--cost-curve)
+    priced_name: str | None = None  # which: "device" or the curve's file or shipped name
     # what another engine needs to decode the same first turns and stop where ours stop (--llama-python)
     first_turn_ids: list[list[int]] = field(default_factory=list)  # per sample, as run_sample encodes turn 0
     eos_ids: list[int] = field(default_factory=list)
+    memo: dict[str, Any] = field(default_factory=dict)  # where the memo was and what it did, or why it was off
 
 
 def _set_seed(seed: int) -> None:
@@ -143,6 +164,43 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def memo_off(settings: BenchSettings) -> str | None:
+    """Why no model of this run can verify through the memo (None: each model's own check decides)."""
+    if not settings.memo:
+        return "--no-memo"
+    if settings.engine != "torch":
+        return memo_refusal(None)
+    if not settings.sampling.greedy:
+        return "sampled decoding draws from whole distributions, which the memo does not keep"
+    if settings.repeats > 1:
+        return "--repeats times real passes"
+    return None
+
+
+def memo_totals(records: Sequence[Record]) -> dict[str, int]:
+    """What the memo answered and what still ran, over ``records``."""
+    totals: dict[str, int] = {}
+    for record in records:
+        for key, value in (record.get("memo") or {}).items():
+            totals[key] = totals.get(key, 0) + value
+    return totals
+
+
+def finished_cells(path: Path) -> dict[tuple[str, str, str, str], Record]:
+    """The (model, dataset, question id, method) cells of an earlier run's ``results.jsonl`` (for ``--resume``); a
+    line cut short by the stop is left out, and its cell runs again."""
+    cells: dict[tuple[str, str, str, str], Record] = {}
+    if not path.exists():
+        return cells
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+            cells[(record["model"], record["dataset"], str(record["question_id"]), record["method"])] = record
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+    return cells
 
 
 def run_sample(generator: Generator, tokenizer: Any, sample: Sample, max_new_tokens: int,
@@ -195,6 +253,10 @@ class Bench:
             raise ValueError("--repeats times the same work again, which warm sources do not do (each run would "
                              "start from what the last one learned); leave out --warm-sources or --repeats")
         self.settings = settings
+        self.memo_off = memo_off(settings)
+        if settings.resume and settings.warm_sources:
+            raise ValueError("--resume starts the missing samples with what warm sources would have learned from "
+                             "the finished ones, which it does not have; leave out --warm-sources or --resume")
         self.methods = resolve_methods(settings.methods, settings.overrides)
         if settings.cost_curve not in (None, DEVICE_CURVE):
             load_curve(str(settings.cost_curve))  # a bad file fails before any model loads
@@ -214,8 +276,13 @@ class Bench:
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # generate()'s per-call notices would drown the progress bar
         total = len(settings.models) * len(self.samples) * len(self.methods) * settings.repeats
+        self.done = finished_cells(settings.out / RESULTS_FILE) if settings.resume else {}
+        grid = {(model, s.dataset, str(s.question_id), m.name) for model in settings.models for s in self.samples
+                for m in self.methods}
+        self.done = {cell: record for cell, record in self.done.items() if cell in grid}
+        total -= len(self.done) * settings.repeats
         try:
-            with (settings.out / RESULTS_FILE).open("w", encoding="utf-8") as results, \
+            with (settings.out / RESULTS_FILE).open("a" if settings.resume else "w", encoding="utf-8") as results, \
                     tqdm(total=total, unit="gen", dynamic_ncols=True, disable=not settings.progress) as bar:
                 for name in settings.models:
                     self._run_model(name, results, bar)
@@ -234,10 +301,14 @@ class Bench:
             model, tokenizer = models.load(name, dtype=settings.dtype, device=device, progress=False,
                                            quantize=settings.quantize)
         run = ModelRun(name, device, settings.dtype, self.methods, cost_curve=load_or_measure(model))
-        if settings.cost_curve is not None:
-            run.priced_on = run.cost_curve if settings.cost_curve == DEVICE_CURVE else load_curve(settings.cost_curve)
+        study = self._study(run, model)
+        if settings.cost_curve is not None or study.memo is not None:
+            spec = settings.cost_curve or DEVICE_CURVE  # the memo's clock is no cost: passes are priced
+            run.priced_on = run.cost_curve if spec == DEVICE_CURVE else load_curve(spec)
+            run.priced_name = spec
+            study = Study(study.memo, run.priced_on)
         self.runs.append(run)
-        generators = self._generators(run, model, tokenizer, bar)
+        generators = self._generators(run, model, tokenizer, bar, study)
         run.first_turn_ids = [turn_prompt_ids(tokenizer, s.turns[:1], [], chat=settings.chat) for s in self.samples]
         run.eos_ids = sorted(generators[BASELINE].decoder.eos_ids)  # type: ignore[attr-defined]
         self._warm_up(run, generators, tokenizer, bar)
@@ -245,13 +316,18 @@ class Bench:
         for index, sample in enumerate(self.samples):
             runs: dict[str, list[Record]] = {}
             skipped = False
+            kept = {method: self.done[(name, sample.dataset, str(sample.question_id), method)]
+                    for method in order if (name, sample.dataset, str(sample.question_id), method) in self.done}
+            if len(kept) == len(order):  # --resume: every cell of this sample is done
+                run.records.extend(kept[method] for method in order)
+                continue
             # sampled runs: one seed per sample, the same for every method (settings.seed + sample index)
             sampling = None if settings.sampling.greedy else settings.sampling.model_copy(
                 update={"seed": settings.seed + index})
             for repeat in range(settings.repeats):
                 if not settings.warm_sources:
-                    self._fresh_decoders(run, generators, model, tokenizer, index, bar)
-                for method in _rotated([m for m in order if m in generators], index + repeat):
+                    self._fresh_decoders(run, generators, model, tokenizer, index, bar, study)
+                for method in _rotated([m for m in order if m in generators and m not in kept], index + repeat):
                     bar.set_postfix_str(f"{name} {sample.dataset}:{sample.question_id} {method}", refresh=False)
                     try:
                         outputs = run_sample(generators[method], tokenizer, sample, settings.max_new_tokens,
@@ -281,16 +357,26 @@ class Bench:
                 continue
             # a method dropped after some of its repeats leaves no record of this sample
             measured = {method: median_run(records) for method, records in runs.items() if method in generators}
+            measured = {method: kept[method] for method in kept if method in generators} | measured
             compare(measured)
+            if study.memo is not None:  # the clock timed drafting and what the memo lacked: no speed to compare
+                for record in measured.values():
+                    for key in ("speedup", "speedup_vs_hf_ar", "speedup_vs_hf_pld"):
+                        if key in record:
+                            record[key] = None
             if run.priced_on is not None:
                 price(measured, run.priced_on, BASELINE)
             if sampling is None:
                 self._explain(measured, sample, generators, tokenizer)
             for method in order:  # file order: the requested method order, whatever the timing order
                 if method in measured:
-                    results.write(json.dumps(measured[method]) + "\n")
+                    if method not in kept:
+                        results.write(json.dumps(measured[method]) + "\n")
                     run.records.append(measured[method])
             results.flush()
+        if study.memo is not None:
+            study.memo.flush()
+            run.memo["totals"] = memo_totals(run.records)
         del generators, model, tokenizer
         gc.collect()
 
@@ -301,7 +387,9 @@ class Bench:
         base = measured.get(BASELINE)
         if base is None:
             return
-        verifier = generators[BASELINE].decoder.verifier  # type: ignore[attr-defined]
+        decoder = generators[BASELINE].decoder  # type: ignore[attr-defined]
+        # replayed for real: the memo keeps a row's top-k, not the logits the explanation quotes
+        verifier = decoder.verifier if isinstance(decoder.verifier, Verifier) else new_verifier(decoder.model)
         for record in measured.values():
             if record["identical_to_ar"] is not False or record["method"] not in generators or \
                     generators[record["method"]].method.kind == "hf":
@@ -316,14 +404,33 @@ class Bench:
                         if found is None else {"turn": turn, **found}
                     break
 
-    def _generators(self, run: ModelRun, model: Any, tokenizer: Any, bar: tqdm) -> dict[str, Generator]:
-        baseline = DecoderGenerator(self.methods[0], model, tokenizer)  # resolve_methods puts ar first
+    def _study(self, run: ModelRun, model: Any) -> Study:
+        """The memo this model's decoders verify through, or None with the reason said once."""
+        reason = self.memo_off or memo_refusal(model)
+        if reason is None:
+            memo = TargetMemo(model, self.settings.memo_dir)
+            run.memo = {"folder": str(memo.folder), "fingerprint": memo.settings}
+            tqdm.write(f"goose bench: {run.model}: the memo at {memo.folder}: rows any run verified before are "
+                       "read, not run; passes priced on the cost curve", file=sys.stderr)
+            return Study(memo)
+        run.memo = {"off": reason}
+        if self.settings.memo:
+            tqdm.write(f"goose bench: {run.model}: every pass runs for real: {reason}", file=sys.stderr)
+        return Study()
+
+    def _generators(self, run: ModelRun, model: Any, tokenizer: Any, bar: tqdm, study: Study
+                    ) -> dict[str, Generator]:
+        baseline = DecoderGenerator(self.methods[0], model, tokenizer, study)  # resolve_methods puts ar first
         generators: dict[str, Generator] = {BASELINE: baseline}
         for method in self.methods[1:]:
             reason = unavailable_reason(method)
             if reason is None:
                 try:
-                    generators[method.name] = make_generator(method, model, tokenizer, baseline.decoder.eos_ids)
+                    generators[method.name] = make_generator(method, model, tokenizer, baseline.decoder.eos_ids, study)
+                    refused = memo_refusal_of(method) if study.memo is not None else None
+                    if refused is not None and method.kind != "hf":
+                        tqdm.write(f"goose bench: {run.model}: {method.name} runs every pass for real: {refused}",
+                                   file=sys.stderr)
                 except Exception as error:
                     reason = construction_problem(error, method)
             if reason is not None:
@@ -331,14 +438,14 @@ class Bench:
         return generators
 
     def _fresh_decoders(self, run: ModelRun, generators: dict[str, Generator], model: Any, tokenizer: Any,
-                        index: int, bar: tqdm) -> None:
+                        index: int, bar: tqdm, study: Study) -> None:
         """Cold sources: a new decoder for every Goose method before sample ``index`` (built before any clock)."""
         eos_ids = generators[BASELINE].decoder.eos_ids  # type: ignore[attr-defined]
         for name, generator in list(generators.items()):
             if generator.method.kind != "goose":
                 continue
             try:
-                generators[name] = make_generator(generator.method, model, tokenizer, eos_ids)
+                generators[name] = make_generator(generator.method, model, tokenizer, eos_ids, study)
             except Exception as error:
                 self._drop(run, generators, name, f"failed to build for sample {index}: {type(error).__name__}: "
                            f"{error}", index, bar)
@@ -383,6 +490,7 @@ class Bench:
             "chat_template": settings.chat,
             "warmup_tokens": settings.warmup_tokens,
             "warm_sources": settings.warm_sources,
+            "resumed": settings.resume,
             "repeats": settings.repeats,
             "rest_datastore": str(settings.datastore) if settings.datastore else "default (standard library)",
             "sampling": settings.sampling.model_dump(exclude={"seed"}) | {"seeds": "seed + sample index"}
@@ -397,10 +505,10 @@ class Bench:
         described = {m.name: describe(m) for m in self.methods}
         summaries = []
         for run in self.runs:
-            priced = {"priced_on": {"curve": settings.cost_curve, **run.priced_on.to_dict()}} if run.priced_on else {}
+            priced = {"priced_on": {"curve": run.priced_name, **run.priced_on.to_dict()}} if run.priced_on else {}
             summary = build_summary(run.model, run.device, run.dtype, run.records, described, run.unavailable,
                                     common | {"cost_curve": run.cost_curve.to_dict() if run.cost_curve else None}
-                                    | priced)
+                                    | priced | {"memo": run.memo})
             if any(m.kind == "goose" and "@" in m.name for m in self.methods):  # composed: the study's table
                 rows = study_rows(run.records, run.cost_curve, run.priced_on)
                 summary["study"] = {"rows": rows, "tokens_lost_without": tokens_lost_without(rows)}
