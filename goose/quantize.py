@@ -11,21 +11,29 @@ activation with zero point 0 sends a one-row call down a slow oneDNN path; uint8
 
 Norms, attention, embeddings and the rest stay in the model's floating dtype. The kernels are
 torch's (``torch.ops.onednn.qlinear_prepack`` / ``qlinear_pointwise``); they need a CPU with int8
-dot products (AVX-512 VNNI, AVX-VNNI or AMX): without them oneDNN's u8 x s8 products saturate in
-16 bits and the sums are no longer exact, so such a CPU is refused, as is a torch build without
-the ops and any device but the CPU.
+dot products as torch detects them (:data:`INT8_DOT_PRODUCTS`: AVX-512 VNNI or AMX): without them
+oneDNN's u8 x s8 products on AVX2 saturate in 16 bits and the sums are no longer exact, so such a
+CPU is refused (:func:`cpu_refusal`; an AVX2-only EPYC, say), as is a torch build without the ops
+and any device but the CPU. AVX-VNNI alone (no AVX-512) is refused too: torch.cpu does not detect
+it, and it has not been checked here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from torch import nn
 
-__all__ = ["QUANTIZATIONS", "Int8Linear", "QuantizeError", "check", "quantize", "quantized"]
+__all__ = ["INT8_DOT_PRODUCTS", "QUANTIZATIONS", "Int8Linear", "QuantizeError", "check", "cpu_refusal",
+           "int8_dot_products", "quantize", "quantized"]
 
 QUANTIZATIONS = ("int8",)
 ZERO_POINT = 128  # uint8 activations: a signed value v is stored as v + 128
 LEVELS = 127  # symmetric: -127..127 for weights and activations alike
+# the instruction sets whose int8 dot products (exact int32 sums) the int8 kernels need, one of them, as
+# /proc/cpuinfo names them: torch.cpu detects these two (_is_vnni_supported, _is_amx_tile_supported)
+INT8_DOT_PRODUCTS = ("avx512_vnni", "amx_tile")
 
 
 class QuantizeError(ValueError):
@@ -43,9 +51,26 @@ def check(kind: str, device: str | torch.device = "cpu") -> None:
             hasattr(onednn, op) for op in ("qlinear_prepack", "qlinear_pointwise")):
         raise QuantizeError(f"--quantize int8 needs torch's oneDNN int8 ops (torch.ops.onednn.qlinear_pointwise); "
                             f"this torch {torch.__version__} build has none")
-    if not (torch.cpu._is_vnni_supported() or torch.cpu._is_amx_tile_supported()):
-        raise QuantizeError("--quantize int8 needs a CPU with int8 dot products (AVX-512 VNNI, AVX-VNNI or AMX); "
-                            "this one has none")
+    refused = cpu_refusal()
+    if refused:
+        raise QuantizeError(refused)
+
+
+def int8_dot_products() -> frozenset[str]:
+    """The :data:`INT8_DOT_PRODUCTS` this CPU has, as torch detects them (its cpuinfo library, what oneDNN runs on)."""
+    detected = {"avx512_vnni": torch.cpu._is_vnni_supported(), "amx_tile": torch.cpu._is_amx_tile_supported()}
+    return frozenset(flag for flag, present in detected.items() if present)
+
+
+def cpu_refusal(flags: Iterable[str] | None = None) -> str | None:
+    """The one-line refusal of a CPU without int8 dot products, None where int8 runs: ``flags`` are a CPU's
+    instruction sets as /proc/cpuinfo names them (``goose.cpu.cpu_flags(path)``), default this CPU's as torch
+    detects them (:func:`int8_dot_products`)."""
+    have = int8_dot_products() if flags is None else frozenset(flags)
+    if have & frozenset(INT8_DOT_PRODUCTS):
+        return None
+    return ("--quantize int8 needs a CPU with int8 dot products (AVX-512 VNNI or AMX: "
+            f"{' or '.join(INT8_DOT_PRODUCTS)}); this one has neither (oneDNN's int8 sums on AVX2 saturate: not exact)")
 
 
 class Int8Linear(nn.Module):

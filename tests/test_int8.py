@@ -4,6 +4,10 @@ SmolLM2-135M with every linear layer in int8 (goose.quantize: per-channel weight
 quantized per row, oneDNN's kernel) and the rest in float32. The reference is the same quantized
 model's one-token greedy loop (and its seeded sampler): a verify pass must give every row the
 numbers a one-token pass gives it, bit for bit, or a moved integer grows into another token.
+
+int8 needs int8 dot products (goose.quantize: avx512_vnni or amx_tile). On a CPU without them (an
+AVX2-only EPYC) every test that runs int8 kernels is skipped with goose.quantize's refusal as the
+reason; the tests of the refusal itself run on every CPU and expect it exactly where the CPU lacks them.
 """
 
 from __future__ import annotations
@@ -18,15 +22,42 @@ import pytest
 import torch
 from torch import nn
 
-from goose import cli, models
+from goose import cli, cpu, models
 from goose.bench.prompts import PACKAGED_DATA, load_samples
 from goose.config import GooseConfig
 from goose.contract.tree import TreeBuilder
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.cycle.verifier import Verifier
 from goose.planning.cost import cache_key, output_layer_weight
-from goose.quantize import Int8Linear, QuantizeError, check, quantized
+from goose.quantize import (
+    INT8_DOT_PRODUCTS,
+    Int8Linear,
+    QuantizeError,
+    check,
+    cpu_refusal,
+    int8_dot_products,
+    quantized,
+)
 from tests.helpers import REPO, SMOLLM2_TOKENS, lossless_prompts
+
+
+def _refusal() -> str | None:
+    """goose.quantize's one-line refusal of int8 on this CPU and torch build, or None where int8 runs here."""
+    try:
+        check("int8")
+    except QuantizeError as refused:
+        return str(refused)
+    return None
+
+
+INT8_REFUSAL = _refusal()
+# the tests that run int8 kernels without the smollm2_int8 fixture (which skips itself alike)
+needs_int8 = pytest.mark.skipif(INT8_REFUSAL is not None, reason=f"int8 cannot run here: {INT8_REFUSAL}")
+# /proc/cpuinfo's flags of the project's three machine kinds (abridged), as tests/test_cpu.py has them
+ZEN3 = "fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 bmi1 bmi2 fma f16c aes sha_ni"
+EPYC_AVX512 = ZEN3 + (" avx512f avx512dq avx512cd avx512bw avx512vl avx512ifma avx512vbmi avx512_vbmi2 avx512_vnni"
+                      " avx512_bf16 avx_vnni")
+XEON_AMX = EPYC_AVX512 + " avx512_fp16 amx_bf16 amx_tile amx_int8"
 
 PROMPTS = lossless_prompts("smollm2")
 CONFIGS = {"spine": GooseConfig(), "chain": GooseConfig(topology="chain"),
@@ -43,6 +74,7 @@ def assert_drafted_and_accepted(result) -> None:
 # --- the layer ----------------------------------------------------------------------------------
 
 
+@needs_int8
 def test_int8_linear_is_the_integer_product_and_rows_do_not_depend_on_the_batch() -> None:
     """Rows of one call equal each row alone, bit for bit, and the integer product scaled back (bias included)."""
     torch.manual_seed(0)
@@ -148,6 +180,7 @@ def test_sampled_is_the_seeded_int8_sampler_alone_and_batched(smollm2_int8, ar_r
 
 
 @pytest.mark.slow
+@needs_int8
 def test_cli_generate_quantize_int8_is_identical_to_its_loop(capsys) -> None:
     assert cli.main(["generate", PROMPTS[0], "--quantize", "int8", "--max-new-tokens", "32", "--compare-ar",
                      "--json"]) == 0
@@ -182,13 +215,50 @@ def test_cli_refuses_what_int8_cannot_run(argv, message, capsys) -> None:
     assert message in err and (len(err.splitlines()) == 1 or err.splitlines()[0].startswith("usage:"))
 
 
+def test_int8_is_refused_exactly_where_this_cpu_lacks_int8_dot_products() -> None:
+    """On the AMX Xeon and the AVX-512 EPYC int8 is allowed; on the AVX2-only EPYC it is refused in one line that
+    names what is missing. torch's detection (what goose.quantize asks) agrees with /proc/cpuinfo's flags."""
+    has = sorted(set(INT8_DOT_PRODUCTS) & cpu.cpu_flags())
+    assert sorted(int8_dot_products()) == has
+    if has:
+        check("int8")  # no refusal (this torch build has the ops: make test installs one that does)
+        assert cpu_refusal() is None
+        return
+    with pytest.raises(QuantizeError) as refused:
+        check("int8")
+    message = str(refused.value)
+    assert "\n" not in message and "needs a CPU with int8 dot products" in message
+    assert "avx512_vnni or amx_tile" in message and "this one has neither" in message
+    with pytest.raises(models.ModelLoadError, match="int8 dot products"):
+        models.load("smollm2-135m", quantize="int8")
+
+
+def test_the_refusal_of_each_machine_kind(tmp_path) -> None:
+    """The decision on another CPU's /proc/cpuinfo: the AMX Xeon and the AVX-512 EPYC run int8, the AVX2-only EPYC
+    (no avx512_vnni, no avx_vnni, no amx) is refused, naming the instructions it would need."""
+    flags = {}
+    for name, line in (("zen3", ZEN3), ("epyc", EPYC_AVX512), ("xeon", XEON_AMX)):
+        path = tmp_path / f"cpuinfo-{name}"
+        path.write_text(f"processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: {line}\n")
+        flags[name] = cpu.cpu_flags(path)
+    assert cpu_refusal(flags["epyc"]) is None and cpu_refusal(flags["xeon"]) is None
+    assert cpu_refusal(["amx_tile"]) is None and cpu_refusal(["avx512_vnni"]) is None
+    message = cpu_refusal(flags["zen3"])
+    assert message is not None and "\n" not in message
+    assert message.startswith("--quantize int8 needs a CPU with int8 dot products (AVX-512 VNNI or AMX: "
+                              "avx512_vnni or amx_tile); this one has neither")
+    assert cpu_refusal(["avx2", "avx_vnni"]) == message  # AVX-VNNI alone: torch does not detect it
+
+
 def test_a_cpu_or_build_without_int8_is_refused_in_one_line(monkeypatch) -> None:
-    """This machine has VNNI and the ops; a CPU or a torch build without them is told what is missing."""
+    """Whatever this CPU has: a CPU that torch finds no int8 dot products on, or a torch build without the ops, is
+    told what is missing, before any model loads."""
     with pytest.raises(models.ModelLoadError, match=r"^unknown quantization 'int4'; known: int8$"):
         models.load("smollm2-135m", quantize="int4")
     monkeypatch.setattr(torch.cpu, "_is_vnni_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    with pytest.raises(QuantizeError, match=r"needs a CPU with int8 dot products \(AVX-512 VNNI, AVX-VNNI or AMX\)"):
+    with pytest.raises(QuantizeError, match=r"needs a CPU with int8 dot products \(AVX-512 VNNI or AMX: "
+                                            r"avx512_vnni or amx_tile\); this one has neither"):
         check("int8")
     with pytest.raises(models.ModelLoadError, match="int8 dot products"):
         models.load("smollm2-135m", quantize="int8")
@@ -201,6 +271,7 @@ def test_a_cpu_or_build_without_int8_is_refused_in_one_line(monkeypatch) -> None
 
 
 @pytest.mark.slow
+@needs_int8
 def test_quality_script_scores_the_text_and_agreement(tmp_path) -> None:
     """On SmolLM2: perplexity of every variant (and llama.cpp's where its environment is built), the int8 model's
     teacher-forced agreement with a bfloat16 `ar` text, and the identical-text count of two runs."""
