@@ -6,7 +6,9 @@ Goose's tree passes batch rows, and llama.cpp's quantized kernels may round a ba
 differently from a single row: an output that differs from ``ar``'s must differ at a near-tie of
 ``ar``'s own logits (goose.bench.mismatch), never more. The tests also check that the sources
 drafted and were accepted, the KV cache after an accepted branch, batched requests, sampling and
-the errors. They need llama-cpp-python (``make llama-setup``, which ``make test`` runs).
+the errors. They need llama-cpp-python (``make llama-setup``, which ``make test`` runs) built for this
+CPU: a build whose recorded instruction sets this CPU lacks (goose.cpu) is not imported, its refusal
+is the reason the module is skipped (importing it would die with SIGILL).
 """
 
 from __future__ import annotations
@@ -18,9 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: `make llama-setup` builds it")
-
-from goose import cli, models
+from goose import cli, cpu, llama_model, models
 from goose.bench.mismatch import explain, first_difference
 from goose.config import GooseConfig
 from goose.contract.tree import DraftTree, TreeBuilder
@@ -30,6 +30,12 @@ from goose.cycle.llama_verifier import LlamaVerifier
 from goose.cycle.verifier import ContextOverflowError
 from goose.llama_model import GGML_TYPE_BF16, LlamaModel
 from goose.planning.cost import CostCurve, cache_key
+
+# goose.llama_model.bindings' own check, before anything imports llama_cpp (nothing above does)
+REFUSED = cpu.refusal("llama-cpp-python", llama_model.cpu_flags_file(), "make llama-setup")
+if REFUSED:
+    pytest.skip(REFUSED, allow_module_level=True)
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: `make llama-setup` builds it")
 
 THREADS = int(os.environ.get("GOOSE_TEST_THREADS", "2"))
 COPY_PROMPT = "Write the numbers from 1 to 40, separated by commas."  # SmolLM2 writes 1234567890 over and over

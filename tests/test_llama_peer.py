@@ -26,6 +26,7 @@ assert goose.bench.cli  # imported for its side effect
 
 LLAMA_RUNNER = Path(llama_runner.__file__)
 LLAMA_BUILT = importlib.util.find_spec("llama_cpp") is not None  # `make llama-setup` installs it into this environment
+FOREIGN = llama_runner.llama_cpp_refusal()  # a build for another CPU's instruction sets: the runner refuses it
 
 
 # --- flags, checked before any model loads ---------------------------------------------------------
@@ -59,6 +60,32 @@ def test_a_failing_llama_bench_names_the_command_and_its_stderr(tmp_path: Path) 
     with pytest.raises(LlamaBenchError) as failure:
         run_llama_bench(command, tmp_path, progress=False)
     assert "exit status 2" in str(failure.value) and "none.gguf: no such file" in str(failure.value)
+
+
+def test_the_runner_refuses_a_build_for_another_cpu_before_it_imports_llama_cpp(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record `make llama-setup` writes, against a CPU's flags: one line, exit status 3, nothing decoded."""
+    zen3 = tmp_path / "cpuinfo"
+    zen3.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: sse4_2 avx avx2 bmi2 fma f16c\n")
+    record = tmp_path / "goose-llama-cpu-flags"
+    assert llama_runner.llama_cpp_refusal(record, zen3) is None  # nothing recorded: nothing checked
+    record.write_text("sse4_2 avx avx2 bmi2 fma f16c\n")
+    assert llama_runner.llama_cpp_refusal(record, zen3) is None
+    record.write_text("sse4_2 avx2 avx512f avx512_vnni avx512f\n")
+    message = llama_runner.llama_cpp_refusal(record, zen3)
+    assert message == (f"llama-cpp-python was built for instructions this CPU lacks: avx512f avx512_vnni (recorded in "
+                       f"{record}); `make llama-setup` rebuilds it for this CPU")
+    monkeypatch.setenv(llama_runner.CPU_FLAGS_VARIABLE, str(record))
+    assert llama_runner.cpu_flags_file() == record
+    record.write_text("avx2 no_cpu_has_this\n")  # lacking on any CPU this runs on
+    (tmp_path / "model.gguf").write_bytes(b"")
+    (tmp_path / "p.json").write_text(json.dumps({"eos_ids": [0], "prompts": [{"ids": [1]}]}))
+    command = [sys.executable, str(LLAMA_RUNNER), "--gguf", str(tmp_path / "model.gguf"), "--prompts",
+               str(tmp_path / "p.json"), "--methods", "llama", "--out", str(tmp_path / "out")]
+    with pytest.raises(LlamaBenchError) as failure:
+        run_llama_bench(command, tmp_path, progress=False)
+    assert f"exit status {llama_runner.REFUSED_STATUS}" in str(failure.value)
+    assert "this CPU lacks: no_cpu_has_this" in str(failure.value) and not (tmp_path / "out").exists()
 
 
 # --- the GGUF file llama.cpp reads -----------------------------------------------------------------
@@ -155,7 +182,8 @@ def test_llama_section_and_its_table(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not LLAMA_BUILT, reason="llama-cpp-python is not installed (`make llama-setup` builds it)")
+@pytest.mark.skipif(not LLAMA_BUILT or FOREIGN is not None,
+                    reason=FOREIGN or "llama-cpp-python is not installed (`make llama-setup` builds it)")
 def test_goose_bench_with_llama_cpp_on_smollm2(tmp_path: Path) -> None:
     """Two HumanEval prompts x 16 tokens: our ar and goose, then llama.cpp plain and with prompt lookup on SmolLM2's
     Q4_1 file, joined in summary.json and report.md."""

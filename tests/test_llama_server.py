@@ -16,14 +16,19 @@ from goose import cli, models
 from goose.bench.llama_peer import LlamaBenchError, llama_peer, llama_server_binary, run_llama_bench
 from goose.bench.peers import llama_runner
 from goose.bench.peers.llama_runner import SERVER_LOG
-from goose.bench.peers.llama_server import LlamaServer, LlamaServerError
+from goose.bench.peers.llama_server import LlamaServer, LlamaServerError, missing_instructions
 
 assert goose.bench.cli  # imported for its side effect
 
 LLAMA_BUILT = importlib.util.find_spec("llama_cpp") is not None  # `make llama-setup`
 SERVER_BUILT = llama_server_binary().is_file()  # `make llama-server`
-needs_server = pytest.mark.skipif(not (SERVER_BUILT and LLAMA_BUILT),
-                                  reason="llama-server or llama-cpp-python is not built (`make test` builds both)")
+# a build for another CPU's instruction sets (its recorded flags) is refused by the runner or the server: skipped
+SERVER_MISSING = missing_instructions(llama_server_binary())[0] if SERVER_BUILT else []
+FOREIGN = llama_runner.llama_cpp_refusal() or (
+    f"llama-server was built for instructions this CPU lacks: {' '.join(SERVER_MISSING)}; `make llama-server` "
+    "rebuilds it for this CPU" if SERVER_MISSING else None)
+needs_server = pytest.mark.skipif(not (SERVER_BUILT and LLAMA_BUILT) or FOREIGN is not None, reason=FOREIGN or
+                                  "llama-server or llama-cpp-python is not built (`make test` builds both)")
 THREADS = 1
 
 

@@ -32,6 +32,12 @@ batch of requests). Every run starts from an empty KV cache (no prefix reuse acr
 repeats), and the clock covers the call from the prompt's ids to the last new token, prefill
 included, as Goose's bench times its own methods (the server's: from sending the request to its
 whole answer). Writes ``results.json`` into ``--out``.
+
+Before it imports ``llama_cpp`` it checks the instruction sets the installed build recorded
+(``goose-llama-cpu-flags`` in this environment, or ``$GOOSE_LLAMA_CPU_FLAGS``: what ``make
+llama-setup`` writes and goose.llama_model reads) against /proc/cpuinfo's flags, as llama_server.py
+checks the server's build: a build for another CPU is refused in one line on stderr (exit status 3)
+where loading it would die with SIGILL.
 """
 
 from __future__ import annotations
@@ -54,6 +60,11 @@ WARMUP_TOKENS = 8
 # llama.cpp's docs/speculative.md for ngram-mod (its defaults too): lookup length, shortest and longest draft
 NGRAM_MOD = {"n_match": 24, "n_min": 48, "n_max": 64}
 SERVER_LOG = "llama_server.log"
+CPUINFO = Path("/proc/cpuinfo")
+# where `make llama-setup` records the instruction sets of the llama-cpp-python it installed (goose.llama_model's)
+CPU_FLAGS_VARIABLE = "GOOSE_LLAMA_CPU_FLAGS"
+CPU_FLAGS_FILE = "goose-llama-cpu-flags"
+REFUSED_STATUS = 3
 
 
 @dataclass
@@ -121,6 +132,32 @@ def server_arguments(args: argparse.Namespace, n_ctx: int, threads: int) -> list
             "--parallel", "1", "--cache-ram", "0", "--seed", "0", *attention, "--spec-type", "ngram-mod",
             *(item for key, value in NGRAM_MOD.items() for item in (f"--spec-ngram-mod-{key.replace('_', '-')}",
                                                                      str(value)))]
+
+
+def cpu_flags_file() -> Path:
+    """The installed llama-cpp-python's record of the instruction sets it needs: ``$GOOSE_LLAMA_CPU_FLAGS``, else
+    ``goose-llama-cpu-flags`` in this interpreter's environment (as goose.llama_model.cpu_flags_file)."""
+    return Path(os.environ.get(CPU_FLAGS_VARIABLE) or Path(sys.prefix) / CPU_FLAGS_FILE)
+
+
+def llama_cpp_refusal(record: Path | None = None, cpuinfo: Path | None = None) -> str | None:
+    """One line where the build recorded at ``record`` (default :func:`cpu_flags_file`) needs instructions that the
+    CPU of ``cpuinfo`` (default :data:`CPUINFO`) lacks (its first ``flags`` line); None where it has them all, or
+    where there is no record or no cpuinfo to judge by. goose.cpu.refusal's check in the standard library, reading
+    the flags as llama_server.missing_instructions does (which reads the record beside the server's binary)."""
+    record = record or cpu_flags_file()
+    try:
+        required = record.read_text().split()
+        lines = (cpuinfo or CPUINFO).read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    have = next((set(value.split()) for key, _, value in (line.partition(":") for line in lines)
+                 if key.strip() == "flags"), set())
+    missing = list(dict.fromkeys(flag for flag in required if flag not in have))
+    if not missing:
+        return None
+    return (f"llama-cpp-python was built for instructions this CPU lacks: {' '.join(missing)} (recorded in {record}); "
+            "`make llama-setup` rebuilds it for this CPU")
 
 
 def build(method: str, args: argparse.Namespace, n_ctx: int) -> Any:
@@ -240,6 +277,10 @@ def _through_eos(run: Run, eos_ids: frozenset[int]) -> Run:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
+    refused = llama_cpp_refusal()
+    if refused:  # before anything imports llama_cpp: loading it would die with SIGILL ("Illegal instruction")
+        print(refused, file=sys.stderr)
+        return REFUSED_STATUS
     document = json.loads(Path(args.prompts).read_text())
     prompts, eos_ids = document["prompts"], frozenset(int(t) for t in document["eos_ids"])
     if not prompts:
