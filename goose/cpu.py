@@ -1,5 +1,8 @@
 """This machine's CPU: its instruction sets as /proc/cpuinfo names them, and whether a native build can run on it.
 
+The one place goose reads /proc/cpuinfo (goose.planning.machine keys cost curves by what it reads here;
+the llama.cpp peers, which run without goose, read it themselves).
+
 llama.cpp is compiled here for the CPU that builds it (scripts/llama_cmake_args.py): a build records the
 instruction sets its code executes (``avx2 fma f16c avx512f ...``, one line, /proc/cpuinfo's names) in a
 file beside it, and :func:`refusal` turns a build that needs what this CPU lacks into a one-line error
@@ -21,7 +24,7 @@ KIND_FLAGS = ("sse4_2", "avx", "avx2", "bmi2", "fma", "f16c", "avx_vnni", "avx51
               "avx512dq", "avx512bw", "avx512vbmi", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
 
 
-def _field(name: str, cpuinfo: Path) -> str | None:
+def cpuinfo_field(name: str, cpuinfo: Path = CPUINFO) -> str | None:
     """The value of the first ``name : value`` line of ``cpuinfo``, or None (no such line, or unreadable)."""
     try:
         with cpuinfo.open(errors="replace") as lines:
@@ -38,16 +41,17 @@ def _field(name: str, cpuinfo: Path) -> str | None:
 def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:
     """The instruction-set flags of ``cpuinfo``'s first processor (x86: ``flags``; ARM: ``Features``); empty
     where there is no such file."""
-    value = _field("flags", cpuinfo)
+    value = cpuinfo_field("flags", cpuinfo)
     if value is None:
-        value = _field("Features", cpuinfo) or ""
+        value = cpuinfo_field("Features", cpuinfo) or ""
     return frozenset(value.split())
 
 
 @functools.lru_cache(maxsize=8)
 def cpu_name(cpuinfo: Path = CPUINFO) -> str:
-    """The processor's model name (``AMD EPYC``), or the platform's processor string where cpuinfo has none."""
-    return _field("model name", cpuinfo) or platform.processor() or platform.machine() or "cpu"
+    """The processor's model name (``AMD EPYC``; ARM: the ``Hardware`` line), else the platform's processor
+    string, else ``cpu``. goose.planning.machine keys cost curves by it: a change here moves every cached curve."""
+    return cpuinfo_field("model name", cpuinfo) or cpuinfo_field("Hardware", cpuinfo) or platform.processor() or "cpu"
 
 
 def cpu_kind(cpuinfo: Path = CPUINFO) -> str:

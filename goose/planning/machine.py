@@ -6,6 +6,7 @@ curve is keyed by the CPU's *features* as well: a short hash of the instruction-
 numeric kernels choose between (AVX, AVX2, FMA, F16C, every AVX-512 and AMX extension, AVX-VNNI; on
 ARM NEON, SVE, dot products, BF16 and int8 matrix multiply), and by how many CPUs this process may run
 on (a 2-CPU and a 16-CPU slice of the same chip share its flags, not its memory bandwidth or its noise).
+The name and the flags are goose.cpu's reading of :data:`CPUINFO`.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import functools
 import hashlib
 import os
 import platform
-from pathlib import Path
 
-CPUINFO = Path("/proc/cpuinfo")
+from goose import cpu
+
+CPUINFO = cpu.CPUINFO  # read at each call: a test points it at another CPU's file
 # the flags the numeric kernels (oneDNN, MKL, llama.cpp's ggml) dispatch on; "avx512*" and "amx*" are prefixes
 SPEED_FLAGS = frozenset({"avx", "avx2", "fma", "f16c", "avx_vnni", "avx_vnni_int8", "avx_ifma", "avx_ne_convert",
                          # ARM (the "Features" line)
@@ -24,31 +26,16 @@ SPEED_FLAGS = frozenset({"avx", "avx2", "fma", "f16c", "avx_vnni", "avx_vnni_int
 SPEED_PREFIXES = ("avx512", "amx")
 
 
-def _cpuinfo_field(field: str, text: str | None = None) -> str:
-    """The first ``field : value`` line of /proc/cpuinfo (``text``: its contents, for tests), or ''."""
-    if text is None:
-        try:
-            text = CPUINFO.read_text()
-        except OSError:
-            return ""
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() == field:
-            return value.strip()
-    return ""
-
-
 @functools.cache
 def cpu_model() -> str:
     """This machine's processor model as the OS names it ("AMD EPYC"); the platform's word where there is none."""
-    return _cpuinfo_field("model name") or _cpuinfo_field("Hardware") or platform.processor() or "cpu"
+    return cpu.cpu_name(CPUINFO)
 
 
 def speed_flags(flags: str | None = None) -> tuple[str, ...]:
     """The sorted flags of ``flags`` (a cpuinfo flags line; default: this CPU's) that the kernels' speed depends on."""
-    if flags is None:
-        flags = _cpuinfo_field("flags") or _cpuinfo_field("Features")
-    return tuple(sorted({f for f in flags.split() if f in SPEED_FLAGS or f.startswith(SPEED_PREFIXES)}))
+    chosen = cpu.cpu_flags(CPUINFO) if flags is None else flags.split()
+    return tuple(sorted({f for f in chosen if f in SPEED_FLAGS or f.startswith(SPEED_PREFIXES)}))
 
 
 def features_key(flags: tuple[str, ...] | None = None) -> str:
