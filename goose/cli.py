@@ -507,7 +507,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
         curve = cost.CostCurve.load(path)
     else:
         curve = calibration.load_or_measure(model, refresh=args.refresh)
-    cached = not (curve.meta and curve.meta.problems)  # a curve that looked busy every time was not cached
+    cached = not (curve.meta and curve.meta.problems)  # a curve that looked busy every time: cached with its signs
     signs = cost.busy_signs(curve) if cached else list(curve.meta.problems)
     if args.plot:
         _plot_curve(curve.sizes, curve.seconds, f"{args.model} ({weights(args)}, {args.device})", Path(args.plot))
@@ -519,7 +519,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     meta = curve.meta
     context = meta.context_length if meta and meta.context_length else calibration.CALIBRATION_CONTEXT
     print(f"verify cost t(n) for {args.model} ({weights(args)}, {args.device}, {context}-token context)")
-    print(f"file      {path}{'' if cached else ' (not written: measured on a busy machine)'}")
+    print(f"file      {path}{'' if cached else ' (measured on a busy machine: a quiet run measures it again)'}")
     if meta is None or not meta.measured_at:
         print("measured  (not recorded: a file of sizes and seconds alone)")
     else:

@@ -220,7 +220,7 @@ def test_goose_calibrate_prints_and_plots_the_curve(tmp_path) -> None:
                             "--threads", "1", "--json", "--plot", str(picture)],
                            capture_output=True, text=True, timeout=600)
     curve = json.loads(shown.stdout)
-    # exit status 1: measured on a busy machine three times, not cached (one line on stderr says so)
+    # exit status 1: measured on a busy machine, cached with its signs (one line on stderr says so)
     assert shown.returncode == (0 if curve["cached"] else 1), shown.stderr
     assert curve["sizes"][0] == 1 and len(curve["sizes"]) == len(curve["seconds"])
     assert curve["relative"]["1"] == 1.0 and all(s > 0 for s in curve["seconds"])

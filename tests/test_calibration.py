@@ -72,7 +72,7 @@ def test_a_curve_measured_on_a_busy_machine_is_flagged(curve, sign) -> None:
     assert cost.busy_signs(curve) == [sign]
 
 
-def test_a_busy_measurement_is_measured_again_and_never_cached(tmp_path, caplog) -> None:
+def test_a_busy_measurement_is_measured_again_then_cached_with_its_signs(tmp_path, caplog) -> None:
     path = tmp_path / "calibration" / "curve.json"
     busy = _measured(spread=0.5)
     calls = []
@@ -81,24 +81,48 @@ def test_a_busy_measurement_is_measured_again_and_never_cached(tmp_path, caplog)
         calls.append(1)
         return busy
 
+    quiet_now = lambda: False  # noqa: E731  (the machine's load now: retrying can help)
     with caplog.at_level(logging.WARNING, logger="goose.planning.cost"):
-        kept = cost.cached(path, measured)
-    assert len(calls) == cost.TRIES and not path.exists()
-    assert kept == busy and kept.meta.tries == cost.TRIES and kept.meta.problems
-    assert [r.getMessage() for r in caplog.records if "not cached" in r.getMessage()]
-    assert cost.cached(path, measured) is kept and len(calls) == cost.TRIES  # this process keeps it, unmeasured
+        kept = cost.cached(path, measured, busy=quiet_now)
+    assert len(calls) == cost.TRIES and kept == busy and kept.meta.tries == cost.TRIES and kept.meta.problems
+    assert CostCurve.load(path).meta.problems == kept.meta.problems  # cached with its signs, said in one line
+    assert [r.getMessage() for r in caplog.records if "cached at" in r.getMessage() and "quiet" in r.getMessage()]
+    assert cost.cached(path, measured, busy=quiet_now) is kept and len(calls) == cost.TRIES  # this process keeps it
     # a quiet second measurement is cached (and replaces the one this process kept)
     answers = iter([busy, _measured()])
-    curve = cost.cached(path, lambda: next(answers), refresh=True)
+    curve = cost.cached(path, lambda: next(answers), refresh=True, busy=quiet_now)
     assert path.exists() and curve.meta.tries == 2 and not curve.meta.problems
     assert CostCurve.load(path).meta == curve.meta
+
+
+def test_on_a_busy_machine_one_measurement_and_the_busy_curve_is_reused(tmp_path, caplog) -> None:
+    """A process that starts while others hold the cores measures once (more tries would be slowed alike), and a
+    later process uses that curve as it is while the machine stays busy; the first quiet one measures it again."""
+    path = tmp_path / "curve.json"
+    calls = []
+
+    def measured():
+        calls.append(1)
+        return _measured(spread=0.5)
+
+    busy_now = lambda: True  # noqa: E731
+    first = cost.cached(path, measured, busy=busy_now)
+    assert len(calls) == 1 and first.meta.tries == 1 and first.meta.problems
+    cost._UNCACHED.clear()  # another process
+    with caplog.at_level(logging.WARNING, logger="goose.planning.cost"):
+        again = cost.cached(path, measured, busy=busy_now)
+    assert len(calls) == 1 and again.seconds == first.seconds
+    assert "busy now: used as it is" in caplog.records[-1].getMessage()
+    cost._UNCACHED.clear()
+    quiet = cost.cached(path, _measured, busy=lambda: False)
+    assert not quiet.meta.problems and not CostCurve.load(path).meta.problems
 
 
 def test_a_cached_curve_that_looks_busy_is_measured_again(tmp_path, caplog) -> None:
     path = tmp_path / "curve.json"
     _measured(spread=0.5).save(path)
     with caplog.at_level(logging.WARNING, logger="goose.planning.cost"):
-        curve = cost.cached(path, _measured)
+        curve = cost.cached(path, _measured, busy=lambda: False)
     assert curve.meta.spread[0] == 0.02 and CostCurve.load(path).meta.spread[0] == 0.02
     assert len(caplog.records) == 1 and "looks measured on a busy machine" in caplog.records[0].getMessage()
 

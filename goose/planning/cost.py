@@ -272,19 +272,31 @@ def curve_path(model: torch.nn.Module, cache_dir: Path | None = None, batch: int
 
 
 TRIES = 3  # measurements of a curve that looks measured on a busy machine, the first included
-_UNCACHED: dict[Path, CostCurve] = {}  # curves this process measured and would not cache: used here only
+BUSY_LOAD = 0.5  # a 1-minute load average per usable CPU from which the machine is busy now: retrying cannot help
+_UNCACHED: dict[Path, CostCurve] = {}  # per cache path: the busy-looking curve this process uses as it is
+
+
+def busy_now() -> bool:
+    """Whether other work holds the cores now (the 1-minute load average per usable CPU), so that a measurement
+    taken now would be slowed as the last one was."""
+    load = machine.load_average()
+    return load is not None and load / machine.cpu_count() >= BUSY_LOAD
 
 
 def cached(path: Path, measured: Callable[[], CostCurve], refresh: bool = False,
-           check: Callable[[CostCurve], list[str]] | None = None, legacy: Path | None = None) -> CostCurve:
+           check: Callable[[CostCurve], list[str]] | None = None, legacy: Path | None = None,
+           busy: Callable[[], bool] = busy_now) -> CostCurve:
     """The curve saved at ``path``, or ``measured()`` saved there (atomically: concurrent writers never tear it).
 
-    A curve is cached only when ``check`` (default :func:`busy_signs`) finds no sign of a busy
-    machine: one that shows them is measured again, up to ``TRIES`` measurements in all, and if every
-    one shows them the least slow is used by this process alone, with one line on stderr saying so.
-    A cached curve that shows them (or cannot be read) is measured again, with one line. ``legacy``:
-    where an older format cached this curve: not trusted (it was keyed by the CPU's name alone), and
-    said so in one line.
+    ``check`` (default :func:`busy_signs`) tells a curve measured on a busy machine. Such a
+    measurement is taken again, up to ``TRIES`` in all, while the machine is quiet now
+    (:func:`busy_now`); if every one shows the signs, the least slowed is cached with its signs
+    (``meta.problems``) and one line on stderr says so. A cached curve with signs is measured again
+    by the first process that finds the machine quiet; while it is busy it is used as it is, said
+    once per process: a process started on a busy machine (a test suite, another run) must not pay
+    TRIES measurements that the load would spoil alike, every time. ``legacy``: where an older
+    format cached this curve: not trusted (it was keyed by the CPU's name alone), said in one line.
+    ``busy``: whether the machine is busy now (:func:`busy_now`).
     """
     check = check or busy_signs
     if not refresh and path in _UNCACHED:
@@ -297,6 +309,12 @@ def cached(path: Path, measured: Callable[[], CostCurve], refresh: bool = False,
         else:
             signs = check(curve)
             if not signs:
+                return curve
+            if busy():
+                logger.warning("the cached cost curve %s looks measured on a busy machine (%s) and the machine is "
+                               "busy now: used as it is, until a run on a quiet machine measures it again", path,
+                               "; ".join(signs))
+                _UNCACHED[path] = curve
                 return curve
             logger.warning("the cached cost curve %s looks measured on a busy machine (%s); measuring it again",
                            path, "; ".join(signs))
@@ -315,10 +333,14 @@ def cached(path: Path, measured: Callable[[], CostCurve], refresh: bool = False,
             return curve
         logger.info("measurement %d of at most %d looks busy (%s)", attempt, TRIES, "; ".join(signs))
         tries.append(curve)
+        if busy():  # the cores are taken: another try would be slowed alike
+            break
     kept = min(tries, key=lambda c: sum(c.seconds))  # the least slowed down
-    kept = replace(kept, meta=replace(kept.meta, tries=TRIES))
-    logger.warning("the verify cost curve looked measured on a busy machine %d times out of %d (%s): not cached at "
-                   "%s, used by this process only", TRIES, TRIES, "; ".join(kept.meta.problems), path)
+    kept = replace(kept, meta=replace(kept.meta, tries=len(tries)))
+    kept.save(path)
+    logger.warning("the verify cost curve looked measured on a busy machine %d time(s) (%s): cached at %s with those "
+                   "signs; the first run on a quiet machine measures it again", len(tries),
+                   "; ".join(kept.meta.problems), path)
     _UNCACHED[path] = kept
     return kept
 
