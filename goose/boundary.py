@@ -27,13 +27,24 @@ logger = logging.getLogger("goose.plugins")
 
 
 class FaultLog:
-    """Logs a plugin fault once per (plugin, hook); later faults of the same kind are counted, not logged."""
+    """Logs a plugin fault once per (plugin, hook); later faults of the same kind are counted, not logged.
+
+    Every fault is also credited to the request being served (``serving``: that request's
+    ``GenerationStats.faults``, set by the cycle before it calls the plugins for the request), as
+    ``{plugin: {"kind", "count", "hooks": {hook: count}, "first": "<hook>: <problem>"}}``.
+    """
 
     def __init__(self) -> None:
         self.counts: Counter[tuple[str, str]] = Counter()
+        self.serving: dict[str, dict[str, Any]] | None = None
 
     def warn(self, kind: str, name: str, hook: str, problem: object) -> None:
         self.counts[name, hook] += 1
+        if self.serving is not None:
+            entry = self.serving.setdefault(name, {"kind": kind, "count": 0, "hooks": {},
+                                                   "first": f"{hook}: {problem}"})
+            entry["count"] += 1
+            entry["hooks"][hook] = entry["hooks"].get(hook, 0) + 1
         if self.counts[name, hook] == 1:
             logger.warning("%s %r skipped in %s: %s (not logged again for this hook)", kind, name, hook, problem)
 

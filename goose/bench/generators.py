@@ -31,7 +31,8 @@ from goose.cycle.sampling import SamplingParams
 from goose.planning.cost import CostCurve
 
 # GenerationStats.to_dict() keys kept per turn (the per-step lists are kept separately)
-_STATS_KEYS = ("source_tested", "source_accepted", "path_kinds", "prefill_s", "mean_tree_size", "auxiliary_rows")
+_STATS_KEYS = ("source_tested", "source_accepted", "path_kinds", "prefill_s", "mean_tree_size", "auxiliary_rows",
+               "faults")
 
 
 @dataclass

@@ -18,109 +18,24 @@ budget and options), and, filled in once every method has run on the sample, ``s
 ``faults``: per plugin (source or topology) whose hooks faulted during the sample (raised, or answered
 malformed: the plugin boundary, :mod:`goose.boundary`, skipped the call and decoding went on without
 it), ``{"kind", "count", "hooks": {hook: count}, "first": "<hook>: <what went wrong>"}``; ``{}`` when
-none did. Read from the turns' statistics where they carry a ``faults`` entry; until
-``GenerationStats`` does, from the decoder's :class:`goose.boundary.FaultLog` as its first fault per
-hook is logged (:class:`FaultWatch`).
+none did: each turn's ``GenerationStats.faults``, which the plugin boundary credits to the request it
+serves.
 """
 
 from __future__ import annotations
 
-import logging
-import sys
 import time
 import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from goose.bench.generators import TurnOutput
 from goose.bench.methods import BASELINE, LOOKUP_PEER, PEER_BASELINE
 from goose.bench.prompts import Sample
-from goose.boundary import FaultLog
 
 Record = dict[str, Any]
 Faults = dict[str, dict[str, Any]]  # plugin -> {kind, count, hooks, first}
-
-
-@dataclass
-class _Watched:
-    """One method's current fault log, what of it earlier records already took (None: not yet read), and the first
-    message of each (plugin, hook)."""
-
-    log: FaultLog
-    taken: Counter[tuple[str, str]] | None
-    kinds: dict[str, str] = field(default_factory=dict)  # plugin -> source / topology
-    messages: dict[tuple[str, str], str] = field(default_factory=dict)
-
-
-class FaultWatch(logging.Handler):
-    """The boundary's faults per bench method, until ``GenerationStats`` carries them.
-
-    :class:`goose.boundary.FaultLog` counts every fault of a decoder per (plugin, hook) and logs the first one.
-    This handler (on the ``goose.plugins`` logger) catches that log line, finds on the call stack the fault log that
-    wrote it and the bench generator (``goose.bench.generators``) whose decoder owns it, and keeps the log per
-    method; :meth:`take` reads what the log counted since the method's last record. With cold sources (a fresh
-    decoder per sample, the default) that is exactly each sample's faults. A log first seen outside a sample (the
-    warm-up) is read from the next record on: its warm-up counts go to no sample, and with ``--warm-sources``
-    (one decoder, one log, for the warm-up and every sample) the first sample's faults are not counted either.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.watched: dict[str, _Watched] = {}
-
-    def emit(self, record: logging.LogRecord) -> None:
-        args = record.args if isinstance(record.args, tuple) else ()
-        if len(args) != 4:
-            return
-        kind, name, hook, problem = (str(arg) for arg in args)
-        log, method, in_sample = None, None, False
-        frame = sys._getframe(1)
-        while frame is not None:
-            owner = frame.f_locals.get("self")
-            if log is None:  # FaultLog.warn, which logged this
-                log = owner if isinstance(owner, FaultLog) else None
-            elif method is None:  # the bench generator whose decoder it belongs to
-                if frame.f_code.co_name == "generate" and hasattr(owner, "decoder"):
-                    method = getattr(getattr(owner, "method", None), "name", None)
-            elif frame.f_code.co_name == "run_sample":  # goose.bench.runner's: a timed sample, not the warm-up
-                in_sample = True
-                break
-            frame = frame.f_back
-        if log is None or not isinstance(method, str):
-            return  # not a bench generation (a server, a decoder used on its own)
-        watched = self.watched.get(method)
-        if watched is None or watched.log is not log:  # a new decoder, a fresh log
-            watched = self.watched[method] = _Watched(log, Counter() if in_sample else None)
-        watched.kinds.setdefault(name, kind)
-        watched.messages.setdefault((name, hook), f"{hook}: {problem}")
-
-    def take(self, method: str) -> Faults:
-        """What ``method``'s fault log counted since this method's last record (``{}``: nothing)."""
-        watched = self.watched.get(method)
-        if watched is None:
-            return {}
-        counts = Counter(watched.log.counts)
-        if watched.taken is None:  # first seen in the warm-up: from now on
-            watched.taken = counts
-            return {}
-        fresh = counts - watched.taken
-        watched.taken = counts
-        faults: Faults = {}
-        for (name, hook), count in sorted(fresh.items()):
-            entry = faults.setdefault(name, {"kind": watched.kinds.get(name, "source"), "count": 0, "hooks": {},
-                                             "first": None})
-            entry["count"] += count
-            entry["hooks"][hook] = count
-        for (name, hook), message in watched.messages.items():  # in the order they happened
-            if fresh[name, hook] and faults[name]["first"] is None:
-                faults[name]["first"] = message
-        return faults
-
-
-FAULT_WATCH = FaultWatch()
-logging.getLogger("goose.plugins").addHandler(FAULT_WATCH)
 
 
 def merge_faults(parts: Sequence[Mapping[str, Mapping[str, Any]] | None]) -> Faults:
@@ -137,13 +52,9 @@ def merge_faults(parts: Sequence[Mapping[str, Mapping[str, Any]] | None]) -> Fau
     return dict(sorted(merged.items()))
 
 
-def _faults(method: str, outputs: Sequence[TurnOutput]) -> Faults:
-    """The sample's plugin faults: from the turns' statistics where they carry them, else :data:`FAULT_WATCH`."""
-    carried = [(o.stats or {}).get("faults") for o in outputs]
-    if any(part is not None for part in carried):
-        FAULT_WATCH.take(method)  # keep the watch in step, though the statistics answer
-        return merge_faults(carried)
-    return FAULT_WATCH.take(method)
+def _faults(outputs: Sequence[TurnOutput]) -> Faults:
+    """The sample's plugin faults, every turn's (``GenerationStats.faults``)."""
+    return merge_faults([(o.stats or {}).get("faults") for o in outputs])
 
 
 def _summed(outputs: Sequence[TurnOutput], key: str) -> dict[str, Any]:
@@ -198,7 +109,7 @@ def build_record(model: str, method: str, sample: Sample, outputs: Sequence[Turn
         "seed": seed,
         "config": config,
         "stop_reasons": [o.stop_reason for o in outputs],
-        "faults": _faults(method, outputs),
+        "faults": _faults(outputs),
         # through the target's memo: rows it answered and the real work still run (None: every pass was real)
         "memo": _summed(outputs, "memo") or None,
         "new_token_ids": [o.new_token_ids for o in outputs],

@@ -46,7 +46,7 @@ class Drafter:
         if not config.sources:
             raise plugins.PluginError("no sources enabled: name at least one with --sources")
         self.model, self.tokenizer, self.config, self.vocab_size = model, tokenizer, config, vocab_size
-        faults = FaultLog()
+        self.faults = faults = FaultLog()  # every source's and the topology's: a fault is credited to its request
         # the shareable sources' instances (knowledge of the model, not of a request) serve every row it decodes
         self.shared = self._shared_instances(tuple(config.sources), faults)
         self.sources = SourceSet(config.sources, config, vocab_size, faults=faults, instances=self.shared)
@@ -153,8 +153,9 @@ class RowCycle:
     def __init__(self, drafter: Drafter, request: Request, slot: SourceSlot) -> None:
         self.drafter, self.request, self.slot = drafter, request, slot
         self.sources = slot.drafting(drafter, request.prediction is not None)
-        self.sources.reset(keep=frozenset(drafter.shared))  # a new request: all but the shared instances start over
         self.stats = request.stats
+        self.serve()
+        self.sources.reset(keep=frozenset(drafter.shared))  # a new request: all but the shared instances start over
         self.unpriced = slot.unpriced
         self.clock = _PhaseClock(self.stats if drafter.profile else None)
         self.pool: CandidatePool | None = None
@@ -170,8 +171,13 @@ class RowCycle:
         return harvest_rows(config.prefill_harvest, len(self.request.prompt_ids), self.drafter.row_weight,
                             priced=config.budget == "auto")
 
+    def serve(self) -> None:
+        """The plugins' faults from now on are this request's (``stats.faults``): rows of a session take turns."""
+        self.drafter.faults.serving = self.stats.faults
+
     def begin(self, prompt_logits: torch.Tensor) -> None:
         """The sources read the prompt and the top-k of its harvested rows (``prompt_logits`` [h + 1, V])."""
+        self.serve()
         self.clock.start()
         if self.request.stop_reason is None:
             self.sources.prefill(self.context(), _prompt_harvest(self.request.prompt_ids, prompt_logits[:-1],
@@ -190,6 +196,7 @@ class RowCycle:
     def draft(self, room: int, planner: BudgetPlanner | None) -> None:
         """1. Every source drafts; the pool ranks them by acceptance; auxiliary rows that fit the pass's
         ``room`` and pay may ride."""
+        self.serve()
         self.started = self.clock.start()
         left = self.request.max_new_tokens - self.request.produced  # a deeper draft token could not be kept
         self.pool, offered = self.sources.propose(self.context(), left)
@@ -200,6 +207,7 @@ class RowCycle:
         """2. The topology turns the pool into a draft tree of at most ``budget`` draft nodes (of a constrained
         request: without the drafted tokens its grammar forbids); budget 0: the bare anchor."""
         assert self.pool is not None
+        self.serve()
         tree = self.drafter.topology.plan(self.pool, budget) if budget > 0 else \
             DraftTree.single(self.pool.anchor, self.pool.source_names)
         constraint = self.request.constraint
@@ -214,6 +222,7 @@ class RowCycle:
         ``past``), keep the tokens, let every source learn. Returns (the accepted path, the tokens kept);
         the caller commits the path to its cache."""
         self.clock.lap("verify")
+        self.serve()
         tree, pool, request = self.tree, self.pool, self.request
         assert tree is not None and pool is not None
         if request.constraint is not None:

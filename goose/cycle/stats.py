@@ -29,6 +29,8 @@ class GenerationStats:
     constrained: bool = False  # a structured output: its output followed a grammar
     grammar_cut_tokens: int = 0  # drafted tokens the grammar forbade, cut before verification
     grammar_s: float = 0.0  # the grammar's own time: masks, cuts, masking the rows, advancing the matcher
+    # per plugin whose hooks faulted for this request: {"kind", "count", "hooks": {hook: count}, "first"}
+    faults: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def record_step(self, new_tokens: int, tree_size: int, kind: PathKind,
                     per_source: dict[str, tuple[int, int]], auxiliary_rows: int = 0) -> None:
@@ -77,6 +79,7 @@ class GenerationStats:
                 "prediction", 0),
             "path_kinds": {kind.value: self.path_kinds.get(kind.value, 0) for kind in PathKind},
             "accepted_lengths": list(self.accepted_lengths),
+            "faults": {name: {**entry, "hooks": dict(entry["hooks"])} for name, entry in self.faults.items()},
             **({"profile_s": {k: round(v, 4) for k, v in self.profile.items()}} if self.profile else {}),
             **({"mean_batch_rows": round(sum(self.batch_rows) / len(self.batch_rows), 2)} if self.batch_rows else {}),
             **({"row_budgets": list(self.row_budgets)} if self.row_budgets else {}),
