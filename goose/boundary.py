@@ -91,8 +91,7 @@ class SourceSet:
                  estimates: dict[str, AcceptanceEstimate] | None = None, instances: dict[str, Any] | None = None,
                  strict: bool = True) -> None:
         known = known or registry()
-        for name in config.source_options:  # options nobody reads would be ignored without a word
-            known.source(name, "source_options: ")
+        known.check_options("source", config)  # options nobody reads, or a key nobody reads, would pass unsaid
         self.vocab_size, self.faults = vocab_size, faults or FaultLog()
         self.estimates = estimates if estimates is not None else {}
         self.instances: dict[str, Any] = {}
@@ -174,8 +173,7 @@ class TopologyPlanner(Guarded):
     def __init__(self, name: str, config: GooseConfig, vocab_size: int, known: Registry | None = None,
                  faults: FaultLog | None = None) -> None:
         known = known or registry()
-        for option in config.topology_options:
-            known.topology(option, "topology_options: ")
+        known.check_options("topology", config)
         super().__init__(name, "topology", made(known.topology(name), config), faults or FaultLog())
         self.config, self.vocab_size = config, vocab_size
         if "goose_plan_tree" not in self.implements:

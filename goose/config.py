@@ -6,9 +6,20 @@ published value, so an ablation is a config change, never a code change.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 
 def first_error(error: ValidationError, what: str = "config") -> str:
@@ -16,6 +27,26 @@ def first_error(error: ValidationError, what: str = "config") -> str:
     first = error.errors()[0]
     where = ".".join(str(p) for p in first.get("loc", ())) or what
     return f"{where}: {first['msg']}"
+
+
+def did_you_mean(name: object, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` when ``name`` is close to one of ``known`` (difflib's measure), else ``""``."""
+    near = difflib.get_close_matches(str(name), list(known), n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
+def unknown_field(error: ValidationError, model: type[BaseModel]) -> ValidationError:
+    """``error`` with each unknown top-level field of ``model`` saying which field was probably meant (or, with none
+    near, which exist); still pydantic's ``extra_forbidden``, so callers that map that type keep working."""
+    fields, details = list(model.model_fields), []
+    for problem in error.errors(include_url=False):
+        if problem["type"] == "extra_forbidden" and len(problem["loc"]) == 1:
+            near = did_you_mean(problem["loc"][0], fields)
+            message = f"unknown {model.__name__} field" + (near or f"; fields: {', '.join(fields)}")
+            problem = InitErrorDetails(type=PydanticCustomError("extra_forbidden", message), loc=problem["loc"],
+                                       input=problem["input"])
+        details.append(problem)
+    return ValidationError.from_exception_data(error.title, details)  # type: ignore[arg-type]
 
 
 class Sampling(BaseModel):
@@ -146,6 +177,16 @@ class GooseConfig(Sampling):
         description="'transition': keep the spine's length but fill it with the branching source's greedy "
         "successor chain (the paper's 'w/o PLD tokens, shape kept' ablation)",
     )
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _near_misses(cls, data: Any, handler: ModelWrapValidatorHandler[GooseConfig]) -> GooseConfig:
+        try:
+            return handler(data)
+        except ValidationError as error:
+            if not any(problem["type"] == "extra_forbidden" for problem in error.errors(include_url=False)):
+                raise
+            raise unknown_field(error, cls) from None
 
     @field_validator("budget")
     @classmethod

@@ -13,20 +13,28 @@ does not pass raises ``goose.PluginError`` naming it. A hook asks only for the a
 Hooks are called through pluggy, one instance at a time: ``specname``, ``wrapper`` (around the same instance's
 hook) and ``firstresult`` (the topology hooks') mean what pluggy says.
 
-**Instances.** ``factory(config)`` makes one, which reads its options from ``config.options_for(name)`` (options
-for a name nobody registered are an error). A source's hooks are all optional; a topology needs
-``goose_plan_tree``. In every door an instance serves one request at a time in the slot it was made for (a
-``GooseDecoder`` has one, a batch or ``goose serve`` ``--max-batch``, the vLLM proposer one per running request),
-made when the slot first needs it and reused for its later requests; a ``shareable`` source has one instance for
-all its decoder's slots, never reset, seeing every slot's hooks in turn. The decoder's first instances are made
-when it is built (a bad option is an error there); a factory that raises for a later slot costs that source in
-that slot, logged once.
+**Options.** ``factory(config)`` makes an instance, which reads its options from ``config.options_for(name)``
+(``GooseConfig.source_options[name]``, ``topology_options[name]``); options for a name nobody registered are an
+error ("did you mean"). Register ``options=Model`` (a pydantic ``BaseModel`` subclass) and Goose validates them
+through it before the factory runs, refusing keys the model does not declare whatever its ``extra``
+(``source_options.context_match: unknown option 'ngram_size' (did you mean 'ngram_sizes'? known: ngram_sizes,
+...)``) and naming a bad value's field with pydantic's message, a ``goose.PluginError`` when the decoder is made;
+the factory may validate them again with the same model (the built-ins do). Without a model Goose cannot tell which
+keys the factory reads: check them there.
+
+**Instances.** A source's hooks are all optional; a topology needs ``goose_plan_tree``. In every door an instance
+serves one request at a time in the slot it was made for (a ``GooseDecoder`` has one, a batch or ``goose serve``
+``--max-batch``, the vLLM proposer one per running request), made when the slot first needs it and reused for its
+later requests; a ``shareable`` source has one instance for all its decoder's slots, never reset, seeing every
+slot's hooks in turn. The decoder's first instances are made when it is built (a bad option is an error there); a
+factory that raises for a later slot costs that source in that slot, logged once.
 
 **Data** is NumPy, on the host. ``DecodeContext.tokens`` is the prompt and all generated so far, the anchor (the
-last, verified token) last; within a request it only grows at the end (index it incrementally). Token ids lie in
-``[0, DecodeContext.vocab_size)``, the output layer's rows (it may exceed ``len(tokenizer)``); ``.prediction`` is
-the request's predicted output (OpenAI's Predicted Outputs) as read-only ids, or None (a request with one puts the
-built-in ``prediction`` source first).
+last, verified token) last; within a request it only grows at the end (index it incrementally). Token ids are
+integers (any integer dtype; floats and bools are malformed, never rounded: ``Draft.chain([1.5, 2.7])`` raises
+``CandidateError``) in ``[0, DecodeContext.vocab_size)``, the output layer's rows (it may exceed
+``len(tokenizer)``); ``.prediction`` is the request's predicted output (OpenAI's Predicted Outputs) as read-only
+ids, or None (a request with one puts the built-in ``prediction`` source first).
 
 **Acceptance.** The decoder keeps one estimate per source name (sources keep none), from ``initial_acceptance``
 (``GooseConfig.initial_acceptance[name]``, else the registration's), moved by an EMA step (``GooseConfig.ema``)
@@ -35,10 +43,11 @@ trusted first (planners give the first drafting one the spine) by the draft's ch
 carries ``Draft.depth_acceptance`` (:func:`goose.contract.candidates.chain_rate`), else the estimate; ties keep the
 configured order.
 
-**Faults are contained** (:mod:`goose.boundary`): a hook that raises or answers malformed (ids outside the
-vocabulary, parents out of order, wrong shapes or types) is skipped for that cycle, logged once per (plugin, hook);
-a plugin changes the speed, never the output. None means nothing this cycle, never logged; what ``goose_reset``,
-``goose_prefill`` and ``goose_observe`` return is ignored. Helpers: ``goose.{sources,topologies}.toolkit``.
+**Faults are contained** (:mod:`goose.boundary`): a hook that raises or answers malformed (ids that are not
+integers or lie outside the vocabulary, parents out of order, wrong shapes or types) is skipped for that cycle,
+logged once per (plugin, hook); a plugin changes the speed, never the output. None means nothing this cycle, never
+logged; what ``goose_reset``, ``goose_prefill`` and ``goose_observe`` return is ignored. Helpers:
+``goose.{sources,topologies}.toolkit``.
 """
 
 from collections.abc import Callable
@@ -60,13 +69,15 @@ Register = Callable[..., None]
 # --- registration plugins, asked once when the registry loads ---------------------------------
 @hookspec
 def goose_register_sources(register: Register) -> None:
-    """``register(name, factory, description="", initial_acceptance=0.3, shareable=False)`` per source: the estimate
-    before any verification, in [0, 1]; ``shareable=True``: an instance knows the model, not a request (one for all)."""
+    """``register(name, factory, description="", initial_acceptance=0.3, shareable=False, options=None)`` per source:
+    the estimate before any verification, in [0, 1]; ``shareable=True``: an instance knows the model, not a request
+    (one for all); ``options``: the pydantic model its ``source_options`` are validated through ("Options" above)."""
 
 
 @hookspec
 def goose_register_topologies(register: Register) -> None:
-    """``register(name, factory, description="")`` per topology planner."""
+    """``register(name, factory, description="", options=None)`` per topology planner (``options``: the pydantic
+    model its ``topology_options`` are validated through)."""
 
 
 @hookspec

@@ -9,15 +9,20 @@ from __future__ import annotations
 import difflib
 import inspect
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial, partialmethod
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
+from pydantic import BaseModel, ValidationError
 
 from goose import hookspecs
+from goose.config import did_you_mean
+
+if TYPE_CHECKING:
+    from goose.config import GooseConfig
 
 logger = logging.getLogger("goose.plugins")
 
@@ -77,6 +82,7 @@ class Registration:  # checked as it is made (PluginError): a class's shape, a s
     description: str = ""
     initial_acceptance: float = 0.3  # sources: the estimate before any verification
     shareable: bool = False  # sources: one instance may serve every slot of a decoder
+    options: type[BaseModel] | None = None  # sources and topologies: the model their options are checked against
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.initial_acceptance <= 1.0:
@@ -84,8 +90,43 @@ class Registration:  # checked as it is made (PluginError): a class's shape, a s
                               f"{self.initial_acceptance}")
         if not isinstance(self.shareable, bool):
             raise PluginError(f"{self.kind} {self.name!r}: shareable must be True or False, got {self.shareable!r}")
+        if self.options is not None and (self.kind == "command" or not (
+                inspect.isclass(self.options) and issubclass(self.options, BaseModel))):
+            raise PluginError(f"{self.kind} {self.name!r}: options must be a pydantic BaseModel subclass (sources and "
+                              f"topologies only), got {self.options!r}")
         if inspect.isclass(self.factory) and self.kind != "command":  # a factory function: its product, when made
             Manager(self.factory, self.kind, self.name)
+
+    def option_names(self) -> tuple[str, ...]:
+        """The option keys the options model accepts (its fields, and their aliases); () without a model."""
+        if self.options is None:
+            return ()
+        names = dict.fromkeys(self.options.model_fields)
+        for info in self.options.model_fields.values():
+            names.update(dict.fromkeys(a for a in (info.alias, info.validation_alias) if isinstance(a, str)))
+        return tuple(names)
+
+    def checked_options(self, given: Mapping[str, Any]) -> BaseModel | None:
+        """``given`` (this plugin's ``source_options`` / ``topology_options`` entry) validated through the options
+        model, unknown keys refused whatever the model's own ``extra``; None without a model (the factory reads
+        them itself). PluginError names the unknown key and the known ones, or the bad value."""
+        if self.options is None:
+            return None
+        where, known = f"{self.kind}_options.{self.name}", self.option_names()
+        if not isinstance(given, Mapping):
+            raise PluginError(f"{where}: options must be a mapping of option names to values, got "
+                              f"{type(given).__name__}")
+        unknown = [key for key in given if key not in known]
+        if unknown:
+            near = difflib.get_close_matches(str(unknown[0]), known, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise PluginError(f"{where}: unknown option {unknown[0]!r} ({hint}known: {', '.join(known) or 'none'})")
+        try:
+            return self.options.model_validate(dict(given))
+        except ValidationError as error:
+            problem = error.errors(include_url=False)[0]
+            path = "".join(f".{part}" for part in problem.get("loc", ()))
+            raise PluginError(f"{where}{path}: {problem['msg'].removeprefix('Value error, ')}") from None
 
 
 @dataclass
@@ -129,10 +170,19 @@ class Registry:
         table = getattr(self, TABLES[kind])
         if name not in table:
             known = ", ".join(sorted(table)) or "none (is goose installed? run `pip install -e .`)"
-            raise PluginError(f"{where}unknown {kind} {name!r}; registered {TABLES[kind]}: {known}")
+            raise PluginError(f"{where}unknown {kind} {name!r}{did_you_mean(name, table)}; registered "
+                              f"{TABLES[kind]}: {known}")
         return table[name]
 
     source, topology = partialmethod(lookup, "source"), partialmethod(lookup, "topology")
+
+    def check_options(self, kind: str, config: GooseConfig) -> dict[str, BaseModel | None]:
+        """Every ``source_options`` (``kind="source"``) or ``topology_options`` entry of ``config``: its name
+        registered, its keys and values valid by the registration's options model (PluginError otherwise);
+        name -> the validated options (None where the plugin declares no model)."""
+        given: dict[str, dict[str, Any]] = getattr(config, f"{kind}_options")
+        return {name: self.lookup(kind, name, f"{kind}_options: ").checked_options(options)
+                for name, options in given.items()}
 
 
 def registry(refresh: bool = False) -> Registry:
@@ -173,7 +223,8 @@ def unregister(registrations: list[Registration]) -> None:
 
 
 class SourcePlugin:
-    """A registration plugin for one source: ``register(SourcePlugin("name", Class, initial_acceptance=0.5))``."""
+    """A registration plugin for one source: ``register(SourcePlugin("name", Class, initial_acceptance=0.5))``
+    (any ``register`` keyword: ``description``, ``shareable``, ``options=OptionsModel``)."""
 
     def __init__(self, name: str, factory: Callable[..., Any], **options: Any) -> None:
         self.arguments, self.options = (name, factory), options

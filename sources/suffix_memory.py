@@ -300,4 +300,4 @@ class SuffixMemorySource:
 def goose_register_sources(register: Register) -> None:
     register(NAME, SuffixMemorySource,
              description="SuffixDecoding-style memory: frequency trie of what followed the suffix, across requests",
-             initial_acceptance=0.5)
+             initial_acceptance=0.5, options=SuffixMemoryOptions)

@@ -31,7 +31,7 @@ from goose.bench.study import (
     label,
     study_fields,
 )
-from goose.config import GooseConfig, first_error
+from goose.config import GooseConfig, did_you_mean, first_error
 from goose.plugins import BUILTIN_ORIGIN, PluginError, registry
 
 Kind = Literal["ar", "goose", "hf"]
@@ -208,7 +208,8 @@ def method_named(name: str, overrides: Overrides = NO_OVERRIDES) -> Method:
     try:
         return composed(name, overrides)
     except PluginError as error:
-        raise ValueError(f"unknown method {name!r}: not a built-in name (goose bench --list-methods) and not "
+        near = "" if "@" in name or "+" in name else did_you_mean(name, [BASELINE, *ALL_METHODS])  # else: the plugin's
+        raise ValueError(f"unknown method {name!r}{near}: not a built-in name (goose bench --list-methods) and not "
                          f"SOURCES@TOPOLOGY of registered plugins: {error}") from None
 
 
@@ -263,7 +264,7 @@ def suite_methods(suite: str, sources: Sequence[str] | None = None, disable: Seq
       when given).
     """
     if suite not in SUITE_NAMES:
-        raise ValueError(f"unknown suite {suite!r}; suites: {', '.join(SUITE_NAMES)}")
+        raise ValueError(f"unknown suite {suite!r}{did_you_mean(suite, SUITE_NAMES)}; suites: {', '.join(SUITE_NAMES)}")
     known = registry()
     for name in [*(sources or ()), *disable]:
         known.source(name)

@@ -40,6 +40,25 @@ def without_trailing_repeats(values: Sequence[float]) -> tuple[float, ...]:
     return tuple(values[:end])
 
 
+def token_ids(values: Sequence[int] | np.ndarray, what: str = "draft tokens") -> np.ndarray:
+    """``values`` as int64 token ids (flattened); CandidateError for anything else: floats (``[1.5, 2.7]`` would
+    otherwise become ``[1, 2]``), bools, strings, None. Any integer dtype, NumPy's included, is fine."""
+    array = np.asarray(values)
+    if array.size == 0:
+        return np.zeros(0, dtype=np.int64)  # np.asarray([]) is float64
+    if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
+        raise CandidateError(f"{what} must be integer token ids, got {array.dtype} {_shown(array)}")
+    if isinstance(values, list | tuple) and any(isinstance(v, bool | np.bool_) for v in values):  # [5, True]: int64
+        raise CandidateError(f"{what} must be integer token ids, got a bool in {_shown(np.asarray(values, object))}")
+    return array.astype(np.int64, copy=False).reshape(-1)
+
+
+def _shown(array: np.ndarray, most: int = 4) -> str:
+    """The first few values of ``array``, for an error message."""
+    values = array.reshape(-1)
+    return str(values[:most].tolist())[:-1] + (", ...]" if values.shape[0] > most else "]")
+
+
 def eos_token_ids(*holders: Any) -> frozenset[int]:
     """The end-of-sequence ids the ``eos_token_id`` of each holder names (a generation config, a tokenizer): an
     int, a list of them, or nothing."""
@@ -102,8 +121,9 @@ class Draft:
     @classmethod
     def chain(cls, tokens: Sequence[int] | np.ndarray, scores: Sequence[float] | np.ndarray | float | None = None,
               consensus: int = 0, depth_acceptance: Sequence[float] = ()) -> Draft:
-        """A linear draft: token i + 1 hangs off token i. ``scores``: one number, one per token, or None."""
-        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        """A linear draft: token i + 1 hangs off token i. ``scores``: one number, one per token, or None.
+        Tokens must be integers (CandidateError otherwise: a float is never rounded to an id)."""
+        tokens = token_ids(tokens)
         if scores is not None:
             scores = np.broadcast_to(np.asarray(scores, dtype=np.float64), tokens.shape).copy()
         return cls(tokens, np.arange(-1, tokens.shape[0] - 1, dtype=np.int64), scores, consensus,
@@ -138,7 +158,7 @@ class Draft:
         weight = np.asarray(node_weights)
         parent = np.asarray(parents, dtype=np.int64)
         parent_weight = np.where(parent >= 0, weight[np.maximum(parent, 0)], weight[parent < 0].sum())
-        return cls(np.asarray(tokens, dtype=np.int64), parent, acceptance * weight / parent_weight)
+        return cls(token_ids(tokens), parent, acceptance * weight / parent_weight)
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -193,12 +213,12 @@ class Draft:
             tokens = np.asarray(self.tokens)
             parents = np.asarray(self.parents)
             scores = np.full(tokens.shape, default_score) if self.scores is None else np.asarray(self.scores)
-            if not (np.issubdtype(tokens.dtype, np.integer) and np.issubdtype(parents.dtype, np.integer)):
-                raise CandidateError(f"draft tokens and parents must be integer arrays, got {tokens.dtype} and "
-                                     f"{parents.dtype}")
             scores = scores.astype(np.float64, copy=False)
         except (TypeError, ValueError) as error:
             raise CandidateError(f"draft fields are not arrays: {error}") from None
+        for values, what in ((tokens, "draft tokens"), (parents, "draft parents")):  # floats are never rounded
+            if values.dtype == np.bool_ or not np.issubdtype(values.dtype, np.integer):
+                raise CandidateError(f"{what} must be an integer array, got {values.dtype} {_shown(values)}")
         m = tokens.shape[0] if tokens.ndim == 1 else -1
         if m < 0 or parents.shape != (m,) or scores.shape != (m,):
             raise CandidateError(f"draft shapes disagree: tokens {tokens.shape}, parents {parents.shape}, "
@@ -296,7 +316,7 @@ def checked_successors(answer: object, m: int, k: int, vocab_size: int) -> tuple
     if found.ndim != 2 or found.shape[0] != m or found_scores.shape != found.shape:
         raise CandidateError(f"successor shapes {found.shape} / {found_scores.shape} do not fit {m} queries")
     if found.size and not np.issubdtype(found.dtype, np.integer):
-        raise CandidateError(f"successor tokens must be integers, got {found.dtype}")
+        raise CandidateError(f"successor tokens must be integer token ids, got {found.dtype} {_shown(found)}")
     if found.size and (int(found.max()) >= vocab_size or int(found.min()) < -1):
         raise CandidateError(f"successor token ids outside the vocabulary [0, {vocab_size})")
     width = min(k, found.shape[1])

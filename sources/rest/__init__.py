@@ -202,7 +202,7 @@ class RestSource:
 @goose.hookimpl
 def goose_register_sources(register: Register) -> None:
     register(NAME, RestSource, description="REST: continuations of the context's longest suffix in a datastore",
-             initial_acceptance=0.3)
+             initial_acceptance=0.3, options=RestOptions)
 
 
 def _datastore_command(parser: argparse.ArgumentParser) -> None:
