@@ -7,7 +7,7 @@
 # Usage: scripts/memo_bench.sh OUT [goose bench flags...]; the defaults are the ablation suite for one source on
 # 20 packaged prompts x 64 tokens, SmolLM2 float32:
 #   scripts/memo_bench.sh bench-memo
-#   scripts/memo_bench.sh bench-memo-qwen --model qwen2.5-coder-1.5b --limit 5 --datasets humaneval
+#   STUDY="--methods goose,cm@chain" scripts/memo_bench.sh bench-memo-qwen --model qwen2.5-coder-1.5b --datasets humaneval
 set -euo pipefail
 out=${1:?usage: scripts/memo_bench.sh OUT [goose bench flags...]}
 shift
@@ -16,8 +16,10 @@ python=${PYTHON:-.venv/bin/python}
 mkdir -p "$out"
 memo="$out/memo"
 rm -rf "$memo"
+# STUDY: the methods (default: the ablation suite for suffix_memory), e.g. STUDY="--methods goose,cm@chain"
+read -r -a study <<< "${STUDY:---suite ablation --sources suffix_memory}"
 defaults=(--dtype float32 --datasets humaneval,gsm8k,mt_bench,structured --limit 5 --max-new-tokens 64
-          --suite ablation --sources suffix_memory --cost-curve device --no-progress)
+          "${study[@]}" --cost-curve device --no-progress)
 {
     echo "# scripts/memo_bench.sh $out $*"
     echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs);" \

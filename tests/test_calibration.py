@@ -236,3 +236,22 @@ def test_goose_calibrate_measures_then_shows_the_cached_curve(tiny, tmp_path, mo
     assert cli.main([*argv, "--show", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["cached"] is True and report["meta"]["threads"] and len(report["meta"]["samples"]) == 12
+
+
+def test_busy_now_sees_other_processes_not_this_one() -> None:
+    """Another process spinning on a core is seen (its share of the CPUs); this process's own work is not."""
+    import subprocess
+    import sys
+
+    from goose.planning import machine
+
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time_left = 50
+        while time_left and (share := machine.others_share(0.5)) is not None and share < 0.8 / machine.cpu_count():
+            time_left -= 1  # the spinner's interpreter is still starting
+        assert share is not None and share >= 0.8 / machine.cpu_count()
+        assert cost.busy_now() or machine.cpu_count() > 4
+    finally:
+        spinner.kill()
+        spinner.wait()

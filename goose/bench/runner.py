@@ -85,6 +85,7 @@ from goose.cycle.memo import TargetMemo
 from goose.cycle.memo import refusal as memo_refusal
 from goose.cycle.sampling import SamplingParams
 from goose.cycle.verifier import ContextOverflowError, Verifier
+from goose.planning import machine
 from goose.planning.cost import CostCurve
 
 logger = logging.getLogger("goose.bench")
@@ -497,7 +498,7 @@ class Bench:
             if not settings.sampling.greedy else "greedy",
             "torch": torch.__version__,
             "transformers": transformers.__version__,
-            "cpu": _cpu_name(),
+            "cpu": f"{_cpu_name()} ({machine.describe_features()})",
             "started": self.started,
             "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
             **settings.extra,

@@ -272,15 +272,15 @@ def curve_path(model: torch.nn.Module, cache_dir: Path | None = None, batch: int
 
 
 TRIES = 3  # measurements of a curve that looks measured on a busy machine, the first included
-BUSY_LOAD = 0.5  # a 1-minute load average per usable CPU from which the machine is busy now: retrying cannot help
+BUSY_SHARE = 0.25  # other processes' share of the CPUs from which the machine is busy now: retrying cannot help
 _UNCACHED: dict[Path, CostCurve] = {}  # per cache path: the busy-looking curve this process uses as it is
 
 
 def busy_now() -> bool:
-    """Whether other work holds the cores now (the 1-minute load average per usable CPU), so that a measurement
-    taken now would be slowed as the last one was."""
-    load = machine.load_average()
-    return load is not None and load / machine.cpu_count() >= BUSY_LOAD
+    """Whether other processes hold the cores now (their share of the CPUs' time over half a second, this
+    process's own left out), so that a measurement taken now would be slowed as the last one was."""
+    share = machine.others_share()
+    return share is not None and share >= BUSY_SHARE
 
 
 def cached(path: Path, measured: Callable[[], CostCurve], refresh: bool = False,

@@ -15,6 +15,8 @@ import functools
 import hashlib
 import os
 import platform
+import time
+from pathlib import Path
 
 from goose import cpu
 
@@ -82,3 +84,27 @@ def load_average() -> float | None:
         return round(os.getloadavg()[0], 2)
     except (AttributeError, OSError):
         return None
+
+
+def others_share(window: float = 0.5) -> float | None:
+    """The share of every usable CPU's time that other processes took over the next ``window`` seconds (None
+    where /proc/stat is unreadable). Unlike the load average, this process's own work (a measurement just
+    taken, a model just loaded) does not count: what matters is whether others would slow the next one."""
+    def ticks() -> tuple[int, int] | None:
+        try:
+            fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and iowait
+        return sum(fields[:8]) - idle, sum(fields[:8])
+
+    hertz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    before, own_before = ticks(), sum(os.times()[:2])
+    if before is None:
+        return None
+    time.sleep(window)
+    after, own_after = ticks(), sum(os.times()[:2])
+    if after is None or after[1] <= before[1]:
+        return None
+    others = (after[0] - before[0]) - (own_after - own_before) * hertz
+    return max(0.0, others / (after[1] - before[1]))
