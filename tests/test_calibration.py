@@ -255,3 +255,17 @@ def test_busy_now_sees_other_processes_not_this_one() -> None:
     finally:
         spinner.kill()
         spinner.wait()
+
+
+def test_a_curve_busy_in_every_quiet_try_is_the_machines_own_noise_and_kept(tmp_path) -> None:
+    path = tmp_path / "curve.json"
+    calls = []
+
+    def measured():
+        calls.append(1)
+        return _measured(spread=0.5)
+
+    noisy = cost.cached(path, measured, busy=lambda: False)
+    assert len(calls) == cost.TRIES and noisy.meta.tries == cost.TRIES and noisy.meta.problems
+    cost._UNCACHED.clear()  # another process, the machine quiet: the noise is the machine's, not measured again
+    assert cost.cached(path, measured, busy=lambda: False).seconds == noisy.seconds and len(calls) == cost.TRIES

@@ -292,8 +292,9 @@ def cached(path: Path, measured: Callable[[], CostCurve], refresh: bool = False,
     measurement is taken again, up to ``TRIES`` in all, while the machine is quiet now
     (:func:`busy_now`); if every one shows the signs, the least slowed is cached with its signs
     (``meta.problems``) and one line on stderr says so. A cached curve with signs is measured again
-    by the first process that finds the machine quiet; while it is busy it is used as it is, said
-    once per process: a process started on a busy machine (a test suite, another run) must not pay
+    by the first process that finds the machine quiet, unless ``TRIES`` measurements all showed them
+    (the machine's own noise: measuring again would show it again); while the machine is busy it is
+    used as it is, said once per process: a process started on a busy machine (a test suite, another run) must not pay
     TRIES measurements that the load would spoil alike, every time. ``legacy``: where an older
     format cached this curve: not trusted (it was keyed by the CPU's name alone), said in one line.
     ``busy``: whether the machine is busy now (:func:`busy_now`).
@@ -309,6 +310,9 @@ def cached(path: Path, measured: Callable[[], CostCurve], refresh: bool = False,
         else:
             signs = check(curve)
             if not signs:
+                return curve
+            if curve.meta is not None and curve.meta.tries >= TRIES:  # every try showed them, the machine quiet:
+                _UNCACHED[path] = curve  # this machine's own noise (a 1.5B float32 pass on a VM), not a load
                 return curve
             if busy():
                 logger.warning("the cached cost curve %s looks measured on a busy machine (%s) and the machine is "
@@ -333,7 +337,7 @@ def cached(path: Path, measured: Callable[[], CostCurve], refresh: bool = False,
             return curve
         logger.info("measurement %d of at most %d looks busy (%s)", attempt, TRIES, "; ".join(signs))
         tries.append(curve)
-        if busy():  # the cores are taken: another try would be slowed alike
+        if attempt < TRIES and busy():  # the cores are taken: another try would be slowed alike
             break
     kept = min(tries, key=lambda c: sum(c.seconds))  # the least slowed down
     kept = replace(kept, meta=replace(kept.meta, tries=len(tries)))
