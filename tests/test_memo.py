@@ -23,11 +23,9 @@ import torch
 from goose.config import GooseConfig
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.cycle.memo import MemoVerifier, TargetMemo, refusal
-from goose.planning.cost import CostCurve
-from tests.helpers import lossless_prompts
+from tests.helpers import CPU_CURVE, lossless_prompts
 
-# a CPU-like curve: width costs, so the automatic budget picks small trees and long chains when trusted
-PINNED = CostCurve((1, 2, 4, 8, 16, 32, 64, 128), (0.020, 0.022, 0.026, 0.034, 0.050, 0.080, 0.140, 0.260))
+PINNED = CPU_CURVE  # width costs: the automatic budget picks small trees, and long chains when trusted
 
 # every built-in source (suffix_memory and REST beside context_match), every built-in topology
 METHODS: dict[str, GooseConfig] = {

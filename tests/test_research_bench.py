@@ -108,7 +108,7 @@ def test_a_composed_method_of_the_new_source_runs_with_its_acceptance_everywhere
     chain = next(r for r in rows if r["method"] == "freq_next@chain" and r["dataset"] == "all")
     assert int(chain["tested:freq_next"]) == every["freq_next@chain"]["source_tested"]["freq_next"]
     report = (out / "report.md").read_text()
-    assert "`freq_next`" in report and "an estimate, not a clock" in report and "Spread over prompts" in report
+    assert "`freq_next`" in report and "an estimate, not a clock" in report and "target's memo" in report
     assert (out / "acceptance.png").stat().st_size > 0
 
 
