@@ -145,6 +145,7 @@ def _header(view: _View) -> str:
 
 
 def _main_table(view: _View) -> str:
+    through_memo = bool((view.summary.get("settings", {}).get("memo") or {}).get("folder"))  # no clock to read
     rows = []
     for method in view.methods:
         cells = view.per_dataset(lambda d, m=method: f"{_x(view.value(m, d, 'speedup'))} / "
@@ -154,7 +155,7 @@ def _main_table(view: _View) -> str:
         rows.append([f"`{method}`", *cells, _x(view.value(method, ALL, "speedup")) + flag,
                      _ci(view.value(method, ALL, "speedup_ci")),
                      _x(view.value(method, ALL, "speedup_of_sums")), _f(view.value(method, ALL, "tau")),
-                     _f(view.value(method, ALL, "tokens_per_s"), 1), _share(identical)])
+                     _f(None if through_memo else view.value(method, ALL, "tokens_per_s"), 1), _share(identical)])
     header = ["method", *(_title(d) for d in view.datasets), "mean speedup", "95% CI", "summed tok/s over ar",
               "mean tau", "tok/s", "identical to AR"]
     text = "### Speedup / tau per dataset\n\n" + _table(header, rows)
