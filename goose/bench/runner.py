@@ -44,7 +44,6 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import platform
 import random
 import sys
 import time
@@ -155,16 +154,6 @@ def _set_seed(seed: int) -> None:
 
 def _device(device: str) -> str:
     return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def memo_off(settings: BenchSettings) -> str | None:
@@ -498,7 +487,7 @@ class Bench:
             if not settings.sampling.greedy else "greedy",
             "torch": torch.__version__,
             "transformers": transformers.__version__,
-            "cpu": f"{_cpu_name()} ({machine.describe_features()})",
+            "cpu": f"{machine.cpu_model()} ({machine.describe_features()})",
             "started": self.started,
             "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
             **settings.extra,

@@ -71,7 +71,7 @@ def fingerprint(model: torch.nn.Module) -> dict[str, Any]:
     digest = hashlib.sha256()
     for name, tensor in model.state_dict().items():
         digest.update(name.encode())
-        digest.update(tensor.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes())
+        digest.update(tensor.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy())  # the buffer: no copy
     parameter = next(model.parameters())
     return {"format": MEMO_FORMAT, "model": getattr(model.config, "_name_or_path", "") or model.config.model_type,
             "weights_sha256": digest.hexdigest(), "dtype": str(parameter.dtype).removeprefix("torch."),
