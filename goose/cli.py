@@ -579,7 +579,7 @@ def _load_command_modules() -> None:
     """goose's own modules with a subcommand register it on import; plugins through ``goose_register_commands``."""
     import importlib
 
-    for module in ("goose.bench.cli", "goose.serve.cli"):
+    for module in ("goose_bench.cli", "goose.serve.cli"):
         importlib.import_module(module)
     for name, registration in registry().commands.items():
         if name in _COMMANDS and _COMMANDS[name] is not registration.factory:

@@ -1,9 +1,9 @@
-"""Rebuild goose/bench/data/ (the benchmark prompts the project ships) from the upstream JSONL files.
+"""Rebuild bench/goose_bench/data/ (the benchmark prompts the project ships) from the upstream JSONL files.
 
-Keeps the fields a prompt is made of (goose/bench/prompts.py) and the ids; drops every reference
+Keeps the fields a prompt is made of (bench/goose_bench/prompts.py) and the ids; drops every reference
 answer, solution and test, so nothing the bench or a source reads holds an answer:
 
-    python scripts/bench_data.py /path/to/upstream/data     # the folder described in goose/bench/data/README.md
+    python scripts/bench_data.py /path/to/upstream/data     # the folder described in bench/goose_bench/data/README.md
 
 It copies the license files beside them and prints each file's sha256 for the README.
 """

@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 
 from goose import models
-from goose.bench.prompts import default_data_dir
 from goose.config import GooseConfig
 from goose.cycle.decoder import GooseDecoder
 from goose.planning.cost import CostCurve
+from goose_bench.prompts import default_data_dir
 
 
 def long_prompt(tokenizer, length: int, data_dir: Path) -> list[int]:

@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 
 from goose import models
-from goose.bench.conversation import turn_prompt_ids
-from goose.bench.prompts import default_data_dir, load_samples
+from goose_bench.conversation import turn_prompt_ids
+from goose_bench.prompts import default_data_dir, load_samples
 
 VARIANTS = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "int8": ("bfloat16", "int8")}
 DEFAULT_PACKAGE, DEFAULT_FILE = "httpx", "httpx/_models.py"

@@ -22,8 +22,8 @@ import statistics
 import torch
 
 from goose import models
-from goose.bench.prompts import load_samples
 from goose.cycle.decoder import GooseDecoder
+from goose_bench.prompts import load_samples
 
 
 def main() -> None:

@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cycle_overhead import long_prompt
 
 from goose import models
-from goose.bench.prompts import default_data_dir
 from goose.config import GooseConfig
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.planning.cost import harvest_rows, output_layer_weight
+from goose_bench.prompts import default_data_dir
 
 
 def load(name: str, dtype: str):

@@ -28,11 +28,11 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from goose import CandidatePool, Draft, DraftTree, Harvest, PathKind, TreeBuilder, VerifyOutcome, models
-from goose.bench.prompts import PACKAGED_DATA, load_samples
 from goose.cycle.decoder import AutoregressiveDecoder, GenerationResult
 from goose.cycle.logprobs import TokenLogprob
 from goose.models import encode_chat, encode_prompt
 from goose.planning.cost import CostCurve
+from goose_bench.prompts import PACKAGED_DATA, load_samples
 
 # GOOSE_TEST_DEVICE=cuda runs the model tests on a GPU (the device check); CI stays on the CPU
 DEVICE = os.environ.get("GOOSE_TEST_DEVICE", "cpu")
@@ -86,7 +86,7 @@ def tiny_model(kind: str = "llama", seed: int = 0) -> tuple[Any, Any]:
 
 
 def dataset_prompts(name: str, limit: int) -> list[str]:
-    """The first ``limit`` prompts of a benchmark the project ships (goose/bench/data), first turns, as text."""
+    """The first ``limit`` prompts of a benchmark the project ships (bench/goose_bench/data), first turns, as text."""
     return [sample.turns[0] for sample in load_samples(name, PACKAGED_DATA, limit)]
 
 

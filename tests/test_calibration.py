@@ -1,5 +1,5 @@
 """A calibration you can trust: the curve's metadata, the signs of a busy machine, the cache keyed by the CPU's
-features, the shipped curves, and ``goose calibrate --show``."""
+features, and ``goose calibrate --show`` (the curves goose-bench ships: bench/tests/test_estimate.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import logging
 import pytest
 
 from goose import cli
-from goose.bench import estimate
 from goose.planning import cost, machine
 from goose.planning.cost import CostCurve, CurveMeta
 
@@ -180,36 +179,6 @@ def test_the_cache_key_tells_two_cpus_of_one_name_apart(tiny, tmp_path, monkeypa
                                            "avx_vnni", "f16c", "fma")  # sse2 and fpu set no kernel apart
     assert machine.describe_features(machine.speed_flags(AVX512)) == \
         "AVX-512 (bf16 vnni), AVX2, FMA, F16C, AVX-VNNI, no AMX"
-
-
-def test_a_shipped_curve_loads_by_name_and_an_unknown_name_lists_them() -> None:
-    names = estimate.shipped_curves()
-    assert "smollm2-135m-float32-epyc-avx512" in names
-    curve = estimate.load_curve("smollm2-135m-float32-epyc-avx512")
-    assert curve.sizes[0] == 1 and curve.meta is not None and curve.meta.note
-    assert curve.meta.model.endswith("smollm2-135m") or "smollm2" in curve.meta.model.lower()
-    assert curve.meta.dtype == "float32" and curve.meta.threads == 2 and "AVX-512" in curve.meta.cpu_features
-    assert cost.busy_signs(curve) == []
-    with pytest.raises(ValueError, match="smollm2-135m-float32-epyc-avx512"):
-        estimate.load_curve("no-such-curve")
-
-
-def test_the_shipped_curves_are_package_data() -> None:
-    """A wheel carries them (pyproject's package-data), so a study prices on them from an installed goose too."""
-    from fnmatch import fnmatch
-    from pathlib import Path
-
-    from setuptools.config.pyprojecttoml import read_configuration
-
-    root = Path(__file__).resolve().parents[1]
-    patterns = read_configuration(root / "pyproject.toml")["tool"]["setuptools"]["package-data"]["goose.bench"]
-    shipped = [p.relative_to(root / "goose" / "bench").as_posix() for p in estimate.SHIPPED_CURVES.glob("*.json")]
-    assert shipped and all(any(fnmatch(f, pattern) for pattern in patterns) for f in shipped)
-
-
-def test_an_unknown_curve_name_is_refused() -> None:
-    with pytest.raises(ValueError, match="no-such-curve is neither a file nor a shipped curve"):
-        estimate.load_curve("no-such-curve")
 
 
 def test_goose_calibrate_measures_then_shows_the_cached_curve(tiny, tmp_path, monkeypatch, capsys) -> None:

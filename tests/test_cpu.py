@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from goose import cpu, llama_model
-from goose.bench.peers import llama_server
-from goose.bench.peers.llama_server import LlamaServer, LlamaServerError
 from goose.llama_model import LlamaEngineError
+from goose_bench.peers import llama_server
+from goose_bench.peers.llama_server import LlamaServer, LlamaServerError
 from tests.helpers import REPO
 
 SCRIPT = REPO / "scripts" / "llama_cmake_args.py"

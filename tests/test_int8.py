@@ -23,7 +23,6 @@ import torch
 from torch import nn
 
 from goose import cli, cpu, models
-from goose.bench.prompts import PACKAGED_DATA, load_samples
 from goose.config import GooseConfig
 from goose.contract.tree import TreeBuilder
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
@@ -38,6 +37,7 @@ from goose.quantize import (
     int8_dot_products,
     quantized,
 )
+from goose_bench.prompts import PACKAGED_DATA, load_samples
 from tests.helpers import REPO, SMOLLM2_TOKENS, lossless_prompts
 
 

@@ -4,7 +4,7 @@ The reference is llama.cpp's own greedy decoding of the same file: llama-cpp-pyt
 one token a ``llama_decode``, which our ``ar`` on this engine must reproduce token for token.
 Goose's tree passes batch rows, and llama.cpp's quantized kernels may round a batch a little
 differently from a single row: an output that differs from ``ar``'s must differ at a near-tie of
-``ar``'s own logits (goose.bench.mismatch), never more. The tests also check that the sources
+``ar``'s own logits (goose_bench.mismatch), never more. The tests also check that the sources
 drafted and were accepted, the KV cache after an accepted branch, batched requests, sampling and
 the errors. They need llama-cpp-python (``make llama-setup``, which ``make test`` runs) built for this
 CPU: a build whose recorded instruction sets this CPU lacks (goose.cpu) is not imported, its refusal
@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 
 from goose import cli, cpu, llama_model, models
-from goose.bench.mismatch import explain, first_difference
 from goose.config import GooseConfig
 from goose.contract.tree import DraftTree, TreeBuilder
 from goose.cycle.calibration import measure
@@ -30,6 +29,7 @@ from goose.cycle.llama_verifier import LlamaVerifier
 from goose.cycle.verifier import ContextOverflowError
 from goose.llama_model import GGML_TYPE_BF16, LlamaModel
 from goose.planning.cost import CostCurve, cache_key
+from goose_bench.mismatch import explain, first_difference
 
 # goose.llama_model.bindings' own check, before anything imports llama_cpp (nothing above does)
 REFUSED = cpu.refusal("llama-cpp-python", llama_model.cpu_flags_file(), "make llama-setup")

@@ -1,9 +1,8 @@
-"""The installed distribution carries every goose package (a wheel, not only the editable install), and
-``goose bench``'s peers run from it."""
+"""The installed distribution carries every goose package (a wheel, not only the editable install). goose-bench's
+wheel, its prompts and its peers' runners: bench/tests/test_wheel.py."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -29,7 +28,7 @@ def test_every_package_folder_is_listed_in_pyproject() -> None:
 
 def test_python_dash_m_goose_has_every_command() -> None:
     shown = subprocess.run([sys.executable, "-m", "goose", "--help"], capture_output=True, text=True, check=True)
-    for command in ("generate", "plugins", "calibrate", "bench", "datastore"):
+    for command in ("generate", "plugins", "calibrate", "serve", "datastore"):
         assert command in shown.stdout, f"`python -m goose` lacks {command}"
 
 
@@ -52,31 +51,9 @@ def unpacked_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return unpacked
 
 
-def test_the_wheel_holds_every_module_and_the_prompts(unpacked_wheel: Path) -> None:
+def test_the_wheel_holds_every_module(unpacked_wheel: Path) -> None:
     installed = {"goose": ROOT / "goose", "goose/sources": ROOT / "sources", "goose/topologies": ROOT / "topologies"}
     for target, folder in installed.items():
         for module in folder.rglob("*.py"):
             shipped = unpacked_wheel / target / module.relative_to(folder)
             assert shipped.is_file(), f"{module.relative_to(ROOT)} is not in the wheel"
-    data = ROOT / "goose" / "bench" / "data"
-    for prompts in [*data.glob("*.jsonl"), data / "README.md", *(data / "licenses").iterdir()]:
-        assert (unpacked_wheel / prompts.relative_to(ROOT)).is_file(), f"{prompts.relative_to(ROOT)} is not shipped"
-
-
-def test_an_installed_goose_runs_its_peers_runners_from_the_package(unpacked_wheel: Path, tmp_path: Path) -> None:
-    """`goose bench --llama-python / --vllm-python` from a wheel: each peer's runner is the installed file,
-    and it starts under a bare interpreter (no site-packages, so no goose): the peer's environment needs none
-    for it to parse its arguments."""
-    found = subprocess.run(
-        [sys.executable, "-c", "import sys; from goose.bench.llama_peer import llama_peer; "
-         "from goose.bench.vllm_peer import vllm_peer; "
-         "print(llama_peer(sys.executable, ['smollm2-135m']).script); print(vllm_peer(sys.executable, None).script)"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(unpacked_wheel)}, capture_output=True, text=True,
-        check=True)
-    runners = [Path(line) for line in found.stdout.splitlines()]
-    assert runners == [unpacked_wheel / "goose" / "bench" / "peers" / name
-                       for name in ("llama_runner.py", "vllm_runner.py")]
-    for runner in runners:
-        shown = subprocess.run([sys.executable, "-I", "-S", str(runner), "--help"], cwd=tmp_path,
-                               capture_output=True, text=True, check=True)
-        assert "--out" in shown.stdout and "--methods" in shown.stdout

@@ -20,10 +20,10 @@ from pydantic import BaseModel, Field, ValidationError
 
 import goose
 from goose import plugins
-from goose.bench.methods import resolve_methods
 from goose.config import GooseConfig, first_error
 from goose.contract.candidates import DecodeContext, Draft
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
+from goose_bench.methods import resolve_methods
 
 GOOSE = Path(sys.executable).with_name("goose")
 PROMPT = "List the numbers from 1 to 20, separated by commas."

@@ -95,8 +95,8 @@ def test_a_decoder_without_a_prediction_keeps_its_sources(tiny):
 
 
 def test_bench_sends_the_prediction_only_for_a_method_that_asks(tiny):
-    from goose.bench.generators import DecoderGenerator
-    from goose.bench.methods import ALL_METHODS
+    from goose_bench.generators import DecoderGenerator
+    from goose_bench.methods import ALL_METHODS
 
     model, tokenizer = tiny
     prompt_ids = tokenizer.encode("def add(a, b):\n    return a + b\n\nprint(add(1, 2))", add_special_tokens=False)

@@ -11,9 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import goose.bench.cli  # registers the `bench` command
+import goose_bench.cli  # registers the `bench` command
 from goose import cli
-from goose.bench.methods import ALL_METHODS, method_named, with_datastore
 from goose.config import GooseConfig
 from goose.contract.candidates import DecodeContext
 from goose.cycle.decoder import GooseDecoder
@@ -23,9 +22,10 @@ from goose.sources.rest.corpus import build, default_datastore, default_datastor
 from goose.sources.rest.datastore import Datastore
 from goose.sources.rest.suffix_index import SEPARATOR, DatastoreError, SuffixIndex, suffix_array
 from goose.sources.toolkit import frequency_trie
+from goose_bench.methods import ALL_METHODS, method_named, with_datastore
 from tests.helpers import PACKAGED_DATA, SMALL_CORPUS, SMOLLM2_TOKENS, dataset_prompts, stdlib_sample
 
-assert goose.bench.cli  # imported for its side effect
+assert goose_bench.cli  # imported for its side effect
 
 BIG = 200_000  # token ids above 2**16: the datastore must not truncate them (Gemma 3 has 262k tokens)
 

@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goose.bench.methods import METHODS
 from goose.config import GooseConfig
 from goose.contract.candidates import DecodeContext
 from goose.cycle.decoder import GooseDecoder
 from goose.sources.suffix_memory import NAME, SuffixMemorySource
 from goose.sources.toolkit.ngram_memory import FORMAT, MemoryFileError, NgramMemory, ngram_keys
+from goose_bench.methods import METHODS
 from tests.helpers import dataset_prompts
 
 EOS = 99

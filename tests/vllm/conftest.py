@@ -22,8 +22,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 vllm = pytest.importorskip("vllm", reason="the vLLM suite needs the vLLM environment (make vllm-setup)")
 
 from goose import models  # noqa: E402
-from goose.bench.prompts import load_samples  # noqa: E402
 from goose.vllm import CONFIG_ENV  # noqa: E402
+from goose_bench.prompts import load_samples  # noqa: E402
 
 MAX_TOKENS = 64
 MAX_MODEL_LEN = 2048

@@ -7,8 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from goose.bench.prompts import default_data_dir
-from goose.bench.vllm_peer import run_vllm_bench, vllm_command, vllm_peer, vllm_rows
+from goose_bench.prompts import default_data_dir
+from goose_bench.vllm_peer import run_vllm_bench, vllm_command, vllm_peer, vllm_rows
 from tests.vllm.conftest import MAX_TOKENS
 
 

@@ -1,0 +1,498 @@
+"""``goose bench``: the paper's tables on real models, Goose side by side with the peers.
+
+Registered into ``goose.cli`` on import; importing this module costs only argparse (the runner,
+torch and matplotlib load when the command runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from goose.cli import (
+    add_model_arguments,
+    add_prompt_arguments,
+    add_sampling_arguments,
+    add_tree_arguments,
+    check_engine,
+    register_command,
+)
+
+SUITE_NAMES = ("ablation", "synergy", "three-source", "sweep")  # goose_bench.methods.suite_methods
+
+if TYPE_CHECKING:
+    from goose_bench.peer_script import PeerScript
+    from goose_bench.runner import Bench, BenchSettings
+
+QUICK_LIMIT = 2
+QUICK_MAX_NEW_TOKENS = 64
+DEFAULT_MAX_NEW_TOKENS = 128
+DEFAULT_OUT = "bench-results"
+
+
+def _names(text: str | None) -> list[str]:
+    return [part.strip() for part in (text or "").split(",") if part.strip()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser, dtype="bfloat16")
+    for action in parser._actions:  # one model or several: say so where the flag is documented
+        if action.dest == "model":
+            action.help = "model(s), comma-separated: smollm2-135m (default), gemma3-270m, a Hugging Face id or a path"
+    parser.add_argument("--datasets", default=None,
+                        help="comma-separated: humaneval, mbpp, classeval, gsm8k, mt_bench, spec_bench; where "
+                             "prompt lookup is strongest: edit (code edits of installed packages' functions, see "
+                             "python -m goose_bench.edit_set --list), rag, summarization (Spec-Bench's categories); "
+                             "structured (numbered lists, tables, JSON, CSV and logs to continue or convert, written "
+                             "for goose); or paths of JSONL files whose lines hold a 'prompt' string or a 'turns' "
+                             "list, and optionally a 'prediction' (default: the paper's five)")
+    parser.add_argument("--methods", default=None,
+                        help="comma-separated methods: built-in names (see --list-methods) or SOURCES@TOPOLOGY for any "
+                             "registered sources and topology, sources joined by '+' (cm, bt, rest, la, sm stand for "
+                             "the built-ins), e.g. freq_next@chain or context_match+freq_next@multi_spine (default: "
+                             "the main table); ar is always run, as the baseline")
+    parser.add_argument("--methods-file", type=Path, default=None, metavar="STUDY.toml",
+                        help="named methods, one [methods.NAME] table of GooseConfig fields each (TOML or .json), "
+                             "for what SOURCES@TOPOLOGY cannot say; run after --methods")
+    parser.add_argument("--suite", choices=SUITE_NAMES, default=None,
+                        help="add methods generated from the registry for --sources: ablation (the paper's five, the "
+                             "default without each of its sources, each other source alone, added to the default and "
+                             "in place of each default source), synergy (each source alone, every pair), three-source "
+                             "(every pair and triple under spine, multi_spine and isotropic at an equal budget: "
+                             "--budget, else 16), sweep (budget, depth, spine ratio, rho around the default)")
+    parser.add_argument("--sources", default=None, metavar="A,B,...",
+                        help="with --suite: the sources it studies, built-in or installed (default: the built-in ones)")
+    parser.add_argument("--disable", action="append", default=[], metavar="NAME",
+                        help="with --suite: leave this source out (repeatable)")
+    add_tree_arguments(parser, applies_to="every composed, suite and study-file method (built-in names keep theirs)")
+    parser.add_argument("--cost-curve", default=None, metavar="device|FILE",
+                        help="the deterministic mode (with --dtype float32): also price every sample's verify passes "
+                             "on this device's measured cost curve (device) or a curve file (`goose calibrate --json` "
+                             "output, e.g. measured on a GPU) and report the implied speedup over ar, labelled as an "
+                             "estimate: sources ranked without the clock's noise")
+    parser.add_argument("--limit", type=int, default=None, help="the first N prompts of each dataset")
+    add_prompt_arguments(parser, max_new_tokens=None,
+                         default=f"{DEFAULT_MAX_NEW_TOKENS}; --quick: {QUICK_MAX_NEW_TOKENS}")
+    parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default ./{DEFAULT_OUT})")
+    add_sampling_arguments(parser)
+    parser.set_defaults(seed=0)  # sampled runs: sample i of the run draws with seed + i, for every method
+    parser.add_argument("--data-dir", default=None,
+                        help="folder of benchmark JSONL files in the upstream formats (default $GOOSE_DATA, else "
+                             "the prompts goose ships, answers left out: bench/goose_bench/data/README.md)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"smoke run: the paper's five datasets, {QUICK_LIMIT} prompts each, "
+                             f"{QUICK_MAX_NEW_TOKENS} tokens, methods ar,pld,goose,hf_pld (explicit flags win)")
+    parser.add_argument("--warm-sources", action="store_true",
+                        help="one decoder per method for all prompts, in order, so sources keep what they learned "
+                             "(estimates, tables, suffix_memory's earlier outputs); default: a fresh decoder per "
+                             "prompt")
+    parser.add_argument("--datastore", type=Path, default=None,
+                        help="REST's datastore (a `goose datastore build` folder, built with the benchmarked model's "
+                             "tokenizer) for every method that drafts from REST (default: the Python standard "
+                             "library's, built on first use)")
+    parser.add_argument("--concurrency", default=None, metavar="C1,C2,...",
+                        help="many requests at once instead of the per-prompt tables: closed-loop clients at each "
+                             "concurrency (e.g. 1,2,4,8), methods ar, goose (the batched engine) and hf_ar (Hugging "
+                             "Face's batched generate), and goose_own (each row its own bigram table) when "
+                             "--methods names it; writes concurrency.json/.md/.png")
+    parser.add_argument("--vllm-python", default=None, metavar="PATH",
+                        help="with --concurrency: then measure vLLM at the same concurrencies on the same prompts "
+                             "(goose_bench/peers/vllm_runner.py run by this interpreter of the vLLM environment, e.g. "
+                             ".venv-vllm/bin/python; its files go to --out's vllm/ folder, one per model when there "
+                             "are several); its rows vllm_none, vllm_ngram, vllm_goose join concurrency.json/.md/.png")
+    parser.add_argument("--vllm-methods", default=None, metavar="M1,M2,...",
+                        help="with --vllm-python: the vLLM runner's methods (default none,ngram,goose; none is kept "
+                             "as its reference)")
+    parser.add_argument("--llama-python", default=None, metavar="PATH",
+                        help="then measure llama.cpp on the same prompts (first turns), greedy, one request at a "
+                             "time: plain (llama), its prompt lookup (llama_pld) and its server's ngram-mod "
+                             "(llama_server_ngram; see --llama-methods), reading the model's GGUF file "
+                             "as shipped (goose_bench/peers/llama_runner.py run by this interpreter of the llama.cpp "
+                             "environment, e.g. .venv/bin/python after `make llama-setup`; its files go to --out's "
+                             "llama/ folder); tok/s side by side with ours in report.md and summary.json; with "
+                             "--engine llama.cpp it runs by default, under this interpreter")
+    parser.add_argument("--llama-methods", default=None, metavar="M1,M2,...",
+                        help="with --llama-python (or --engine llama.cpp): llama.cpp's methods, from llama, llama_pld "
+                             "and llama_server_ngram (its server with --spec-type ngram-mod: the binary `make "
+                             "llama-server` builds); default all three, llama_server_ngram left out with a notice "
+                             "where it is not built")
+    parser.add_argument("--repeats", type=int, default=1, metavar="N",
+                        help="time every method N times on every prompt (fresh decoders, rotated order) and keep "
+                             "the run with the median wall time; every run's time is in results.jsonl (wall_s_runs)")
+    parser.add_argument("--memo", default=None, type=Path, metavar="DIR",
+                        help="where the target's memo lives (default: a folder under Goose's cache): rows any run "
+                             "verified before are read, not run; where it cannot be exact (bfloat16, int8, "
+                             "llama.cpp, sampling, --repeats) every pass runs for real, and the run says why")
+    parser.add_argument("--no-memo", action="store_true", help="run every pass for real")
+    parser.add_argument("--resume", action="store_true",
+                        help="go on where a stopped run in --out stopped: the method x prompt cells already in its "
+                             "results.jsonl are kept, the rest run")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--list-methods", action="store_true", help="print every method and whether it can run")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print what the flags expand to (every method's sources, topology and config, the "
+                             "prompts per dataset) and the passes and time the run would take at most, then exit "
+                             "without loading any model")
+    parser.set_defaults(run=run_command)
+
+
+def _method_list(args: argparse.Namespace) -> list[Any]:
+    """What --methods, --methods-file and --suite name, checked before any model loads: names and Method objects."""
+    from goose.cli import parse_budget
+    from goose_bench.methods import (
+        ALL_METHODS,
+        MAIN_METHODS,
+        QUICK_METHODS,
+        Overrides,
+        read_study_file,
+        resolve_methods,
+        suite_methods,
+    )
+
+    config = json.loads(args.config) if args.config else {}
+    if not isinstance(config, dict):
+        raise ValueError("--config must be a JSON object of GooseConfig fields")
+    if {"sources", "topology"} & set(config):
+        raise ValueError("--config: name sources and topology in the method (SOURCES@TOPOLOGY), not in --config")
+    overrides = Overrides(parse_budget(args.budget), config)
+    if (args.sources or args.disable) and not args.suite:
+        raise ValueError("--sources and --disable choose the sources of --suite; name a composed method's sources in "
+                         "it instead (e.g. context_match+freq_next@spine)")
+    methods: list[Any] = list(_names(args.methods))
+    if args.methods_file is not None:
+        methods += read_study_file(args.methods_file, overrides)
+    if args.suite:
+        methods += suite_methods(args.suite, _names(args.sources) or None, args.disable, overrides)
+    llama_engine = args.engine == "llama.cpp"
+    if not methods:  # on the llama.cpp engine, llama.cpp's own peers stand in for Hugging Face's generate
+        methods = [m for m in (QUICK_METHODS if args.quick else MAIN_METHODS)
+                   if not llama_engine or ALL_METHODS[m].kind != "hf"]
+    resolved = resolve_methods(methods, overrides)  # unknown names fail here, before any model is loaded
+    peers = [m.name for m in resolved if m.kind == "hf"] if llama_engine else []
+    if peers:
+        raise ValueError(f"--engine llama.cpp: {', '.join(peers)} run Hugging Face's generate on torch weights; "
+                         "leave them out (llama.cpp's plain decoding and prompt lookup run as peers)")
+    if (args.budget is not None or args.config) and all(ALL_METHODS.get(m.name) is m for m in resolved):
+        raise ValueError("--budget and --config apply to composed (SOURCES@TOPOLOGY), suite and study-file methods, "
+                         "and none is named: built-in names keep their definitions")
+    return resolved
+
+
+def _list_methods() -> int:
+    from goose.plugins import registry
+    from goose_bench.methods import ALL_METHODS, unavailable_reason
+
+    width = max(len(name) for name in ALL_METHODS)
+    print("built-in names:")
+    for name, method in ALL_METHODS.items():
+        reason = unavailable_reason(method)
+        state = "ok" if reason is None else f"unavailable: {reason}"
+        print(f"  {name:<{width}}  {method.group:<16}  {method.description}  [{state}]")
+    known = registry()
+    print("\ncomposed: SOURCES@TOPOLOGY, sources joined by '+' (cm, bt, rest, la, sm: the built-ins' short names)")
+    print(f"  sources:    {', '.join(known.sources)}")
+    print(f"  topologies: {', '.join(known.topologies)}")
+    print(f"\nsuites (--suite, with --sources and --disable): {', '.join(SUITE_NAMES)}")
+    return 0
+
+
+def _datastore(path: Path | None) -> Path | None:
+    """``--datastore`` checked before any model loads: a datastore folder, resolved (None: REST's default)."""
+    if path is None:
+        return None
+    from goose.sources.rest.datastore import read_manifest
+    from goose.sources.rest.suffix_index import DatastoreError
+
+    folder = path.expanduser().resolve()
+    try:
+        read_manifest(folder)
+    except DatastoreError as error:
+        raise ValueError(f"--datastore {path}: {error}") from None
+    return folder
+
+
+def run_command(args: argparse.Namespace) -> int:
+    if args.list_methods:
+        return _list_methods()
+    from goose.cycle.sampling import SamplingParams
+    from goose_bench.prompts import PAPER_DATASETS, default_data_dir
+
+    max_new_tokens = args.max_new_tokens or (QUICK_MAX_NEW_TOKENS if args.quick else DEFAULT_MAX_NEW_TOKENS)
+    limit = args.limit if args.limit is not None else (QUICK_LIMIT if args.quick else None)
+    if max_new_tokens <= 0:
+        raise ValueError(f"--max-new-tokens must be positive, got {max_new_tokens}")
+    if limit is not None and limit <= 0:
+        raise ValueError(f"--limit must be positive, got {limit}")
+    if args.threads is not None and args.threads <= 0:
+        raise ValueError(f"--threads must be positive, got {args.threads}")
+    model_names = _names(args.model)
+    if not model_names:
+        raise ValueError("--model names no model")
+    check_engine(args)
+    if args.concurrency is None:
+        methods = _method_list(args)
+    elif args.methods_file or args.suite or args.budget or args.config or args.cost_curve:
+        raise ValueError("--concurrency measures its own methods (ar, goose, hf_ar, goose_own); leave out "
+                         "--methods-file, --suite, --budget, --config and --cost-curve")
+    if args.cost_curve is not None and args.dtype != "float32":
+        raise ValueError("--cost-curve prices float32 runs, where every lossless method decodes ar's text and only "
+                         "its passes differ; add --dtype float32")
+    datasets = _names(args.datasets) or list(PAPER_DATASETS)
+    data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir()
+    datastore = _datastore(args.datastore)
+    if args.concurrency is None and (args.vllm_python or args.vllm_methods):
+        raise ValueError("--vllm-python and --vllm-methods measure vLLM beside --concurrency; add --concurrency "
+                         "C1,C2,...")
+    if args.vllm_methods and not args.vllm_python:
+        raise ValueError("--vllm-methods needs --vllm-python (the vLLM environment's interpreter)")
+
+    if args.llama_python and args.concurrency is not None:
+        raise ValueError("--llama-python measures one request at a time beside the per-prompt tables; leave out "
+                         "--concurrency")
+    if args.llama_python and args.temperature:
+        raise ValueError("--llama-python measures greedy decoding; leave --temperature out")
+    llama = None
+    if args.engine == "llama.cpp" and args.concurrency is None and not args.temperature:
+        args.llama_python = args.llama_python or sys.executable  # its peers run on the same file, in the same run
+    if args.llama_python:
+        from goose_bench.llama_peer import llama_peer
+
+        llama = llama_peer(args.llama_python, model_names, args.llama_methods)  # every check before any model loads
+    elif args.llama_methods:
+        raise ValueError("--llama-methods needs --llama-python (the llama.cpp environment's interpreter) or "
+                         "--engine llama.cpp")
+
+    if args.repeats != 1 and args.concurrency is not None:
+        raise ValueError("--repeats times single-request runs; --concurrency measures a closed loop of clients")
+    if args.dry_run:
+        return _dry_run(args, model_names, methods if args.concurrency is None else None, datasets, data_dir, limit,
+                        max_new_tokens)
+    if args.concurrency is not None:
+        return _run_concurrency(args, model_names, datasets, data_dir, limit, max_new_tokens)
+
+    from goose_bench.outputs import write_outputs
+    from goose_bench.report import main_table
+    from goose_bench.runner import RESULTS_FILE, Bench, BenchSettings
+
+    out = Path(args.out).expanduser()
+    sampling = SamplingParams(temperature=args.temperature or 0.0, top_p=args.top_p if args.top_p is not None else 1.0,
+                              top_k=args.top_k or 0)  # bad values: a one-line error, before any model loads
+    if args.seed < 0:
+        raise ValueError(f"--seed must be a non-negative integer, got {args.seed}")
+    settings = BenchSettings(
+        models=model_names, datasets=datasets, methods=methods, out=out, data_dir=data_dir, limit=limit,
+        max_new_tokens=max_new_tokens, dtype=args.dtype, quantize=args.quantize, device=args.device, seed=args.seed,
+        threads=args.threads,
+        chat=not args.no_chat, progress=not args.no_progress, warm_sources=args.warm_sources, sampling=sampling,
+        datastore=datastore, repeats=args.repeats, cost_curve=args.cost_curve, engine=args.engine,
+        memo=not args.no_memo, memo_dir=args.memo.expanduser() if args.memo else None, resume=args.resume,
+        extra={"quick": args.quick, "suite": args.suite, "suite_sources": _names(args.sources) or None,
+               "disabled": args.disable or None},
+    )
+    bench = Bench(settings)  # reads the datasets: a missing file fails before any model is loaded
+    llama_sections: dict[str, dict] = {}
+    try:
+        bench.run()
+        if llama is not None:
+            llama_sections = _run_llama(llama, bench, settings)
+    finally:  # an interrupted run (or a failed llama.cpp one) still leaves the summary and report of what it measured
+        summaries = [s for s in bench.summaries() if s["results"]]
+        for summary in summaries:
+            if summary["model"] in llama_sections:
+                summary["llama"] = llama_sections[summary["model"]]
+        if summaries:
+            written = write_outputs(summaries, out)
+            for summary in summaries:
+                print(f"\n{summary['model']} ({summary['dtype']}, {summary['device']})\n")
+                print(main_table(summary))
+                for name, reason in summary["unavailable"].items():
+                    print(f"- {name}: unavailable: {reason}")
+            state = "warm (one decoder per method, prompts in order)" if args.warm_sources else \
+                "cold (a fresh decoder per prompt)"
+            print(f"\nsources: {state}")
+            print("wrote " + ", ".join(str(p) for p in [out / RESULTS_FILE, *written]))
+    return 0
+
+
+DRY_RUN_WARMUP_TOKENS = 8  # goose_bench.runner.BenchSettings.warmup_tokens
+
+
+def _describe_method(method: Any) -> str:
+    """One method as the run would build it: a Goose config's sources, topology, budget and changed fields; a peer's
+    generate() arguments; or why it cannot run."""
+    from goose_bench.methods import unavailable_reason
+
+    if method.kind == "ar":
+        return "one token per forward pass (the baseline)"
+    if method.kind == "hf":
+        arguments = ", ".join(f"{key}={value!r}" for key, value in method.fields.items())
+        return f"model.generate({arguments})"
+    reason = unavailable_reason(method)
+    if reason is not None:
+        return f"unavailable: {reason}"
+    digest = method.config().digest()
+    parts = [f"sources {'+'.join(digest['sources'])}", f"topology {digest['topology']}", f"budget {digest['budget']}"]
+    for key in ("source_options", "topology_options", "changed"):
+        if digest.get(key):
+            parts.append(f"{key} {json.dumps(digest[key])}")
+    return ", ".join(parts)
+
+
+def _dry_run(args: argparse.Namespace, model_names: list[str], methods: list[Any] | None, datasets: list[str],
+             data_dir: Path, limit: int | None, max_new_tokens: int) -> int:
+    """``--dry-run``: the expansion of the flags and the size of the run; loads no model, writes nothing."""
+    from goose_bench.prompts import load_samples
+
+    print("goose bench --dry-run: nothing is loaded, run or written")
+    print(f"models: {', '.join(model_names)} (engine {args.engine}, dtype {args.dtype}, device {args.device}"
+          + (f", {args.quantize}" if args.quantize else "") + (f", {args.threads} threads" if args.threads else "")
+          + ")")
+    sampled = f"sampled (temperature {args.temperature}, seed {args.seed} + prompt index)" if args.temperature else \
+        "greedy"
+    sources = "warm (one decoder per method)" if args.warm_sources else "cold (a fresh decoder per prompt)"
+    print(f"decoding: {sampled}; sources {sources}; {max_new_tokens} new tokens a turn at most")
+    found = {spec: load_samples(spec, data_dir, limit) for spec in datasets}  # a bad dataset fails here, as in a run
+    samples = [sample for group in found.values() for sample in group]
+    turns = sum(len(sample.turns) for sample in samples)
+    if methods is None:  # --concurrency: its own methods, closed-loop clients over the first turns
+        from goose_bench.concurrency import CONCURRENCY_METHODS
+
+        names = _names(args.methods) or list(CONCURRENCY_METHODS)
+        concurrencies = _names(args.concurrency)
+        print(f"\nmethods (--concurrency {','.join(concurrencies)}): {', '.join(names)}, closed-loop clients over "
+              "every prompt's first turn at each concurrency")
+    else:
+        print(f"\nmethods ({len(methods)}; ar is the baseline every speedup is over):")
+        width = max(len(method.name) for method in methods)
+        for method in methods:
+            print(f"  {method.name:<{width}}  {method.kind:<5}  {_describe_method(method)}")
+    print(f"\nprompts ({len(samples)}, {turns} turns; limit {limit if limit is not None else 'none'}):")
+    for spec, group in found.items():
+        categories = sorted({s.category for s in group if s.category})
+        more = f"; categories {', '.join(categories)}" if 1 < len(categories) <= 12 else ""
+        print(f"  {spec}: {len(group)} prompts, {sum(len(s.turns) for s in group)} turns{more}")
+    if methods is None:
+        return 0
+    generations = len(model_names) * len(methods) * len(samples) * args.repeats
+    per_turn = max_new_tokens - 1  # the prefill gives the first token; each verify pass at least one more (tau 1)
+    passes = len(model_names) * len(methods) * turns * args.repeats * per_turn
+    print(f"\nruns: {len(model_names)} model(s) x {len(methods)} methods x {len(samples)} prompts"
+          + (f" x {args.repeats} repeats" if args.repeats > 1 else "")
+          + f" = {generations} generations, after one warm-up of {DRY_RUN_WARMUP_TOKENS} tokens per method")
+    prefills = len(model_names) * len(methods) * turns * args.repeats
+    print(f"passes: at most {passes} verify passes beside {prefills} prefills "
+          f"({max_new_tokens} new tokens a turn at tau 1: every method at worst one token a pass, as ar is)")
+    curve_spec = args.cost_curve
+    if curve_spec and curve_spec != "device":
+        from goose_bench.estimate import load_curve
+
+        curve = load_curve(curve_spec)
+        seconds = passes * curve.seconds[0]
+        print(f"time: about {seconds:.0f} s ({seconds / 60:.1f} min) of verify passes priced on {curve_spec} "
+              f"(t(1) {1e3 * curve.seconds[0]:.2f} ms a pass, every pass at ar's cost; prefills, warm-ups and host "
+              "time not counted): what ar takes, an upper bound for methods that accept drafts")
+    else:
+        why = "--cost-curve device is measured when the model loads" if curve_spec else "no --cost-curve FILE"
+        print(f"time: not priced ({why}); the pass count above is a rough upper bound, reached when nothing "
+              "drafted is accepted")
+    return 0
+
+
+def _run_llama(peer: PeerScript, bench: Bench, settings: BenchSettings) -> dict[str, dict]:
+    """llama.cpp after our methods, model by model, on the samples and first-turn ids our run used."""
+    import os
+
+    import torch
+
+    from goose_bench.llama_peer import measure_llama
+
+    # the threads our side ran with: torch's, or the llama.cpp engine's (the CPU count unless --threads)
+    threads = settings.threads or (os.cpu_count() or 1 if settings.engine == "llama.cpp" else torch.get_num_threads())
+    sections = {}
+    for run in bench.runs:
+        folder = settings.out / "llama" if len(bench.runs) == 1 else settings.out / "llama" / _safe_name(run.model)
+        sections[run.model] = measure_llama(
+            peer, run.model, bench.samples, run.first_turn_ids, run.eos_ids, run.records, settings.dtype,
+            settings.quantize, settings.max_new_tokens, threads, settings.repeats, folder,
+            progress=settings.progress, engine=settings.engine)
+    return sections
+
+
+def _run_concurrency(args: argparse.Namespace, model_names: list[str], datasets: list[str], data_dir: Path,
+                     limit: int | None, max_new_tokens: int) -> int:
+    from goose_bench.concurrency import CONCURRENCY_METHODS, OPTIONAL_METHODS, run_concurrency, write_concurrency
+    from goose_bench.prompts import load_samples
+    from goose_bench.vllm_peer import run_vllm_bench, vllm_command, vllm_peer, vllm_rows
+
+    try:
+        concurrencies = sorted({int(part) for part in _names(args.concurrency)})
+    except ValueError:
+        raise ValueError(f"--concurrency takes integers, e.g. 1,2,4,8; got {args.concurrency!r}") from None
+    if not concurrencies or concurrencies[0] < 1 or concurrencies[-1] > 64:
+        raise ValueError(f"--concurrency takes integers in 1..64, got {args.concurrency!r}")
+    methods = _names(args.methods) or [m for m in CONCURRENCY_METHODS if args.engine != "llama.cpp" or m != "hf_ar"]
+    if args.engine == "llama.cpp" and "hf_ar" in methods:
+        raise ValueError("--engine llama.cpp: hf_ar runs Hugging Face's generate on torch weights; leave it out")
+    unknown = [m for m in methods if m not in CONCURRENCY_METHODS + OPTIONAL_METHODS]
+    if unknown:
+        raise ValueError(f"--concurrency runs the methods {', '.join(CONCURRENCY_METHODS + OPTIONAL_METHODS)}; "
+                         f"not {', '.join(unknown)}")
+    if args.temperature:
+        raise ValueError("--concurrency measures greedy decoding; leave --temperature out")
+    peer = None
+    if args.vllm_python:
+        peer = vllm_peer(args.vllm_python, args.vllm_methods)
+        if args.no_chat:
+            raise ValueError("--vllm-python: the vLLM runner always applies the chat template; leave --no-chat out")
+        from goose.models import resolve_dtype
+
+        vllm_dtype = str(resolve_dtype(args.dtype)).removeprefix("torch.")  # its --dtype takes full names only
+    samples_per_dataset = [load_samples(name, data_dir, limit) for name in datasets]
+    samples = [sample for found in samples_per_dataset for sample in found]
+    from goose.cli import load_model
+    from goose.models import encode_prompt, pretrained_location
+
+    rows = []
+    measured: dict[str, tuple[list[list[int]], list[list[int]]]] = {}  # model -> (prompt ids, AR reference outputs)
+    for model_name in model_names:
+        args.model = model_name
+        model, tokenizer = load_model(args)
+        prompts = [encode_prompt(tokenizer, sample.turns[0], chat=not args.no_chat) for sample in samples]
+        print(f"{model_name}: {len(prompts)} prompts from {', '.join(datasets)}, {max_new_tokens} tokens, "
+              f"concurrency {', '.join(map(str, concurrencies))}", flush=True)
+        model_rows, reference = run_concurrency(model_name, model, tokenizer, prompts, concurrencies, methods,
+                                                max_new_tokens, progress=not args.no_progress)
+        rows += model_rows
+        measured[model_name] = (prompts, reference)
+        del model, tokenizer  # vLLM's engines come next; the memory is theirs
+    out = Path(args.out).expanduser()
+    written = write_concurrency(rows, out)  # ours first: a failed vLLM run loses nothing we measured
+    if peer is not None:
+        # None means every sample of each dataset; the vLLM runner needs a number, and the largest count is that
+        vllm_limit = limit or max(len(found) for found in samples_per_dataset)
+        notes: dict[str, list[str]] = {}
+        for model_name, (prompts, reference) in measured.items():
+            folder = out / "vllm" if len(model_names) == 1 else out / "vllm" / _safe_name(model_name)
+            command = vllm_command(peer, pretrained_location(model_name), datasets, data_dir, vllm_limit,
+                                   max_new_tokens, vllm_dtype, concurrencies, folder)
+            print(f"{model_name}: vLLM {', '.join(peer.methods)} at concurrency {', '.join(map(str, concurrencies))}"
+                  f" ({peer.script.name}, into {folder})", flush=True)
+            results = run_vllm_bench(command, folder, progress=not args.no_progress)
+            model_rows, notes[model_name] = vllm_rows(results, model_name, prompts, reference)
+            rows += model_rows
+            written = write_concurrency(rows, out, notes)
+    print((out / "concurrency.md").read_text())
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def _safe_name(model_name: str) -> str:
+    """A model name (maybe a Hugging Face id or a path) as one folder name."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in model_name.strip("/"))
+
+
+register_command("bench", "reproduce the paper's tables: speedup, tau, acceptance per method and dataset",
+                 add_arguments)

