@@ -1,7 +1,8 @@
-"""Decoding configuration: one pydantic model carrying the paper's defaults.
+"""Decoding configuration: what every run needs, with the paper's defaults (arXiv 2604.02047).
 
-Every knob the paper names (arXiv 2604.02047, "Default hyperparameters") lives here with its
-published value, so an ablation is a config change, never a code change.
+A plugin's own settings, the built-in topologies' included (the spine's tiers and ablations, Iso(k)'s k), live
+in its options model, given here under its name in ``source_options`` / ``topology_options``; an ablation is
+a config change, never a code change.
 """
 
 from __future__ import annotations
@@ -72,19 +73,6 @@ class SamplingParams(Sampling):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class SpineTier(BaseModel):
-    """Spine ratio r used while the spine source's acceptance EMA is below ``below``."""
-
-    model_config = ConfigDict(frozen=True)
-    below: float = Field(gt=0.0)
-    ratio: float = Field(gt=0.0, le=1.0)
-
-
-def _paper_tiers() -> list[SpineTier]:
-    # p_s < 0.2 -> r = 0.15; < 0.4 -> 0.30; >= 0.4 -> 0.50
-    return [SpineTier(below=0.2, ratio=0.15), SpineTier(below=0.4, ratio=0.30), SpineTier(below=1.01, ratio=0.50)]
-
-
 class GooseConfig(Sampling):
     """Everything that shapes one Goose generation. Defaults are the paper's (the sampling fields: greedy)."""
 
@@ -94,7 +82,7 @@ class GooseConfig(Sampling):
     sources: list[str] = Field(default_factory=lambda: ["context_match", "bigram_transition"])
     topology: str = "spine"
 
-    # tree shape (BuildSpineTree)
+    # tree shape, every planner's (max_depth: the automatic budget's yield model too)
     budget: int | Literal["auto"] = Field(
         default="auto",
         description="draft-tree node budget B (anchor excluded); 'auto' picks, every cycle, the size the device's "
@@ -105,17 +93,6 @@ class GooseConfig(Sampling):
         default=0.01, ge=0.0,
         description="a successor whose own score (the target's probability of it after its parent, as harvested) "
         "is below this is not drafted (the paper's floor; nodes are still ranked by path score)")
-    spine_tiers: list[SpineTier] = Field(default_factory=_paper_tiers)
-    spine_split: Literal["tiers", "optimal"] = Field(
-        default="optimal",
-        description="how the spine topology splits a budget between spine and branches: 'optimal', the spine "
-        "length of the best spine tree under the acceptance estimates (goose.planning.allocation.best_spine_tree), "
-        "so a trusted long copy is laid whole instead of sharing the budget with weak branches; 'tiers', the "
-        "paper's ratio r of B by the spine source's acceptance (docs/results.md has both measured)",
-    )
-    spine_branch_ratio: float = Field(
-        default=0.5, ge=0.0, le=1.0, description="rho: share of the off-spine budget spent at the root"
-    )
     spine_extension: int = Field(
         default=40, ge=0,
         description="with a fixed budget (the paper's setting) a draft may run this many nodes past the budget on "
@@ -123,12 +100,6 @@ class GooseConfig(Sampling):
         "(the paper's code extends a confident chain to 100 nodes at B = 60). The automatic budget sizes the whole "
         "tree, spine included, by the cost curve instead; 0: the budget caps the spine too",
     )
-    bypass_threshold: int = Field(
-        default=8, ge=1, description="consensus continuation length that skips the tree (linear bypass)"
-    )
-    branch_top_k: int = Field(default=10, ge=1, description="widest fan-out a branching source may give a node")
-    isotropic_k: int = Field(default=3, ge=1, description="fan-out of the balanced k-ary tree (Iso(k))")
-
     # pricing: every row of a pass against the cost curve (see goose.planning.budget)
     price_rows: bool = Field(
         default=True,
@@ -158,8 +129,8 @@ class GooseConfig(Sampling):
         default_factory=dict, description="per-source options, validated by each source's own model"
     )
     topology_options: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="per-topology options, validated by each topology's own model (the "
-        "built-in planners read the shape fields above)"
+        default_factory=dict, description="per-topology options, validated by each topology's own model "
+        "(e.g. {\"spine\": {\"split\": \"tiers\"}})"
     )
     batch_shared_sources: list[str] | Literal["auto"] = Field(
         default="auto",
@@ -167,15 +138,6 @@ class GooseConfig(Sampling):
         "the request, e.g. bigram_transition's table); each row still keeps its own acceptance estimates. "
         "A shared source is not reset when a row joins. 'auto': every source the decoder drafts from that "
         "registered itself shareable; []: every row its own instances",
-    )
-
-    # ablations (paper, Table "Ablations")
-    spine_branches: bool = Field(default=True, description="False: no branches on spine nodes (root only)")
-    consensus_bypass: bool = Field(default=True, description="False: never take the linear bypass")
-    spine_tokens: Literal["draft", "transition"] = Field(
-        default="draft",
-        description="'transition': keep the spine's length but fill it with the branching source's greedy "
-        "successor chain (the paper's 'w/o PLD tokens, shape kept' ablation)",
     )
 
     @model_validator(mode="wrap")
@@ -216,20 +178,6 @@ class GooseConfig(Sampling):
         if outside:
             raise ValueError(f"initial acceptance must lie in [0, 1]: {outside}")
         return value
-
-    @model_validator(mode="after")
-    def _tiers_sorted(self) -> GooseConfig:
-        bounds = [tier.below for tier in self.spine_tiers]
-        if bounds != sorted(bounds) or not bounds:
-            raise ValueError("spine_tiers must be non-empty and sorted by 'below'")
-        return self
-
-    def spine_ratio(self, spine_acceptance: float) -> float:
-        """Confidence-adaptive spine ratio r for the spine source's current acceptance EMA."""
-        for tier in self.spine_tiers:
-            if spine_acceptance < tier.below:
-                return tier.ratio
-        return self.spine_tiers[-1].ratio
 
     def fixed_budget(self) -> int:
         """The nodes a tree may hold with a fixed budget: the budget, and the main spine's extension past it."""

@@ -62,7 +62,8 @@ XEON_AMX = EPYC_AVX512 + " avx512_fp16 amx_bf16 amx_tile amx_int8"
 PROMPTS = lossless_prompts("smollm2")
 CONFIGS = {"spine": GooseConfig(), "chain": GooseConfig(topology="chain"),
            "isotropic": GooseConfig(topology="isotropic"), "transition_tree": GooseConfig(topology="transition_tree"),
-           "multi_spine": GooseConfig(topology="multi_spine"), "spine, tiers": GooseConfig(spine_split="tiers")}
+           "multi_spine": GooseConfig(topology="multi_spine"),
+           "spine, tiers": GooseConfig(topology_options={"spine": {"split": "tiers"}})}
 
 
 def assert_drafted_and_accepted(result) -> None:

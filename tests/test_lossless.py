@@ -29,7 +29,7 @@ from tests.helpers import (
 TOPOLOGIES = ["spine", "chain", "isotropic", "transition_tree"]
 # every topology with its defaults (the spine splits each budget optimally), and the spine with the paper's tiers
 CONFIGS = {**{name: GooseConfig(topology=name) for name in TOPOLOGIES},
-           "spine, tiers": GooseConfig(spine_split="tiers")}
+           "spine, tiers": GooseConfig(topology_options={"spine": {"split": "tiers"}})}
 OTHERS = [name for name in CONFIGS if name != "spine"]
 # two prompts of each dataset (the suite's others serve test_batch and test_int8)
 SMOLLM2_PROMPTS = [lossless_prompts("smollm2")[i] for i in (0, 1, 3, 4, 6, 7)]

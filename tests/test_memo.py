@@ -34,7 +34,8 @@ METHODS: dict[str, GooseConfig] = {
     "cm+bt@isotropic": GooseConfig(sources=["context_match", "bigram_transition"], topology="isotropic"),
     "cm+bt@multi_spine": GooseConfig(sources=["context_match", "bigram_transition"], topology="multi_spine"),
     "la+cm@spine": GooseConfig(sources=["lookahead", "context_match"]),
-    "cm+sm+rest@spine,tiers": GooseConfig(sources=["context_match", "suffix_memory", "rest"], spine_split="tiers"),
+    "cm+sm+rest@spine,tiers": GooseConfig(sources=["context_match", "suffix_memory", "rest"],
+                                          topology_options={"spine": {"split": "tiers"}}),
     "cm+bt@spine,b12": GooseConfig(sources=["context_match", "bigram_transition"], budget=12),
 }
 

@@ -17,9 +17,9 @@ from goose.planning.allocation import SpineSpec, multi_spine_allocation
 from goose.plugins import BUILTIN_ORIGIN, registry, unregister
 from goose.topologies.chain import ChainTopology
 from goose.topologies.multi_spine import MultiSpineTopology
-from goose.topologies.spine import SpineTopology
+from goose.topologies.spine import SpineOptions, SpineTopology
 from goose.topologies.toolkit import grow_branches
-from tests.helpers import TransitionTable, check_tree, random_drafts
+from tests.helpers import TransitionTable, assert_lossless, check_tree, random_drafts
 
 ANCHOR, PREVIOUS = 3, 2
 NAMES = ("context_match", "rest", "bigram_transition")
@@ -168,7 +168,7 @@ def test_consensus_bypass_lays_the_main_draft_alone() -> None:
 
 
 def test_without_spine_branches_every_branch_hangs_off_the_anchor() -> None:
-    config = GooseConfig(topology="multi_spine", spine_branches=False)
+    config = GooseConfig(topology="multi_spine", topology_options={"multi_spine": {"branches": False}})
     pool = make_pool(chain(range(500, 520)), chain(range(900, 910)), p_side=0.4, table=successors())
     tree, _ = plan(pool, 30, config)
     check_tree(tree, 30, pool)
@@ -190,18 +190,18 @@ def test_without_spine_branches_every_branch_hangs_off_the_anchor() -> None:
 def test_one_drafter_and_one_brancher_give_the_spine_tree(budget: int, consensus: int, acceptance: float) -> None:
     config = GooseConfig(topology="multi_spine")
     pool = make_pool(chain(range(500, 520), acceptance, consensus), None, p_main=acceptance, table=successors())
-    expected = SpineTopology(config).goose_plan_tree(pool=pool, budget=budget, config=config)
+    expected = SpineTopology(config, "multi_spine").goose_plan_tree(pool=pool, budget=budget, config=config)
     tree, planner = plan(pool, budget, config)
     assert same_tree(tree, expected)
     assert planner.last_allocation is None
 
 
 def test_a_configured_third_source_without_a_draft_changes_nothing() -> None:
-    config = GooseConfig(topology="multi_spine", max_depth=4, spine_branch_ratio=0.3)
+    config = GooseConfig(topology="multi_spine", max_depth=4, topology_options={"multi_spine": {"branch_ratio": 0.3}})
     pool = make_pool(chain(range(500, 520)), Draft.chain(np.zeros(0, dtype=np.int64), 0.5),
                      table=successors(seed=3))
     assert len(pool.drafting) == 1
-    expected = SpineTopology(config).goose_plan_tree(pool=pool, budget=40, config=config)
+    expected = SpineTopology(config, "multi_spine").goose_plan_tree(pool=pool, budget=40, config=config)
     assert same_tree(plan(pool, 40, config)[0], expected)
 
 
@@ -218,7 +218,7 @@ def test_one_source_gets_its_own_best_shape(budget: int) -> None:
     expected = brancher_only.builder(budget)
     grow_branches(brancher_only, expected, brancher_only.branching[0], starts=[0], budgets=[budget],
                   start_scores=[1.0], max_depth=config.max_depth, min_score=config.min_score,
-                  top_k=config.branch_top_k)  # the best-first tree of the brancher's successors
+                  top_k=SpineOptions().branch_top_k)  # the best-first tree of the brancher's successors
     assert same_tree(tree, expected.build()) and tree.draft_size == budget
 
     nothing = make_pool(None, None, table=None)
@@ -251,9 +251,8 @@ def random_cases(draw: st.DrawFn) -> tuple[CandidatePool, int, GooseConfig]:
         topology="multi_spine",
         max_depth=draw(st.integers(1, 6)),
         min_score=draw(st.sampled_from([0.0, 0.01, 0.2])),
-        branch_top_k=draw(st.integers(1, 10)),
-        spine_branches=draw(st.booleans()),
-        consensus_bypass=draw(st.booleans()),
+        topology_options={"multi_spine": {"branch_top_k": draw(st.integers(1, 10)), "branches": draw(st.booleans()),
+                                          "consensus_bypass": draw(st.booleans())}},
     )
     return pool, draw(st.integers(0, 80)), config
 
@@ -303,6 +302,6 @@ def test_three_sources_on_a_model_are_lossless(tiny) -> None:
     result = decoder.generate(prompt, max_new_tokens=48)
     unregister(registrations)
     reference = AutoregressiveDecoder(model, tokenizer).generate(prompt, max_new_tokens=48)
-    assert result.new_token_ids == reference.new_token_ids
+    assert_lossless(result, reference)
     assert result.stats.verify_steps < len(result.new_token_ids)
     assert result.stats.source_tested["unigram_lookup"] > 0  # the side spines took part

@@ -20,7 +20,7 @@ from goose.planning.allocation import best_spine_tree
 from goose.plugins import BUILTIN_ORIGIN, registry
 from goose.topologies.chain import ChainTopology
 from goose.topologies.isotropic import IsotropicTopology
-from goose.topologies.spine import SpineTopology, spine_length
+from goose.topologies.spine import SpineOptions, SpineTopology, spine_length
 from goose.topologies.toolkit import harmonic_split
 from goose.topologies.transition_tree import TransitionTreeTopology, static_template
 from tests.helpers import TransitionTable, check_tree, random_drafts
@@ -54,7 +54,12 @@ def spine_draft(length: int = 20, score: float = 0.8, consensus: int = 0, start:
     return Draft.chain(np.arange(start, start + length), score, consensus=consensus)
 
 
-TIERS = GooseConfig(spine_split="tiers")  # the paper's spine share B * r, which most rule tests pin down
+def spine(**options: object) -> GooseConfig:
+    """A config with the spine topology's ``options``."""
+    return GooseConfig(topology_options={"spine": options})
+
+
+TIERS = spine(split="tiers")  # the paper's spine share B * r, which most rule tests pin down
 
 
 def plan(name: str, pool: CandidatePool, budget: int, config: GooseConfig | None = None) -> DraftTree:
@@ -116,14 +121,14 @@ def random_cases(draw: st.DrawFn) -> tuple[CandidatePool, int, GooseConfig]:
         extra = (SourceCandidates("third", 2, 0.01, second, TransitionTable(vocab=vocab, width=min(vocab, 10),
                                                                              seed=99, first=0.3)),)
     pool = make_pool(draft, draw(st.floats(0.0, 1.0)), table, extra)
+    top_k = draw(st.integers(1, 10))
     config = GooseConfig(
         max_depth=draw(st.integers(1, 6)),
         min_score=draw(st.sampled_from([0.0, 0.01, 0.2])),
-        spine_branch_ratio=draw(st.sampled_from([0.0, 0.5, 1.0])),
-        isotropic_k=draw(st.integers(1, 5)),
-        branch_top_k=draw(st.integers(1, 10)),
-        spine_branches=draw(st.booleans()),
-        consensus_bypass=draw(st.booleans()),
+        topology_options={
+            "spine": {"branch_ratio": draw(st.sampled_from([0.0, 0.5, 1.0])), "branch_top_k": top_k,
+                      "branches": draw(st.booleans()), "consensus_bypass": draw(st.booleans())},
+            "isotropic": {"k": draw(st.integers(1, 5))}, "transition_tree": {"fan_out": top_k}},
     )
     return pool, draw(st.integers(0, 80)), config
 
@@ -179,7 +184,7 @@ def test_consensus_bypass_lays_the_linear_spine_alone() -> None:
 
 
 def test_bypass_ablation_builds_the_tree_instead() -> None:
-    config = GooseConfig(consensus_bypass=False)
+    config = spine(consensus_bypass=False)
     tree = plan("spine", make_pool(spine_draft(length=12, consensus=9), 0.1, TransitionTable()), 16, config)
     assert len(spine_of(tree)) == 9  # still stretched to the consensus
     assert tree.draft_size == 16 and int((~tree.on_spine[1:]).sum()) == 7
@@ -198,15 +203,15 @@ def test_spine_length_hint_is_the_spine_the_planner_lays(case: dict, split: str)
     # --budget auto values each budget by the tree the topology will lay; the hint must be that tree's spine
     draft = spine_draft(length=case["length"], consensus=case["consensus"]) if case["length"] else None
     pool = make_pool(draft, case["acceptance"], TransitionTable() if case["table"] else None)
-    config = GooseConfig(spine_split=split)
+    config = spine(split=split)
     budgets = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
     hints = SpineTopology(config).goose_spine_lengths(pool=pool, budgets=budgets, config=config)
     assert hints == tuple(int(plan("spine", pool, budget, config).on_spine.sum()) for budget in budgets)
 
 
 def test_the_optimal_split_lays_a_trusted_copy_whole_and_keeps_a_doubtful_one_short() -> None:
-    """spine_split="optimal": the spine is the best spine tree's, not the paper's share B*r."""
-    optimal = GooseConfig(spine_split="optimal")
+    """split="optimal": the spine is the best spine tree's, not the paper's share B*r."""
+    optimal = spine(split="optimal")
     trusted = make_pool(spine_draft(length=40, score=0.95), 0.95, TransitionTable())
     assert len(spine_of(plan("spine", trusted, 48))) == 24  # the tier r = 0.5: 24 spine, 24 weak branches
     tree = plan("spine", trusted, 48, optimal)
@@ -246,7 +251,7 @@ def test_no_context_match_gives_the_best_first_transition_tree() -> None:
         if tree.depths[node] >= config.max_depth:
             continue
         previous = int(tree.tokens[tree.parents[node]]) if node > 0 else PREVIOUS
-        candidates, conditional = table(np.array([previous]), np.array([int(tree.tokens[node])]), config.branch_top_k)
+        candidates, conditional = table(np.array([previous]), np.array([int(tree.tokens[node])]), SpineOptions().branch_top_k)
         laid = set(tree.tokens[tree.parents == node].tolist())
         for token, score in zip(candidates[0].tolist(), conditional[0].tolist(), strict=True):
             if token >= 0 and token not in laid and score >= config.min_score:
@@ -289,7 +294,7 @@ def test_room_the_branches_leave_goes_to_the_spine() -> None:
     sparse = TransitionTable(first=0.3, decay=0.02, holes=0.5)  # at most one successor above the floor
     fixed = TIERS.model_copy(update={"budget": 60, "spine_extension": 0})
     tree = plan("spine", make_pool(draft, 0.5, sparse), 60, fixed)
-    tier_share = spine_length(60, TIERS.spine_ratio(0.5), 0, 90)
+    tier_share = spine_length(60, SpineOptions(split="tiers").ratio(0.5), 0, 90)
     assert tree.draft_size == 60  # the whole budget is laid
     assert len(spine_of(tree)) == 60 - sum(branch_sizes(tree)) > tier_share
     assert spine_of(tree) == draft.tokens[: len(spine_of(tree))].tolist()  # the draft's own order
@@ -330,7 +335,7 @@ def test_harmonic_split_sums_exactly_and_never_increases(total: int, count: int)
 
 
 def test_spine_branch_ablation_keeps_branches_at_the_root() -> None:
-    config = GooseConfig(spine_branches=False, spine_split="tiers")
+    config = spine(branches=False, split="tiers")
     tree = plan("spine", make_pool(spine_draft(), 0.5, TransitionTable(first=0.9, decay=0.9)), 16, config)
     sizes = branch_sizes(tree)
     assert sizes[0] == 8 and sum(sizes[1:]) == 0
@@ -414,7 +419,7 @@ def test_chain_falls_back_to_the_greedy_successor_chain() -> None:
 
 @pytest.mark.parametrize("k", [3, 5])
 def test_isotropic_is_a_balanced_k_ary_tree(k: int) -> None:
-    config = GooseConfig(isotropic_k=k, min_score=0.0)
+    config = GooseConfig(topology_options={"isotropic": {"k": k}}, min_score=0.0)
     tree = plan("isotropic", make_pool(spine_draft(), 0.5, TransitionTable()), 60, config)
     assert tree.draft_size == 60
     fan_out = np.bincount(tree.parents[1:], minlength=tree.size)
@@ -427,7 +432,7 @@ def test_isotropic_is_a_balanced_k_ary_tree(k: int) -> None:
 
 def test_isotropic_merges_sources_and_follows_the_draft() -> None:
     draft = spine_draft(length=10, score=0.95)
-    tree = plan("isotropic", make_pool(draft, 0.5, TransitionTable()), 60, GooseConfig(isotropic_k=3))
+    tree = plan("isotropic", make_pool(draft, 0.5, TransitionTable()), 60, GooseConfig())  # k = 3
     # the draft's tokens outscore the table (0.95^d vs 0.6 * ...) and form a chain of draft-tagged nodes
     drafted = np.flatnonzero(tree.source_ids == 0)
     assert tree.tokens[drafted].tolist() == draft.tokens[: drafted.shape[0]].tolist()
@@ -504,7 +509,7 @@ def test_transition_tokens_on_the_spine_keep_its_shape() -> None:
     table = TransitionTable(first=0.9, decay=0.5)
     pool = make_pool(spine_draft(), 0.5, table)
     reference = plan("spine", pool, 16)
-    ablated = plan("spine", pool, 16, GooseConfig(spine_tokens="transition", spine_split="tiers"))
+    ablated = plan("spine", pool, 16, spine(tokens="transition", split="tiers"))
     assert len(spine_of(ablated)) == len(spine_of(reference)) == 8  # tier ratio 0.5 of budget 16
     greedy, previous, token = [], PREVIOUS, ANCHOR
     for _ in range(8):

@@ -15,6 +15,7 @@ the budget is spent or ``config.max_depth`` levels are laid. Rules:
 from __future__ import annotations
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from goose.config import GooseConfig
 from goose.contract.candidates import CandidatePool
@@ -24,8 +25,18 @@ from goose.topologies.toolkit import Planner, registration
 NOT_IN_DRAFT = -2  # a tree node that is not on a drafting source's trie (-1 is the trie's root, the anchor)
 
 
+class IsotropicOptions(BaseModel):
+    """``topology_options["isotropic"]``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    k: int = Field(default=3, ge=1, description="fan-out of the balanced k-ary tree (Iso(k))")
+
+
 class IsotropicTopology(Planner):
-    """A balanced tree with fan-out ``config.isotropic_k``, all sources merged at every node."""
+    """A balanced tree with fan-out ``options.k``, all sources merged at every node."""
+
+    def __init__(self, config: GooseConfig) -> None:
+        self.k = IsotropicOptions.model_validate(config.options_for("isotropic")).k
 
     def lay(self, pool: CandidatePool, builder: TreeBuilder, budget: int, config: GooseConfig) -> None:
         # draft_nodes[s, v]: the node of drafting source s's trie that tree node v stands for
@@ -37,7 +48,7 @@ class IsotropicTopology(Planner):
         for _ in range(config.max_depth):
             if frontier.shape[0] == 0 or builder.room == 0:
                 break
-            frontier = grow_level(pool, builder, frontier, draft_nodes, path_scores, config)
+            frontier = grow_level(pool, builder, frontier, draft_nodes, path_scores, self.k, config.min_score)
 
 
 def proposals(
@@ -82,10 +93,10 @@ def grow_level(
     frontier: np.ndarray,
     draft_nodes: np.ndarray,
     path_scores: np.ndarray,
-    config: GooseConfig,
+    k: int,
+    min_score: float,
 ) -> np.ndarray:
     """Lay up to k children under every frontier node; returns the new frontier."""
-    k = config.isotropic_k
     tokens, scores, sources, draft_columns = proposals(pool, builder, frontier, draft_nodes, k)
     columns = tokens.shape[1]
     if columns == 0:
@@ -98,7 +109,7 @@ def grow_level(
     first_column = same.argmax(axis=2)  # the column each proposal merges into
     is_first = valid & (first_column == np.arange(columns))
     child_scores = path_scores[frontier, None] * merged
-    ranking = np.where(is_first & (merged >= config.min_score), child_scores, -1.0)
+    ranking = np.where(is_first & (merged >= min_score), child_scores, -1.0)
     best = np.argsort(-ranking, axis=1, kind="stable")[:, :k]  # top k columns per node
     best_scores = np.take_along_axis(ranking, best, axis=1)
     rows, ranks = np.nonzero(best_scores >= 0)
@@ -128,4 +139,5 @@ goose_register_topologies = registration(
     "isotropic",
     IsotropicTopology,
     "Iso(k): balanced k-ary tree, all sources' candidates merged at every node (baseline)",
+    IsotropicOptions,
 )

@@ -1,5 +1,8 @@
 """Multi-level anisotropic tree: a main spine, shallow side spines and wide branches, split by expected yield.
 
+Its settings are the ``spine`` topology's :class:`~goose.topologies.spine.SpineOptions`, given as
+``topology_options["multi_spine"]`` (its rule 1 is the spine planner's tree).
+
 The paper's spine tree serves two sources of very different quality; its "Limits" section calls for
 a multi-level topology once a third source joins (retrieval, lookahead): the best source on the main
 spine, the middle one(s) on shallow side spines, the weakest on wide branches. Sources are ranked by
@@ -10,8 +13,8 @@ Rules, in order (B = budget):
 1. Fewer than two drafting sources this cycle: the ``spine`` topology's tree, built by its planner
    (one drafter + one brancher: BuildSpineTree; a drafter alone: its chain; a brancher alone: the
    transition tree). A configured third source that has nothing to say this cycle changes nothing.
-2. Consensus bypass (as in ``spine``): with ``config.consensus_bypass`` and the main draft's
-   consensus >= ``config.bypass_threshold``, the main draft alone as a chain, up to B.
+2. Consensus bypass (as in ``spine``): with ``options.consensus_bypass`` and the main draft's
+   consensus >= ``options.bypass_threshold``, the main draft alone as a chain, up to B.
 3. Roles. Main spine: the most trusted drafting source's most valuable root path. Side spines: every
    other drafting source's root path, in rank order; a side draft that shares its first c tokens
    with the main draft hangs off main-spine node c (the anchor when c = 0) and lays only what
@@ -24,7 +27,7 @@ Rules, in order (B = budget):
    own, higher, scores), p_t is the brancher's. It returns how many tokens each spine lays and how
    many branch nodes hang at every spine node; a spine the model finds not worth its nodes gets
    none. The tier ratios of ``spine`` are not used: lengths come from the model. With
-   ``config.spine_branches = False`` every branch node goes to the anchor (the paper's "w/o spine
+   ``options.branches = False`` every branch node goes to the anchor (the paper's "w/o spine
    branches" ablation).
 5. Laying order is priority order: main spine (``on_spine``), then side spines in rank order (not
    ``on_spine``: a path that leaves the main spine for a side spine is a spine continuation), then
@@ -45,7 +48,7 @@ from goose.contract.candidates import CandidatePool, SourceCandidates, common_pr
 from goose.contract.tree import ROOT, DraftTree, TreeBuilder
 from goose.hookspecs import Register
 from goose.planning.allocation import MultiSpineAllocation, SpineSpec, multi_spine_allocation
-from goose.topologies.spine import SpineTopology
+from goose.topologies.spine import SpineOptions, SpineTopology
 from goose.topologies.toolkit import EMPTY, grow_branches, priced
 
 
@@ -63,7 +66,8 @@ class MultiSpineTopology:
     """Main spine for the best drafter, side spines for the others, branches for the brancher."""
 
     def __init__(self, config: GooseConfig) -> None:
-        self.spine = SpineTopology(config)
+        self.spine = SpineTopology(config, "multi_spine")
+        self.options = self.spine.options
         self.last_allocation: MultiSpineAllocation | None = None  # for benchmarks and debugging
 
     @goose.hookimpl
@@ -77,7 +81,7 @@ class MultiSpineTopology:
         main = pool.drafting[0]
         main_tokens, main_scores = main.draft.best_path
         consensus = min(main.draft.consensus, main_tokens.shape[0])
-        if config.consensus_bypass and consensus >= config.bypass_threshold:
+        if self.options.consensus_bypass and consensus >= self.options.bypass_threshold:
             self.last_allocation = None
             builder.add_chain(ROOT, main_tokens[: budget + extension], main.source_id, spine=True)
             return builder.build()
@@ -106,7 +110,7 @@ class MultiSpineTopology:
             shares.append(widths)
             start_scores.append(side.path_scores[side.attach : side.attach + nodes.shape[0]])
         if brancher is not None:
-            self._add_branches(pool, builder, brancher, starts, shares, start_scores, config)
+            self._add_branches(pool, builder, brancher, starts, shares, start_scores, config, self.options)
         return builder.build()
 
     @staticmethod
@@ -118,12 +122,13 @@ class MultiSpineTopology:
         shares: list[tuple[int, ...]],
         start_scores: list[np.ndarray],
         config: GooseConfig,
+        options: SpineOptions,
     ) -> None:
         """Grow each spine node's share best-first (a spine cut short by the budget drops its shares)."""
         budgets = [np.asarray(share[: nodes.shape[0]], dtype=np.int64) for nodes, share in zip(starts, shares,
                                                                                                strict=True)]
         all_budgets = np.concatenate(budgets)
-        if not config.spine_branches:  # ablation: every branch node at the anchor
+        if not options.branches:  # ablation: every branch node at the anchor
             all_budgets = np.concatenate([[all_budgets.sum()], np.zeros(all_budgets.shape[0] - 1, dtype=np.int64)])
         grow_branches(
             pool,
@@ -134,7 +139,7 @@ class MultiSpineTopology:
             start_scores=np.concatenate([s[: b.shape[0]] for s, b in zip(start_scores, budgets, strict=True)]),
             max_depth=config.max_depth,
             min_score=config.min_score,
-            top_k=config.branch_top_k,
+            top_k=options.branch_top_k,
         )
 
 
@@ -167,6 +172,7 @@ def goose_register_topologies(register: Register) -> None:
         MultiSpineTopology,
         description="multi-level anisotropic tree: main spine, side spines for further drafters, branches; "
         "budget split by expected yield",
+        options=SpineOptions,
     )
 
 

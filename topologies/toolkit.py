@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 from numpy.typing import ArrayLike
+from pydantic import BaseModel
 
 from goose.config import GooseConfig
 from goose.contract.candidates import CandidatePool, SourceCandidates
@@ -64,15 +65,17 @@ def priced(budget: int, config: GooseConfig) -> int:
     return budget if config.budget == "auto" else min(budget, int(config.budget))
 
 
-def registration(name: str, factory: Callable[[GooseConfig], object], description: str) -> Callable[[Register], None]:
-    """The ``goose_register_topologies`` hook of a module that provides one planner::
+def registration(name: str, factory: Callable[[GooseConfig], object], description: str,
+                 options: type[BaseModel] | None = None) -> Callable[[Register], None]:
+    """The ``goose_register_topologies`` hook of a module that provides one planner (``options``: the model its
+    ``topology_options`` are validated through)::
 
         goose_register_topologies = registration("chain", ChainTopology, "PLD: the best draft as one chain")
     """
 
     @hookimpl
     def goose_register_topologies(register: Register) -> None:
-        register(name, factory, description=description)
+        register(name, factory, description=description, options=options)
 
     return goose_register_topologies
 

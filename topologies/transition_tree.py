@@ -8,7 +8,7 @@ it scales to any budget: a slot's prior is the product over its path of
 ``DEPTH_DECAY / (rank + 1) ** RANK_EXPONENT``, and the template for budget B is the B slots with
 the highest prior (ancestor-closed, since the prior only shrinks down a path). With TR's fan-out
 of 8 and B = 80 the constants below keep 70 of the 80 slots of TR's tree, with the same level
-sizes up to depth 3 (8, 21, 25); the planner uses ``config.branch_top_k`` as the fan-out.
+sizes up to depth 3 (8, 21, 25); the planner's fan-out is its option ``fan_out``.
 
 Filling is level by level: one successor query for all slots of a level's parents, then slot
 (…, r) takes its parent's rank-r successor. Empty slots (no r-th successor, or one whose own score
@@ -22,6 +22,7 @@ import heapq
 from functools import lru_cache
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from goose.config import GooseConfig
 from goose.contract.candidates import CandidatePool, SourceCandidates
@@ -64,13 +65,19 @@ def static_template(budget: int, fan_out: int, max_depth: int) -> tuple[Template
     return tuple(levels)
 
 
-def lay_transition_tree(
-    pool: CandidatePool, builder: TreeBuilder, source: SourceCandidates, budget: int, config: GooseConfig
-) -> None:
+class TransitionTreeOptions(BaseModel):
+    """``topology_options["transition_tree"]``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    fan_out: int = Field(default=10, ge=1, description="successor ranks a template slot may take (TR's is 8)")
+
+
+def lay_transition_tree(pool: CandidatePool, builder: TreeBuilder, source: SourceCandidates, budget: int,
+                        fan_out: int, config: GooseConfig) -> None:
     """Fill the static template for ``budget`` nodes under the anchor with ``source``'s successors."""
     slot_nodes = np.array([ROOT])  # tree node of every slot of the level above (-1: empty)
     slot_scores = np.ones(1)
-    for parents, ranks in static_template(budget, config.branch_top_k, config.max_depth):
+    for parents, ranks in static_template(budget, fan_out, config.max_depth):
         live = np.flatnonzero(slot_nodes >= 0)
         row_of_slot = np.full(slot_nodes.shape[0], -1)
         row_of_slot[live] = np.arange(live.shape[0])
@@ -92,13 +99,17 @@ def lay_transition_tree(
 class TransitionTreeTopology(Planner):
     """TR's static tree shape, filled by the most trusted branching source; the bare anchor without one."""
 
+    def __init__(self, config: GooseConfig) -> None:
+        self.fan_out = TransitionTreeOptions.model_validate(config.options_for("transition_tree")).fan_out
+
     def lay(self, pool: CandidatePool, builder: TreeBuilder, budget: int, config: GooseConfig) -> None:
         if pool.branching:
-            lay_transition_tree(pool, builder, pool.branching[0], budget, config)
+            lay_transition_tree(pool, builder, pool.branching[0], budget, self.fan_out, config)
 
 
 goose_register_topologies = registration(
     "transition_tree",
     TransitionTreeTopology,
     "Token Recycling: a static tree (top ranks deepest) filled with transition successors",
+    TransitionTreeOptions,
 )
