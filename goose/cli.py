@@ -1,4 +1,9 @@
-"""The ``goose`` command: generate, plugins (and, from their own modules, bench, datastore, calibrate)."""
+"""The ``goose`` command and its built-in subcommands generate, plugins and calibrate.
+
+Every subcommand comes through the ``goose_register_commands`` hook of a ``goose`` entry point, these three too
+(goose's pyproject names this module); ``serve`` is goose.serve.cli's, ``datastore`` the rest source's, ``bench``
+goose-bench's. The ``add_*_arguments`` helpers below are the flags those commands share.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +11,14 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from goose.config import first_error
+from goose.hookspecs import Register, hookimpl
 from goose.plugins import PluginError, registry
 
 logger = logging.getLogger("goose")
@@ -42,12 +48,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    _load_command_modules()
     parser = argparse.ArgumentParser(prog="goose", description="Lossless, training-free speculative decoding.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress (model loading, plugins)")
     commands = parser.add_subparsers(title="commands")
-    for name, add in _COMMANDS.items():
-        add(commands.add_parser(name, help=_HELP[name], description=_HELP[name]))
+    for name, command in registry().commands.items():  # goose's own first, then other distributions'
+        command.factory(commands.add_parser(name, help=command.description, description=command.description))
     return parser
 
 
@@ -563,40 +568,14 @@ def _plot_curve(sizes: Sequence[int], seconds: Sequence[float], title: str, path
     plt.close(figure)
 
 
-_HELP = {
-    "generate": "generate text with Goose (optionally side by side with plain greedy decoding)",
-    "plugins": "list every registered candidate source and topology",
-    "calibrate": "measure (or show the cached) verify cost curve t(n) of a model on this device",
-}
-_COMMANDS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
-    "generate": _add_generate,
-    "plugins": _add_plugins,
-    "calibrate": _add_calibrate,
-}
-
-
-def _load_command_modules() -> None:
-    """goose's own modules with a subcommand register it on import; plugins through ``goose_register_commands``."""
-    import importlib
-
-    for module in ("goose_bench.cli", "goose.serve.cli"):
-        importlib.import_module(module)
-    for name, registration in registry().commands.items():
-        if name in _COMMANDS and _COMMANDS[name] is not registration.factory:
-            logger.warning("command %r from %s is not added: goose has a command of that name", name,
-                           registration.origin)
-            continue
-        register_command(name, registration.description, registration.factory)
-
-
-def register_command(name: str, help_text: str, add: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Let a goose module (bench, datastore, calibrate) add its subcommand."""
-    _HELP[name] = help_text
-    _COMMANDS[name] = add
+@hookimpl
+def goose_register_commands(register: Register) -> None:
+    register("generate", _add_generate,
+             description="generate text with Goose (optionally side by side with plain greedy decoding)")
+    register("plugins", _add_plugins, description="list every registered source, topology and command")
+    register("calibrate", _add_calibrate,
+             description="measure (or show the cached) verify cost curve t(n) of a model on this device")
 
 
 if __name__ == "__main__":
-    # `python -m goose.cli`: hand over to the imported module, where bench and datastore register
-    from goose.cli import main as imported_main
-
-    raise SystemExit(imported_main())
+    raise SystemExit(main())

@@ -172,3 +172,55 @@ def test_phrase_file_and_bad_ids(tmp_path: Path) -> None:
         source(path=str(tmp_path / "missing.txt"))
     with pytest.raises(ValueError, match="outside the vocabulary"):
         source(phrases=[[1, 2, 5000]]).goose_propose(context([1, 2]), 0.6)
+
+
+# --- commands: one registry, built-ins included ---------------------------------------------------------------------
+
+
+def test_every_command_comes_through_the_registration_hook() -> None:
+    """goose's own subcommands come from its own entry points (origin built-in), as a plugin's do from its
+    distribution's; `goose bench` is goose-bench's, a distribution like any other."""
+    from goose.plugins import BUILTIN_ORIGIN, registry
+
+    origins = {name: command.origin for name, command in registry().commands.items()}
+    assert {name: origins.get(name) for name in ("generate", "plugins", "calibrate", "serve", "datastore")} == \
+        dict.fromkeys(("generate", "plugins", "calibrate", "serve", "datastore"), BUILTIN_ORIGIN)
+    assert origins.get("bench") == "goose-bench"
+
+
+def test_goose_cli_imports_no_command_module_of_its_own() -> None:
+    """goose.cli reaches serve, datastore and bench through the registry only: no import (importlib's included)
+    of goose.serve or goose_bench, which import goose.cli for its shared flags (that would be a cycle)."""
+    import ast
+
+    import goose.cli
+
+    tree = ast.parse(Path(goose.cli.__file__).read_text(encoding="utf-8"))
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    strings = {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    assert not {name for name in imported | strings if name.startswith(("goose.serve", "goose_bench", "importlib"))}
+    assert "importlib" not in imported
+
+
+def test_a_command_registered_at_run_time_is_a_subcommand_like_the_built_ins(capsys) -> None:
+    import goose
+    from goose import cli
+
+    class Hello:
+        @goose.hookimpl
+        def goose_register_commands(self, register) -> None:
+            def add(parser) -> None:
+                parser.add_argument("--name", default="world")
+                parser.set_defaults(run=lambda args: print(f"hello {args.name}") or 0)
+
+            register("hello", add, description="say hello")
+
+    added = goose.register(Hello(), origin="tests")
+    try:
+        assert cli.main(["hello", "--name", "goose"]) == 0
+        assert capsys.readouterr().out == "hello goose\n"
+    finally:
+        goose.unregister(added)
+    with pytest.raises(SystemExit):
+        cli.main(["hello"])

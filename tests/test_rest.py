@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import goose_bench.cli  # registers the `bench` command
 from goose import cli
 from goose.config import GooseConfig
 from goose.contract.candidates import DecodeContext
@@ -24,8 +23,6 @@ from goose.sources.rest.suffix_index import SEPARATOR, DatastoreError, SuffixInd
 from goose.sources.toolkit import frequency_trie
 from goose_bench.methods import ALL_METHODS, method_named, with_datastore
 from tests.helpers import PACKAGED_DATA, SMALL_CORPUS, SMOLLM2_TOKENS, dataset_prompts, stdlib_sample
-
-assert goose_bench.cli  # imported for its side effect
 
 BIG = 200_000  # token ids above 2**16: the datastore must not truncate them (Gemma 3 has 262k tokens)
 

@@ -18,8 +18,8 @@ from goose.cli import (
     add_sampling_arguments,
     add_tree_arguments,
     check_engine,
-    register_command,
 )
+from goose.hookspecs import Register, hookimpl
 
 SUITE_NAMES = ("ablation", "synergy", "three-source", "sweep")  # goose_bench.methods.suite_methods
 
@@ -494,5 +494,8 @@ def _safe_name(model_name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in model_name.strip("/"))
 
 
-register_command("bench", "reproduce the paper's tables: speedup, tau, acceptance per method and dataset",
-                 add_arguments)
+@hookimpl
+def goose_register_commands(register: Register) -> None:
+    """`goose bench`, through goose-bench's `goose` entry point (bench/pyproject.toml), as any plugin's command."""
+    register("bench", add_arguments,
+             description="reproduce the paper's tables: speedup, tau, acceptance per method and dataset")

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 import goose
-import goose_bench.cli  # registers the `bench` command
 import goose_bench.prompts
 from goose import cli, models
 from goose.config import GooseConfig
@@ -47,8 +46,6 @@ from goose_bench.vllm_peer import (
     vllm_rows,
 )
 from tests.helpers import PACKAGED_DATA
-
-assert goose_bench.cli  # imported for its side effect
 
 
 def _raw(name: str, limit: int) -> list[dict]:

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import goose
-import goose_bench.cli  # registers the `bench` command
 from goose import cli, models, plugins
 from goose.config import GooseConfig
 from goose_bench import plots
@@ -24,8 +23,6 @@ from goose_bench.prompts import DATASET_TITLES, KNOWN_DATASETS, Sample, load_sam
 from goose_bench.records import build_record, compare
 from goose_bench.report import build_report
 from tests.helpers import PACKAGED_DATA
-
-assert goose_bench.cli  # imported for its side effect
 
 
 def _turn(ids: list[int], wall: float, steps: list[int], stats: dict[str, Any] | None = None) -> TurnOutput:

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-import goose_bench.cli  # registers the `bench` command
 from goose import cli, models
 from goose_bench.generators import TurnOutput
 from goose_bench.llama_peer import LlamaBenchError, llama_peer, llama_section, run_llama_bench
@@ -21,8 +20,6 @@ from goose_bench.outputs import write_outputs
 from goose_bench.peers import llama_runner
 from goose_bench.prompts import Sample
 from goose_bench.records import build_record
-
-assert goose_bench.cli  # imported for its side effect
 
 LLAMA_RUNNER = Path(llama_runner.__file__)
 LLAMA_BUILT = importlib.util.find_spec("llama_cpp") is not None  # `make llama-setup` installs it into this environment

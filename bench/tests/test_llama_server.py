@@ -11,14 +11,11 @@ from typing import Any
 
 import pytest
 
-import goose_bench.cli  # registers the `bench` command
 from goose import cli, models
 from goose_bench.llama_peer import LlamaBenchError, llama_peer, llama_server_binary, run_llama_bench
 from goose_bench.peers import llama_runner
 from goose_bench.peers.llama_runner import SERVER_LOG
 from goose_bench.peers.llama_server import LlamaServer, LlamaServerError, missing_instructions
-
-assert goose_bench.cli  # imported for its side effect
 
 LLAMA_BUILT = importlib.util.find_spec("llama_cpp") is not None  # `make llama-setup`
 SERVER_BUILT = llama_server_binary().is_file()  # `make llama-server`

@@ -16,9 +16,9 @@ from goose.cli import (
     add_model_arguments,
     decoding_config,
     load_model,
-    register_command,
     weights,
 )
+from goose.hookspecs import Register, hookimpl
 
 DEFAULT_MAX_BATCH = 4  # on the 2-core CPU of docs/results.md, four requests together beat one at a time
 
@@ -137,5 +137,8 @@ def _loopback(host: str) -> bool:
         return False
 
 
-register_command("serve", "serve the model over an OpenAI-compatible HTTP API (completions, chat, streaming)",
-                 add_arguments)
+@hookimpl
+def goose_register_commands(register: Register) -> None:
+    """`goose serve`, registered through goose's pyproject (entry point ``serve``) as any plugin's command is."""
+    register("serve", add_arguments,
+             description="serve the model over an OpenAI-compatible HTTP API (completions, chat, streaming)")
