@@ -112,8 +112,67 @@ def test_a_curve_calibrated_on_a_busy_machine_is_rescaled_by_the_real_passes() -
         wrong.observe_pass(1, rows, float(true_curve(rows)))
     assert wrong.scale == pytest.approx(1 / 30, rel=0.01)
     assert wrong.choose(0.0, 0, 0.3) == right.choose(0.0, 0, 0.3)
-    # its rates stay in the stale curve's seconds: the same ranking, 30 times lower
-    assert 30 * wrong.expected_rate(8, 0.5, 8, 0.3) == pytest.approx(right.expected_rate(8, 0.5, 8, 0.3), rel=0.01)
+    # the corrected curve is the true one, in real seconds
+    np.testing.assert_allclose(wrong.curve.seconds, true_curve.seconds, rtol=0.01)
+    assert wrong.expected_rate(8, 0.5, 8, 0.3) == pytest.approx(right.expected_rate(8, 0.5, 8, 0.3), rel=0.01)
+
+
+def test_the_live_curve_takes_medians_and_corrects_each_size_it_sees() -> None:
+    """One pass slowed 100 times (a page fault, a neighbour's burst) moves nothing; passes of one size that
+    keep costing 40% more than calibrated correct that size, the sizes around it keep the curve's shape
+    rescaled by the median of all passes, and the curve stays non-decreasing."""
+    shape = {1: 1.0, 2: 1.05, 4: 1.15, 8: 1.35, 16: 1.7, 32: 2.4}
+    planner = BudgetPlanner(_curve(shape))
+    for _ in range(10):
+        planner.observe_pass(1, 1, 0.05)
+    planner.observe_pass(1, 1, 5.0)
+    assert planner.curve.seconds[0] == pytest.approx(0.05)
+    for _ in range(30):
+        planner.observe_pass(1, 8, 1.4 * 0.05 * 1.35)
+    corrected = dict(zip(planner.curve.sizes, planner.curve.seconds, strict=True))
+    assert corrected[8] == pytest.approx(1.4 * 0.05 * 1.35)
+    assert corrected[1] == pytest.approx(0.05)  # its own passes: 11 of them, median 0.05
+    assert corrected[16] == pytest.approx(1.4 * 0.05 * 1.7)  # the recent passes' median ratio, 1.4
+    assert np.all(np.diff(planner.curve.seconds) >= 0)
+    pinned = BudgetPlanner(_curve(shape), pinned=True)
+    pinned.observe_pass(1, 8, 10.0)
+    assert pinned.curve.seconds == _curve(shape).seconds
+
+
+LINEAR = _curve({1: 1.0, 2: 2.0, 128: 128.0})  # every row a full token: no tree can pay
+
+
+def test_no_tree_where_none_pays() -> None:
+    """Budget 0 (the anchor alone) is a candidate: where n rows cost n tokens no tree yields more tokens a
+    second than plain decoding, however good the draft; where rows are cheap the same draft gets a tree."""
+    planner = BudgetPlanner(LINEAR)
+    assert planner.choose(0.95, 40, 0.5) == 0
+    assert planner.choose((0.97, 0.9), 40, 0.0) == 0
+    assert BudgetPlanner(STEEP).choose(0.1, 40, 0.1) == 0  # weak drafts on a steep curve
+    assert BudgetPlanner(STEEP).choose(0.95, 40, 0.1) > 0
+    assert BudgetPlanner(FLAT).choose(0.1, 40, 0.1) > 0
+
+
+def test_a_decoder_lays_no_tree_where_none_pays_and_probes_now_and_then(tiny) -> None:
+    """On a curve where every row costs a token, the real decoder decodes plainly (budget 0) and lays a
+    one-node probe after 4 such cycles, the wait doubling while no probe is accepted, starting over when
+    one is; the output stays greedy, and the probes' nodes were tested."""
+    from goose.cycle.drafting import PROBE_FIRST, PROBE_LAST
+
+    model, tokenizer = tiny
+    prompt = "Repeat after me: one two three four five six seven. One two three four five six seven."
+    reference = AutoregressiveDecoder(model, tokenizer).generate(prompt, 60).new_token_ids
+    result = GooseDecoder(model, tokenizer, cost_curve=LINEAR, pinned_costs=True).generate(prompt, 60)
+    assert result.new_token_ids == reference
+    budgets = result.stats.row_budgets
+    assert set(budgets) <= {0, 1} and 0 in budgets and 1 in budgets
+    wait, idle = PROBE_FIRST, 0
+    for budget, accepted in zip(budgets, result.stats.accepted_lengths, strict=True):
+        idle += 1
+        assert budget == (1 if idle == wait else 0)
+        if budget:
+            idle, wait = 0, PROBE_FIRST if accepted > 1 else min(2 * wait, PROBE_LAST)
+    assert sum(result.stats.source_tested.values()) > 0
 
 
 def test_chain_rate_is_accepted_over_tested() -> None:
@@ -206,7 +265,8 @@ def test_one_pass_over_the_budgets_equals_the_optimum_per_budget() -> None:
                       for n, cap in zip(CANDIDATE_BUDGETS, caps, strict=True)]
         np.testing.assert_allclose(one_pass, per_budget, rtol=0, atol=1e-12)
         rates = [planner.expected_rate(n, p_s, cap, p_t) for n, cap in zip(CANDIDATE_BUDGETS, caps, strict=True)]
-        chosen = CANDIDATE_BUDGETS[max(range(len(rates)), key=rates.__getitem__)]
+        best = max(range(len(rates)), key=rates.__getitem__)
+        chosen = CANDIDATE_BUDGETS[best] if rates[best] > planner.expected_rate(0, p_s, length, p_t) else 0
         assert planner.choose(p_s, length, p_t, caps) == chosen
 
 

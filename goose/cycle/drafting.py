@@ -28,6 +28,12 @@ from goose.cycle.walker import walk, walk_sampled
 from goose.planning.budget import BudgetPlanner
 from goose.planning.cost import CostCurve, harvest_rows, output_layer_weight
 
+# A row the budget lays no tree for probes with one node after PROBE_FIRST such cycles, the wait doubling
+# up to PROBE_LAST while no probe is accepted: on the AVX2 EPYC's llama.cpp curve (t(2) = 1.42 t(1)) a
+# prompt where no draft is ever accepted pays 0.42 / 64 of a token at worst, 0.7%.
+PROBE_FIRST = 4
+PROBE_LAST = 64
+
 
 class Drafter:
     """A Goose decoder's sources, topology and budget planner, which every request it decodes drafts with.
@@ -104,8 +110,9 @@ class Drafter:
         planner = self.budget_planner
         if self.config.budget != "auto" or planner is None:
             return [self.config.fixed_budget()] * len(cycles)
-        return planner.split([cycle.pool for cycle in cycles], self.topology.spine_lengths,
-                             [cycle.riding for cycle in cycles])
+        budgets = planner.split([cycle.pool for cycle in cycles], self.topology.spine_lengths,
+                                [cycle.riding for cycle in cycles])
+        return [cycle.probed(budget) for cycle, budget in zip(cycles, budgets, strict=True)]
 
     def _shared_instances(self, drafting: tuple[str, ...], faults: FaultLog) -> dict[str, Any]:
         """One instance of each source in ``batch_shared_sources``, for every slot's set to hold."""
@@ -163,6 +170,9 @@ class RowCycle:
         self.tree: DraftTree | None = None
         self.masks: Any = None  # a constrained request's grammar bitmask of every tree row
         self.started = 0.0
+        self.unlaid = 0  # cycles in a row the budget laid no tree while a source drafted
+        self.probe_wait = PROBE_FIRST  # cycles without a tree before the next one-node probe
+        self.probing = False
 
     def harvest_rows(self) -> int:
         """Prompt rows whose logits the prefill keeps for the sources (``GooseConfig.prefill_harvest``); with a
@@ -203,6 +213,25 @@ class RowCycle:
         self.auxiliary = self._rows_that_pay(_fitting(offered, room), planner)
         self.clock.lap("draft")
 
+    def probed(self, budget: int) -> int:
+        """The budget, or 1 where the curve gave none to a drafting row for ``probe_wait`` cycles.
+
+        An estimate moves only when one of its source's nodes is tested, so one that fell too low for
+        any tree to pay would otherwise never rise again, even where the prompt turns to copying. The
+        probe is the cheapest tree, the best draft's first token; the wait doubles after each probe
+        nothing accepted (up to ``PROBE_LAST``) and starts over when one is, so a prompt where drafts
+        never pay spends at most one node's extra cost every ``PROBE_LAST`` cycles on them.
+        """
+        pool = self.pool
+        if budget > 0 or pool is None or not (pool.drafting or pool.branching):
+            self.unlaid = 0
+            return budget
+        self.unlaid += 1
+        if self.unlaid < self.probe_wait:
+            return 0
+        self.unlaid, self.probing = 0, True
+        return 1
+
     def plan(self, budget: int) -> DraftTree:
         """2. The topology turns the pool into a draft tree of at most ``budget`` draft nodes (of a constrained
         request: without the drafted tokens its grammar forbids); budget 0: the bare anchor."""
@@ -240,6 +269,9 @@ class RowCycle:
         outcome = walked.outcome(kept, Harvest.of_tree(tree, pool.previous, readout.top_tokens, readout.top_scores))
         counts = self.sources.observe(outcome, _split_auxiliary(self.auxiliary, readout.predictions[tree.size :]))
         self.stats.record_step(len(kept), tree.size, walked.kind, counts, self.riding)
+        if self.probing:  # a probe that found an agreed token starts the waits over
+            self.probing = False
+            self.probe_wait = PROBE_FIRST if len(kept) > 1 else min(2 * self.probe_wait, PROBE_LAST)
         self.clock.lap("observe")
         return walked.path, kept
 

@@ -5,11 +5,19 @@ E[tau(n)] / (t(n + 1 + a) + overhead), where t is the device's measured verify c
 (:mod:`goose.planning.cost`), a the auxiliary rows riding in the same pass, E[tau(n)] the expected yield of
 the best spine tree of n draft nodes under the sources' current acceptance estimates
 (:func:`goose.planning.allocation.best_spine_tree`), and overhead the decoder's own per-cycle time
-(drafting, planning, walking), tracked as a running mean, and priced against what passes really cost
-now: the curve keeps its calibrated shape, scaled by the passes observed (a curve measured on a busy
-machine would otherwise make the overhead look free). On a GPU t is flat and this picks the
-paper's large trees; on a CPU, where width costs, it picks small ones and long chains only when the
-context match is trusted.
+(drafting, planning, walking), tracked as a running mean. t is what passes really cost now: the
+calibrated curve corrected by every pass the decoder runs (:class:`goose.planning.cost.LiveCurve`:
+medians, so an outlier moves nothing; a curve measured on a busy machine would otherwise make the
+overhead look free, or a quiet one make trees look cheap on a loaded machine). On a GPU t is flat and
+this picks the paper's large trees; on a CPU, where width costs, it picks small ones and long chains
+only when the context match is trusted.
+
+**No tree where none pays.** Budget 0, the anchor alone (a plain decoding step), is a candidate like
+any other: a cycle whose best tree's expected tokens per second do not beat one token per t(1 + a)
+lays none. So where the curve is steep (a compute-bound CPU: llama.cpp's pass over 16 tokens costs
+5.9 times one on the AVX2 EPYC) and the drafts are weak, Goose decodes as plainly as the engine does,
+paying only its drafting; the decoder still lays a one-node probe now and then
+(:meth:`goose.cycle.drafting.RowCycle.probed`), since an estimate moves only when a draft is tested.
 
 **Auxiliary rows** (a source's rows that ride in the pass without being drafted, such as
 Lookahead's Jacobi window) are priced by the same rule: they ride when the tokens per second of a
@@ -27,7 +35,7 @@ import numpy as np
 
 from goose.contract.acceptance import BUDGET_STEP, quantize, quantize_all
 from goose.contract.candidates import CandidatePool, without_trailing_repeats
-from goose.planning.cost import BatchCosts, CostCurve
+from goose.planning.cost import BatchCosts, CostCurve, LiveCurve
 from goose.planning.spine_tree import best_spine_tree, spine_yields
 
 CANDIDATE_BUDGETS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128)
@@ -41,14 +49,14 @@ class BudgetPlanner:
 
     def __init__(self, curve: CostCurve, max_budget: int = 128, max_depth: int = 6,
                  batch_curve: Callable[[int], CostCurve] | None = None, pinned: bool = False) -> None:
-        self.curve = curve
+        self.curve = curve  # what rows cost now: the calibrated curve, corrected by the passes observed
+        self._live = LiveCurve(curve)
         self.pinned = pinned  # measured times move nothing: the budgets follow from the curve and the drafts
         self._batch_curve = batch_curve  # batch size -> its calibrated curve (None: batches priced on ``curve``)
         self._batches: BatchCosts | None = None  # the batched passes' curves, made when a split first needs them
         self.max_depth = max_depth
         self.candidates = tuple(n for n in CANDIDATE_BUDGETS if n <= max_budget) or (1,)
         self.overhead_s = 0.0005
-        self.scale = 1.0  # running mean of a real pass's time over the curve's: the curve's shape is kept
         self._overhead_key = 0.0  # overhead_s in units of one token's verify, as the choice's cache key
         self.tree_rows = 1.0  # running means of the tree's rows and of the tokens a cycle yields
         self.tokens = 1.0
@@ -64,23 +72,24 @@ class BudgetPlanner:
         """Fold one real pass of ``requests`` requests and ``rows`` rows in all into the curve such a pass is priced by.
 
         One request's is this planner's curve: one calibrated while the machine was busier (or quieter)
-        than now, or at another context length, keeps its shape but not its seconds, so the passes rescale
-        it, and the overhead, a real time, is priced against what a pass really costs now
-        (``overhead_s / scale`` in the curve's seconds). Several requests' curves, in real seconds, are
-        corrected point by point (:meth:`goose.planning.cost.BatchCosts.observe`) once a split has used them.
+        than now, or at another context length, is corrected by the medians of the passes observed
+        (:class:`goose.planning.cost.LiveCurve`), and the cached choices are made again when it moved.
+        Several requests' curves are corrected point by point
+        (:meth:`goose.planning.cost.BatchCosts.observe`) once a split has used them.
         """
         if self.pinned:
             return
         if requests == 1:
-            ratio = min(50.0, max(0.02, seconds / float(self.curve(rows))))
-            self.scale += 0.1 * (ratio - self.scale)
+            if self._live.observe(rows, seconds):
+                self.curve = self._live.curve
+                self._choose.cache_clear()
         elif self._batches is not None:
             self._batches.observe(requests, rows, seconds)
 
     @property
-    def _overhead(self) -> float:
-        """The per-cycle overhead in the curve's seconds."""
-        return self.overhead_s / self.scale
+    def scale(self) -> float:
+        """What passes really cost over what the calibration said: the median of the recent ones."""
+        return self._live.scale
 
     def observe_cycle(self, tree_rows: int, tokens: int) -> None:
         """Fold one cycle's tree size (anchor included) and yield into the running means rows are priced by."""
@@ -94,8 +103,8 @@ class BudgetPlanner:
         yield, plus ``other_rows`` already riding) with and without them.
         """
         base = self.tree_rows + other_rows
-        without = self.tokens / (float(self.curve(base)) + self._overhead)
-        with_rows = (self.tokens + contribution) / (float(self.curve(base + rows)) + self._overhead)
+        without = self.tokens / (float(self.curve(base)) + self.overhead_s)
+        with_rows = (self.tokens + contribution) / (float(self.curve(base + rows)) + self.overhead_s)
         return with_rows > without
 
     def split(self, pools: Sequence[CandidatePool], spine_lengths: SpineLengths, extra_rows: Sequence[int]
@@ -146,9 +155,7 @@ class BudgetPlanner:
         chosen = np.where(fits.any(axis=2), fits.shape[2] - 1 - np.argmax(fits[:, :, ::-1], axis=2), 0)  # [rows, R]
         need = (budgets[chosen] + 1 + extra[:, None]).max(axis=0)  # the pass's real width for each R
         totals = np.take_along_axis(taus, chosen, axis=1).sum(axis=0)
-        # a batch's curve is corrected in real seconds (BatchCosts.observe); the single curve by ``scale``
-        cost = curve(rows * need) + self.overhead_s * rows if curve is not None else \
-            self.curve(rows * need) + self._overhead * rows
+        cost = (curve if curve is not None else self.curve)(rows * need) + self.overhead_s * rows
         rates = totals / cost
         best = int(np.argmax(rates))  # the first of equal rates, the narrowest pass
         return [int(budgets[c]) for c in chosen[:, best]]
@@ -170,7 +177,7 @@ class BudgetPlanner:
         ``spine_caps``: per candidate budget, the spine length the topology will really lay (its
         ``goose_spine_lengths`` hook); without them each budget's best split is assumed.
         """
-        overhead = self._overhead / self.curve.seconds[0]
+        overhead = self.overhead_s / self.curve.seconds[0]
         if abs(overhead - self._overhead_key) > 0.1:  # re-key on a real move, not on noise around a grid line
             self._overhead_key = round(overhead, 1)
         return self._choose(*self._key(spine_acceptance, spine_length, branch_acceptance, spine_caps),
@@ -189,7 +196,7 @@ class BudgetPlanner:
         auxiliary rows in the same pass."""
         tau = best_spine_tree(spine_acceptance, branch_acceptance, budget, self.max_depth,
                               max_spine=spine_length).expected_tau
-        return tau / (float(self.curve(budget + 1 + extra_rows)) + self._overhead)
+        return tau / (float(self.curve(budget + 1 + extra_rows)) + self.overhead_s)
 
     def _spine_yields(self, spine_acceptance: tuple[float, ...], spine_caps: tuple[int, ...],
                       branch_acceptance: float) -> np.ndarray:
@@ -200,8 +207,10 @@ class BudgetPlanner:
               overhead_bucket: float, extra_rows: int) -> int:
         del overhead_bucket  # part of the cache key only: a new overhead level re-evaluates the choice
         taus = self._yields(spine_acceptance, spine_caps, branch_acceptance)
-        rates = taus / (self.curve(np.asarray(self.candidates) + 1 + extra_rows) + self._overhead)
-        return self.candidates[int(np.argmax(rates))]  # the first of equal rates, the smallest budget
+        rates = taus / (self.curve(np.asarray(self.candidates) + 1 + extra_rows) + self.overhead_s)
+        plain = 1.0 / (float(self.curve(1 + extra_rows)) + self.overhead_s)  # budget 0: the anchor, one token
+        best = int(np.argmax(rates))  # the first of equal rates, the smallest budget
+        return self.candidates[best] if rates[best] > plain else 0
 
 
 def _bucket(value: float) -> float:

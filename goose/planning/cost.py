@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import platform
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -127,6 +128,62 @@ def monotone(seconds: list[float]) -> np.ndarray:
     bigger one (a minimum taken from the right). Raising small sizes instead (a running maximum)
     lets one slow sample of t(1) make every tree up to that cost look free."""
     return np.minimum.accumulate(np.asarray(seconds, dtype=float)[::-1])[::-1]
+
+
+
+class LiveCurve:
+    """The calibrated curve corrected by the passes really run: what a decoder prices trees on.
+
+    A calibration is a first guess, taken at 256 tokens of context on a machine whose load moves; the
+    passes a decoder runs are the truth. Each pass's time over the calibrated time of its rows is
+    filed under the calibrated size nearest to its rows (on a log scale). A size with ``MIN_SAMPLES`` or
+    more takes the median of its last ``WINDOW``; the others take the median of the last ``WINDOW``
+    passes of any size (the whole curve rescaled: its shape kept). Medians, so that a pass slowed by a
+    page fault or a neighbour's burst moves nothing; the curve is kept non-decreasing
+    (:func:`monotone`). ``curve`` is replaced only when some size moved by more than ``MOVE`` from the
+    curve in use, so that a planner's cached choices (keyed on estimates, not on the curve) are
+    re-evaluated on a real change, not on every pass.
+    """
+
+    WINDOW = 32
+    MIN_SAMPLES = 5
+    MOVE = 0.05
+
+    def __init__(self, calibrated: CostCurve) -> None:
+        self.calibrated = calibrated
+        self.curve = calibrated
+        self._log_sizes = np.log(np.asarray(calibrated.sizes, dtype=float))
+        self._base = np.asarray(calibrated.seconds, dtype=float)
+        self._all: deque[float] = deque(maxlen=self.WINDOW)
+        self._points: list[deque[float]] = [deque(maxlen=self.WINDOW) for _ in calibrated.sizes]
+        self._own = np.full(len(calibrated.sizes), np.nan)  # each size's own median, once it has enough passes
+        self.passes = 0
+
+    @property
+    def scale(self) -> float:
+        """The median of the recent passes' measured over calibrated time (1.0 before any pass)."""
+        return float(np.median(self._all)) if self._all else 1.0
+
+    def observe(self, rows: int, seconds: float) -> bool:
+        """Fold in one pass of ``rows`` rows that took ``seconds``; True when ``curve`` was replaced."""
+        ratio = seconds / float(self.calibrated(rows))
+        if not math.isfinite(ratio) or ratio <= 0.0:
+            return False
+        self.passes += 1
+        self._all.append(ratio)
+        nearest = int(np.argmin(np.abs(self._log_sizes - math.log(max(1, rows)))))
+        point = self._points[nearest]
+        point.append(ratio)
+        if len(point) >= self.MIN_SAMPLES:  # two medians a pass: the one size's and the whole curve's
+            self._own[nearest] = np.median(point)
+        corrections = np.where(np.isnan(self._own), self.scale, self._own)
+        seconds_now = monotone(list(self._base * corrections))
+        if np.max(np.abs(seconds_now / np.asarray(self.curve.seconds) - 1.0)) <= self.MOVE:
+            return False
+        self.curve = CostCurve(self.calibrated.sizes, tuple(float(s) for s in seconds_now),
+                               replace(self.calibrated.meta, note=f"corrected by {self.passes} live passes")
+                               if self.calibrated.meta is not None else None)
+        return True
 
 
 # --- a curve measured on a busy machine -----------------------------------------------------------
