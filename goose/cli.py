@@ -579,3 +579,8 @@ def goose_register_commands(register: Register) -> None:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+__all__ = ["USER_ERRORS", "add_decoding_arguments", "add_model_arguments", "add_prompt_arguments",
+           "add_sampling_arguments", "add_tree_arguments", "build_parser", "check_engine", "decoding_config",
+           "goose_register_commands", "load_model", "main", "parse_budget", "weights"]

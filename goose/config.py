@@ -202,3 +202,6 @@ class GooseConfig(Sampling):
     def merged(self, overrides: dict[str, Any]) -> GooseConfig:
         """This config with ``overrides`` (field -> value; None values are left out) applied, validated."""
         return GooseConfig.model_validate(self.model_dump() | {k: v for k, v in overrides.items() if v is not None})
+
+
+__all__ = ["GooseConfig", "Sampling", "SamplingParams", "did_you_mean", "first_error"]

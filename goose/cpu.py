@@ -87,3 +87,6 @@ def refusal(what: str, flags_file: Path, rebuild: str, flags: Iterable[str] | No
         return None
     return (f"{what} was built for instructions this CPU ({cpu_name()}) lacks: {' '.join(missing)} "
             f"(recorded in {flags_file}); `{rebuild}` rebuilds it for this CPU")
+
+
+__all__ = ["cpu_flags", "cpu_kind", "cpu_name", "missing_for", "refusal"]

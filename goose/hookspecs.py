@@ -140,3 +140,6 @@ def goose_plan_tree(pool: CandidatePool, budget: int, config: GooseConfig) -> Dr
 def goose_spine_lengths(pool: CandidatePool, budgets: tuple[int, ...], config: GooseConfig) -> tuple[int, ...] | None:
     """With ``budget="auto"``, before ``goose_plan_tree``: for each candidate budget the nodes it would lay on the
     main spine, when that is not the best split of the budget (the paper's spine takes ``B * r``)."""
+
+
+__all__ = ["PROJECT", "Register", "hookimpl", "hookspec"]

@@ -232,3 +232,7 @@ class SourcePlugin:
     @hookspecs.hookimpl
     def goose_register_sources(self, register: hookspecs.Register) -> None:
         register(*self.arguments, **self.options)
+
+
+__all__ = ["BUILTIN_ORIGIN", "ENTRY_POINT_GROUP", "OWN_DISTRIBUTION", "Manager", "PluginError", "Registration",
+           "Registry", "SourcePlugin", "register", "registry", "unregister"]

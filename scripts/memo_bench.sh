@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The memo's figures (goose.cycle.memo): one study three ways, on one machine, one after another, alone:
+# The memo's figures (goose_bench.memo): one study three ways, on one machine, one after another, alone:
 #   no-memo  every pass for real (--no-memo)
 #   first    through a new, empty memo (the methods share what each computed)
 #   again    the same study again on that memo (nothing left to compute)

@@ -217,7 +217,7 @@ def _datastore(path: Path | None) -> Path | None:
 def run_command(args: argparse.Namespace) -> int:
     if args.list_methods:
         return _list_methods()
-    from goose.cycle.sampling import SamplingParams
+    from goose.config import SamplingParams
     from goose_bench.prompts import PAPER_DATASETS, default_data_dir
 
     max_new_tokens = args.max_new_tokens or (QUICK_MAX_NEW_TOKENS if args.quick else DEFAULT_MAX_NEW_TOKENS)

@@ -23,11 +23,11 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
 
+from goose.config import SamplingParams
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.cycle.engine import model_device
-from goose.cycle.memo import MEMO_TOP_K, TargetMemo
-from goose.cycle.sampling import SamplingParams
 from goose.planning.cost import CostCurve
+from goose_bench.memo import MEMO_TOP_K, TargetMemo
 from goose_bench.methods import Method
 
 # GenerationStats.to_dict() keys kept per turn (the per-step lists are kept separately)

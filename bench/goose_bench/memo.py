@@ -40,8 +40,7 @@ import numpy as np
 import torch
 import transformers
 
-from goose.contract.outcome import AuxiliaryRows
-from goose.contract.tree import DraftTree
+from goose import AuxiliaryRows, DraftTree
 from goose.cpu import cpu_kind
 from goose.cycle.readout import greedy_and_top_k
 from goose.cycle.verifier import Verifier

@@ -15,7 +15,7 @@ Fair timing on a noisy machine:
 
 A study never runs the same pass twice: where a verified row's answer is a function of its token
 path (float32 on the torch engine, greedy), our decoders verify through the target's memo
-(:mod:`goose.cycle.memo`, on disk under Goose's cache or ``--memo DIR``): every method, and every later
+(:mod:`goose_bench.memo`, on disk under Goose's cache or ``--memo DIR``): every method, and every later
 run on the same model, reads the rows any method computed before, and only the missing rows run. The
 clock then times the drafting and what little runs, so a method's figure is its passes priced on a
 pinned cost curve (``--cost-curve``; default this device's), on which its budgets are planned too
@@ -59,11 +59,9 @@ from tqdm import tqdm
 from transformers.utils import logging as hf_logging
 
 from goose import models
+from goose.config import SamplingParams
 from goose.cycle.calibration import load_or_measure
 from goose.cycle.engine import new_verifier
-from goose.cycle.memo import TargetMemo
-from goose.cycle.memo import refusal as memo_refusal
-from goose.cycle.sampling import SamplingParams
 from goose.cycle.verifier import ContextOverflowError, Verifier
 from goose.planning import machine
 from goose.planning.cost import CostCurve
@@ -72,6 +70,8 @@ from goose_bench.conversation import turn_prompt_ids
 from goose_bench.estimate import DEVICE_CURVE, load_curve, price
 from goose_bench.generators import DecoderGenerator, Generator, Study, TurnOutput, make_generator
 from goose_bench.generators import memo_refusal as memo_refusal_of
+from goose_bench.memo import TargetMemo
+from goose_bench.memo import refusal as memo_refusal
 from goose_bench.methods import (
     BASELINE,
     NO_OVERRIDES,
@@ -120,7 +120,7 @@ class BenchSettings:
     cost_curve: str | None = None  # the deterministic mode: "device" or a curve file (goose_bench.estimate)
     progress: bool = True
     engine: str = "torch"  # or "llama.cpp": the GGUF file as shipped (goose.cycle.engine)
-    memo: bool = True  # through the target's memo where it is exact (goose.cycle.memo); False: every pass for real
+    memo: bool = True  # through the target's memo where it is exact (goose_bench.memo); False: every pass for real
     memo_dir: Path | None = None  # where the memo lives (None: a folder under Goose's cache)
     resume: bool = False  # keep the cells already in results.jsonl and run the rest
     extra: dict[str, Any] = field(default_factory=dict)  # recorded in the summary's settings as is

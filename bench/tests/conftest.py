@@ -2,6 +2,6 @@
 here, so that `pytest bench/tests` alone finds them too; with `pytest tests bench/tests` both name the same
 functions."""
 
-from tests.conftest import smollm2, tiny
+from tests.conftest import smollm2, tiny, tiny_gemma3
 
-__all__ = ["smollm2", "tiny"]
+__all__ = ["smollm2", "tiny", "tiny_gemma3"]

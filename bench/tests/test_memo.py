@@ -1,4 +1,4 @@
-"""The target's memo (goose.cycle.memo) is exact: with it every method decodes, drafts and learns as without it.
+"""The target's memo (goose_bench.memo) is exact: with it every method decodes, drafts and learns as without it.
 
 Each case runs a study's methods three ways on the same prompts, each method with a fresh decoder budgeted on one
 pinned curve: every pass for real, then through a new memo (the first method computes what the next ones read), then
@@ -21,7 +21,7 @@ import torch
 
 from goose.config import GooseConfig
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
-from goose.cycle.memo import MemoVerifier, TargetMemo, refusal
+from goose_bench.memo import MemoVerifier, TargetMemo, refusal
 from tests.helpers import CPU_CURVE, lossless_prompts
 
 PINNED = CPU_CURVE  # width costs: the automatic budget picks small trees, and long chains when trusted

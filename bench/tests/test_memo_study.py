@@ -1,4 +1,4 @@
-"""A study through `goose bench` reads the target's memo (goose.cycle.memo, whose exactness tests/test_memo.py checks):
+"""A study through `goose bench` reads the target's memo (goose_bench.memo, whose exactness tests/test_memo.py checks):
 a re-run computes nothing and records the same figures, and --resume runs only the cells a stopped run left."""
 
 from __future__ import annotations

@@ -265,3 +265,6 @@ def checked_tree(tree: object, anchor: int, budget: int, vocab_size: int) -> Dra
         if int(tree.depths.max()) > tree.max_depth:
             raise CandidateError("tree is deeper than its max_depth")
     return tree
+
+
+__all__ = ["ROOT", "CandidateError", "DraftTree", "TreeBuilder"]

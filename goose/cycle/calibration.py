@@ -77,3 +77,6 @@ def load_or_measure(model: torch.nn.Module, cache_dir: Path | None = None, refre
     if batch == 1:
         return cached(path, lambda: measure(model), refresh, legacy=legacy)
     return cached(path, lambda: measure(model, BATCH_WIDTHS, 3, batch=batch), refresh, legacy=legacy)
+
+
+__all__ = ["load_or_measure", "measure"]

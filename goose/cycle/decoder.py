@@ -50,7 +50,7 @@ class _Decoding:
         self.tokenizer = tokenizer
         self.chat = chat
         self.sampling = sampling or SamplingParams()
-        # one request at a time: generate and stream (a study's decoders verify through a memo: goose.cycle.memo)
+        # one request at a time: generate and stream (or any Verifying given: goose-bench's memo)
         self.verifier = verifier if verifier is not None else new_verifier(model)
         self.eos_ids = eos_ids(model, tokenizer)
         self.last_result: GenerationResult | None = None
@@ -253,3 +253,6 @@ def autoregressive(
 ) -> GenerationResult:
     """Plain decoding through the same plumbing (greedy, or the seeded sampler): the baseline Goose must reproduce."""
     return AutoregressiveDecoder(model, tokenizer, chat).generate(prompt, max_new_tokens, **options)
+
+
+__all__ = ["AutoregressiveDecoder", "GenerationResult", "GooseDecoder", "autoregressive", "generate"]

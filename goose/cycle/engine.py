@@ -88,3 +88,6 @@ def check_sources(model: Any, sources: Any) -> None:
     if riding:
         raise ValueError(f"--engine llama.cpp verifies trees only; {', '.join(riding)} adds rows beside the tree "
                          "(an attention mask of their own): leave it out")
+
+
+__all__ = ["Verifying", "check_sources", "eos_ids", "model_device", "new_verifier"]

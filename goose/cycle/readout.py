@@ -110,3 +110,6 @@ def read(logits: torch.Tensor, tree_rows: int, k: int) -> Readout:
     tokens_end = rows + tree_rows * kept
     return Readout(host[:rows].astype(np.int64), host[rows:tokens_end].astype(np.int64).reshape(tree_rows, kept),
                    host[tokens_end:].astype(np.float32).reshape(tree_rows, kept))
+
+
+__all__ = ["greedy", "greedy_and_top_k", "read"]

@@ -413,7 +413,7 @@ class Verifier:
     @torch.inference_mode()
     def truncate(self, slot: int, length: int) -> None:
         """Forget slot ``slot``'s positions from ``length`` on (the next pass writes over them): its context becomes
-        its first ``length`` tokens. The memo (:mod:`goose.cycle.memo`) rewinds a cache shared by several decoders."""
+        its first ``length`` tokens. goose-bench's memo rewinds a cache shared by several decoders."""
         if not 0 < length <= self.lengths[slot]:
             raise ValueError(f"slot {slot} holds {self.lengths[slot]} positions; cannot keep {length}")
         if slot in self._pending:  # the last commit's kept rows move into place first
@@ -458,3 +458,6 @@ def pass_rows(tree: DraftTree, past: int, auxiliary: Sequence[AuxiliaryRows]) ->
         start = end
     return (np.concatenate([tokens, *(rows.tokens for rows in auxiliary)]),
             np.concatenate([positions, *(past + rows.position_offsets for rows in auxiliary)]), combined)
+
+
+__all__ = ["CacheBudgetError", "ContextOverflowError", "Verifier"]

@@ -502,3 +502,7 @@ def harvest_rows(setting: int | str | None, prompt_length: int, row_weight: floa
     else:
         wanted = int(setting)
     return max(0, min(wanted, prompt_length - 1))
+
+
+__all__ = ["CostCurve", "CurveMeta", "busy_now", "busy_signs", "cache_key", "cached", "curve_path",
+           "describe_measurement", "weight_bytes"]

@@ -108,3 +108,7 @@ def others_share(window: float = 0.5) -> float | None:
         return None
     others = (after[0] - before[0]) - (own_after - own_before) * hertz
     return max(0.0, others / (after[1] - before[1]))
+
+
+__all__ = ["cpu_count", "cpu_model", "describe_features", "features_key", "load_average", "machine_key", "others_share",
+           "speed_flags"]

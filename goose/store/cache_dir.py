@@ -10,3 +10,6 @@ def default_cache_dir() -> Path:
     """``$GOOSE_CACHE``, else ``~/.cache/goose``."""
     env = os.environ.get("GOOSE_CACHE", "").strip()
     return Path(env).expanduser() if env else Path.home() / ".cache" / "goose"
+
+
+__all__ = ["default_cache_dir"]

@@ -92,3 +92,6 @@ def read_manifest(folder: Path) -> dict[str, Any]:
         if key not in manifest:
             raise DatastoreError(f"datastore manifest {path} lacks {key!r}; rebuild it")
     return manifest
+
+
+__all__ = ["Datastore", "read_manifest"]

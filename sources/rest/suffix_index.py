@@ -173,3 +173,6 @@ def non_separator_suffixes(tokens: np.ndarray) -> np.ndarray:
     """The suffix array without the suffixes that start at a separator (they never match a query)."""
     order = suffix_array(tokens)
     return order[tokens[order] != SEPARATOR]  # suffixes starting at a separator never match a query
+
+
+__all__ = ["DatastoreError", "Match", "SuffixIndex"]
