@@ -285,3 +285,25 @@ def test_goose_calibrate_prints_and_plots_the_curve(tmp_path) -> None:
     assert curve["sizes"][0] == 1 and len(curve["sizes"]) == len(curve["seconds"])
     assert curve["relative"]["1"] == 1.0 and all(s > 0 for s in curve["seconds"])
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_passes_that_contradict_the_cached_curve_correct_it_on_disk(tiny, tmp_path, monkeypatch) -> None:
+    """A cached curve 30 times slower than the passes really run (calibrated under a load that has gone) is
+    corrected in the cache once a decoder's passes have contradicted it, and the next decoder plans on
+    the corrected curve."""
+    model, tokenizer = tiny
+    monkeypatch.setenv("GOOSE_CACHE", str(tmp_path))
+    monkeypatch.setattr(cost, "busy_signs", lambda curve: [])  # cached even if the suite keeps the machine busy
+    monkeypatch.setattr(calibration, "busy_now", lambda: False)  # the suite's other worker must not hold the save
+    true = calibration.load_or_measure(model)
+    path = cost.curve_path(model)
+    stale = CostCurve(true.sizes, tuple(30 * s for s in true.seconds), true.meta)
+    stale.save(path)
+    decoder = GooseDecoder(model, tokenizer)
+    for prompt in ("Repeat after me: one two three four five six seven.", "The quick brown fox jumps over",
+                   "def add(a, b):\n    return a + b\n\ndef sub(a, b):"):
+        decoder.generate(prompt, 80)  # 64 passes or more in all: enough to contradict a calibration
+    corrected = CostCurve.load(path)
+    assert corrected.seconds[0] < stale.seconds[0] / 5
+    assert corrected.meta is not None and "corrected by" in corrected.meta.note
+    assert GooseDecoder(model, tokenizer).budget_planner.curve == corrected

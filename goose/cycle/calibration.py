@@ -4,6 +4,7 @@ quiet one (:func:`goose.planning.cost.busy_signs`)."""
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from pathlib import Path
@@ -16,7 +17,17 @@ from goose.contract.tree import TreeBuilder
 from goose.cycle.engine import new_verifier
 from goose.cycle.readout import read
 from goose.planning import machine
-from goose.planning.cost import BATCH_WIDTHS, CostCurve, cached, curve_path, describe_measurement, monotone
+from goose.planning.cost import (
+    BATCH_WIDTHS,
+    CostCurve,
+    busy_now,
+    cached,
+    curve_path,
+    describe_measurement,
+    monotone,
+)
+
+logger = logging.getLogger("goose.cycle.calibration")
 
 DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 CALIBRATION_CONTEXT = 256  # tokens of context while measuring: a typical prompt length
@@ -77,6 +88,18 @@ def load_or_measure(model: torch.nn.Module, cache_dir: Path | None = None, refre
     if batch == 1:
         return cached(path, lambda: measure(model), refresh, legacy=legacy)
     return cached(path, lambda: measure(model, BATCH_WIDTHS, 3, batch=batch), refresh, legacy=legacy)
+
+
+def correct(model: torch.nn.Module, curve: CostCurve, cache_dir: Path | None = None) -> bool:
+    """Cache ``curve``, a decoder's live correction of this model's cached curve (one request's passes,
+    :meth:`goose.planning.budget.BudgetPlanner.contradicted`), unless other processes hold the cores now:
+    passes slowed by a neighbour must not become the next run's calibration. True when saved."""
+    if busy_now():
+        return False
+    path = curve_path(model, cache_dir)
+    curve.save(path)
+    logger.info("the passes contradicted the cached cost curve; corrected at %s", path)
+    return True
 
 
 __all__ = ["load_or_measure", "measure"]

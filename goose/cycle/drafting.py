@@ -19,7 +19,7 @@ from goose.config import GooseConfig
 from goose.contract.candidates import CandidatePool, DecodeContext
 from goose.contract.outcome import AuxiliaryRows, Harvest
 from goose.contract.tree import ROOT, DraftTree
-from goose.cycle.calibration import load_or_measure
+from goose.cycle import calibration
 from goose.cycle.readout import greedy_and_top_k, read
 from goose.cycle.request import Request
 from goose.cycle.sampling import Sampler
@@ -77,10 +77,10 @@ class Drafter:
         if self.config.budget != "auto" and not self._prices_rows:
             return None
         if self._budget_planner is None:
-            curve = self._cost_curve if self._cost_curve is not None else load_or_measure(self.model)
-            self._budget_planner = BudgetPlanner(curve, max_depth=self.config.max_depth,
-                                                 batch_curve=lambda batch: load_or_measure(self.model, batch=batch),
-                                                 pinned=self.pinned_costs)
+            curve = self._cost_curve if self._cost_curve is not None else calibration.load_or_measure(self.model)
+            self._budget_planner = BudgetPlanner(
+                curve, max_depth=self.config.max_depth, pinned=self.pinned_costs,
+                batch_curve=lambda batch: calibration.load_or_measure(self.model, batch=batch))
         return self._budget_planner
 
     def source_names(self, with_prediction: bool) -> tuple[str, ...]:
@@ -102,8 +102,13 @@ class Drafter:
                                     instances=self.shared, strict=False))
 
     def give_back(self, slot: SourceSlot) -> None:
-        """A request has left: its slot serves the next one."""
+        """A request has left: its slot serves the next one. If its passes contradicted the cached cost curve,
+        the corrected curve replaces it on disk (a curve given to the decoder is the caller's, never written)."""
         self.spare.append(slot)
+        planner = self._budget_planner
+        corrected = planner.contradicted() if planner is not None and self._cost_curve is None else None
+        if corrected is not None:
+            calibration.correct(self.model, corrected)
 
     def budgets(self, cycles: list[RowCycle]) -> list[int]:
         """2. Every drafted row's budget for this pass: the fixed budget, or the cost curve's split of the pass."""

@@ -86,6 +86,14 @@ class BudgetPlanner:
         elif self._batches is not None:
             self._batches.observe(requests, rows, seconds)
 
+    def contradicted(self) -> CostCurve | None:
+        """The corrected curve, once the passes have contradicted the calibrated one (then taken as the new
+        calibration: said once); None otherwise, and always for a pinned planner."""
+        if self.pinned or not self._live.contradicted():
+            return None
+        self._live = LiveCurve(self.curve)
+        return self.curve
+
     @property
     def scale(self) -> float:
         """What passes really cost over what the calibration said: the median of the recent ones."""

@@ -148,6 +148,8 @@ class LiveCurve:
     WINDOW = 32
     MIN_SAMPLES = 5
     MOVE = 0.05
+    CONTRADICTED_AFTER = 64
+    CONTRADICTION = 0.25
 
     def __init__(self, calibrated: CostCurve) -> None:
         self.calibrated = calibrated
@@ -184,6 +186,14 @@ class LiveCurve:
                                replace(self.calibrated.meta, note=f"corrected by {self.passes} live passes")
                                if self.calibrated.meta is not None else None)
         return True
+
+    def contradicted(self) -> bool:
+        """Whether the passes have shown the calibration wrong: ``CONTRADICTED_AFTER`` passes or more, and some
+        size's cost moved by more than ``CONTRADICTION`` of it (a cached curve to correct on disk)."""
+        if self.passes < self.CONTRADICTED_AFTER:
+            return False
+        moved = np.asarray(self.curve.seconds) / self._base - 1.0
+        return bool(np.max(np.abs(moved)) > self.CONTRADICTION)
 
 
 # --- a curve measured on a busy machine -----------------------------------------------------------
