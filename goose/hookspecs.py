@@ -69,9 +69,12 @@ Register = Callable[..., None]
 # --- registration plugins, asked once when the registry loads ---------------------------------
 @hookspec
 def goose_register_sources(register: Register) -> None:
-    """``register(name, factory, description="", initial_acceptance=0.3, shareable=False, options=None)`` per source:
-    the estimate before any verification, in [0, 1]; ``shareable=True``: an instance knows the model, not a request
-    (one for all); ``options``: the pydantic model its ``source_options`` are validated through ("Options" above)."""
+    """``register(name, factory, description="", initial_acceptance=0.3, shareable=False, options=None,
+    short_name="", beside={})`` per source: the estimate before any verification, in [0, 1]; ``shareable=True``: an
+    instance knows the model, not a request (one for all); ``options``: the pydantic model its ``source_options``
+    are validated through ("Options" above); ``short_name``: what a method name may call it (goose-bench's
+    ``cm+bt@spine``), unique; ``beside``: another source's name -> the options this one takes in a composed
+    method that drafts from both (goose-bench applies them; checked by ``options``)."""
 
 
 @hookspec

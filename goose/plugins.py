@@ -83,8 +83,17 @@ class Registration:  # checked as it is made (PluginError): a class's shape, a s
     initial_acceptance: float = 0.3  # sources: the estimate before any verification
     shareable: bool = False  # sources: one instance may serve every slot of a decoder
     options: type[BaseModel] | None = None  # sources and topologies: the model their options are checked against
+    short_name: str = ""  # sources: what a method name may call it (goose-bench's cm+bt@spine)
+    beside: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, hash=False)  # sources: source -> options
 
     def __post_init__(self) -> None:
+        if self.kind != "source" and (self.short_name or self.beside):
+            raise PluginError(f"{self.kind} {self.name!r}: short_name and beside are for sources")
+        if not isinstance(self.short_name, str) or not isinstance(self.beside, Mapping):
+            raise PluginError(f"{self.kind} {self.name!r}: short_name must be a string, beside a mapping of source "
+                              f"names to options")
+        for options in self.beside.values():
+            self.checked_options(options)
         if not 0.0 <= self.initial_acceptance <= 1.0:
             raise PluginError(f"{self.kind} {self.name!r}: initial_acceptance must lie in [0, 1], got "
                               f"{self.initial_acceptance}")
@@ -153,6 +162,9 @@ class Registry:
         try:
             if name in table and table[name].factory is not factory:
                 raise PluginError(f"{kind} {name!r}: the name is taken by {table[name].origin}'s")
+            short = options.get("short_name")
+            if short and any(short in (r.name, r.short_name) for r in table.values() if r.name != name):
+                raise PluginError(f"{kind} {name!r}: the short name {short!r} is taken")
             table[name] = Registration(name, kind, factory, origin, **options)
             added.append(table[name])
         except PluginError as error:

@@ -255,4 +255,4 @@ class BigramTransitionSource:
 @goose.hookimpl
 def goose_register_sources(register: Register) -> None:
     register(NAME, BigramTransitionSource, description="top-k successors harvested from the target, keyed by bigram",
-             initial_acceptance=0.05, shareable=True, options=BigramTransitionOptions)
+             initial_acceptance=0.05, shareable=True, options=BigramTransitionOptions, short_name="bt")

@@ -261,4 +261,4 @@ class ContextMatchSource:
 @goose.hookimpl
 def goose_register_sources(register: Register) -> None:
     register(NAME, ContextMatchSource, description="prompt lookup: copy what followed the last n-gram earlier",
-             initial_acceptance=0.5, options=ContextMatchOptions)
+             initial_acceptance=0.5, options=ContextMatchOptions, short_name="cm")

@@ -263,4 +263,4 @@ class LookaheadSource:
 @goose.hookimpl
 def goose_register_sources(register: Register) -> None:
     register(NAME, LookaheadSource, description="lookahead decoding: n-grams from Jacobi iterations in the verify pass",
-             initial_acceptance=0.3, options=LookaheadOptions)
+             initial_acceptance=0.3, options=LookaheadOptions, short_name="la")

@@ -300,4 +300,8 @@ class SuffixMemorySource:
 def goose_register_sources(register: Register) -> None:
     register(NAME, SuffixMemorySource,
              description="SuffixDecoding-style memory: frequency trie of what followed the suffix, across requests",
-             initial_acceptance=0.5, options=SuffixMemoryOptions)
+             initial_acceptance=0.5, options=SuffixMemoryOptions, short_name="sm",
+             # beside context match it searches earlier requests only: searching the current one too, it finds the
+             # copies context match finds and takes the spine from it for the same tokens (round 6 of
+             # docs/results.md: context match's yield fell from 0.97 to 0.42 tokens a pass)
+             beside={"context_match": {"search_current": False}})

@@ -113,6 +113,18 @@ def test_an_options_model_must_be_a_pydantic_model() -> None:
     assert "dicty" not in plugins.registry().sources
 
 
+def test_a_short_name_is_unique_and_options_beside_another_source_are_checked() -> None:
+    known = plugins.registry().sources
+    assert (known["context_match"].short_name, known["suffix_memory"].beside) == (
+        "cm", {"context_match": {"search_current": False}})
+    with pytest.raises(plugins.PluginError, match=r"source 'copycat': the short name 'cm' is taken"):
+        plugins.register(plugins.SourcePlugin("copycat", Counting, short_name="cm"), "tests")
+    with pytest.raises(plugins.PluginError, match=r"source_options\.beside_cm: unknown option 'deepth'"):
+        plugins.register(plugins.SourcePlugin("beside_cm", Counting, options=LenientOptions,
+                                              beside={"context_match": {"deepth": 2}}), "tests")
+    assert "copycat" not in known and "beside_cm" not in known
+
+
 # --- token ids that are not integers: a fault, never rounded ---
 
 class Oracle:

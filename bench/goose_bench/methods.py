@@ -24,15 +24,7 @@ from pydantic import ValidationError
 
 from goose.config import GooseConfig, did_you_mean, first_error
 from goose.plugins import BUILTIN_ORIGIN, PluginError, registry
-from goose_bench.study import (
-    SHORT_NAMES,
-    STUDY_BUDGET,
-    STUDY_SOURCES,
-    STUDY_TOPOLOGIES,
-    SUFFIX_MEMORY_BESIDE_CONTEXT_MATCH,
-    label,
-    study_fields,
-)
+from goose_bench.study import STUDY_BUDGET, STUDY_SOURCES, STUDY_TOPOLOGIES, full_name, label, study_fields
 
 Kind = Literal["ar", "goose", "hf"]
 
@@ -70,10 +62,17 @@ def _table(*methods: Method) -> dict[str, Method]:
 _BOTH = ["context_match", "bigram_transition"]
 _ALL_SOURCES = ["context_match", "bigram_transition", "rest", "lookahead"]
 _UNIGRAM = {"bigram_transition": {"unigram_only": True}}
+
+
+def _spine(**options: Any) -> dict[str, Any]:
+    """The fields that give the spine topology ``options``."""
+    return {"topology_options": {"spine": options}}
+
+
 # Lookahead's and REST's drafts are tries (several candidate continuations). `chain` and `spine`
 # keep only a trie's best root path; the isotropic planner lays the whole trie breadth first
-# (fan-out up to isotropic_k per node, max_depth levels), which is how both methods verify.
-_TRIE = {"topology": "isotropic", "isotropic_k": 10}
+# (fan-out up to its k per node, max_depth levels), which is how both methods verify.
+_TRIE = {"topology": "isotropic", "topology_options": {"isotropic": {"k": 10}}}
 
 METHODS: dict[str, Method] = _table(
     Method("ar", "ar", "greedy, one token per forward pass, through Goose's verifier (the baseline)", "baseline"),
@@ -89,9 +88,9 @@ METHODS: dict[str, Method] = _table(
     Method("rest", "goose", "REST: retrieval from a datastore, its trie laid isotropically", "source",
            {"sources": ["rest"], **_TRIE}),
     Method("iso3", "goose", "Iso(3): context match + bigram transition in a balanced 3-ary tree", "topology",
-           {"sources": _BOTH, "topology": "isotropic", "isotropic_k": 3}),
+           {"sources": _BOTH, "topology": "isotropic", "topology_options": {"isotropic": {"k": 3}}}),
     Method("iso5", "goose", "Iso(5): context match + bigram transition in a balanced 5-ary tree", "topology",
-           {"sources": _BOTH, "topology": "isotropic", "isotropic_k": 5}),
+           {"sources": _BOTH, "topology": "isotropic", "topology_options": {"isotropic": {"k": 5}}}),
     Method("goose", "goose", "Goose: the default GooseConfig (context-match spine, bigram branches)", "goose"),
     Method("goose3", "goose", "Goose with a third source: the default config plus the cross-request suffix memory",
            "goose", study_fields([*_BOTH, "suffix_memory"], "spine", budget=None)),
@@ -104,15 +103,15 @@ METHODS: dict[str, Method] = _table(
 # The paper's ablations (Qwen3-8B table): each changes one thing of the default Goose config.
 ABLATIONS: dict[str, Method] = _table(
     Method("no_spine_branches", "goose", "w/o spine branches (root branches only)", "ablation",
-           {"spine_branches": False}),
+           _spine(branches=False)),
     Method("unigram_adjacency", "goose", "w/o bigram adjacency (unigram keys)", "ablation",
            {"source_options": _UNIGRAM}),
-    Method("no_consensus_bypass", "goose", "w/o consensus bypass", "ablation", {"consensus_bypass": False}),
+    Method("no_consensus_bypass", "goose", "w/o consensus bypass", "ablation", _spine(consensus_bypass=False)),
     # with no drafting source the spine planner gives the whole budget to the transition tree
     Method("no_cm_spine", "goose", "w/o context-match spine (transition tree only)", "ablation",
            {"sources": ["bigram_transition"]}),
     Method("tr_spine_tokens", "goose", "w/o PLD tokens: shape kept, transition tokens on the spine", "ablation",
-           {"spine_tokens": "transition"}),
+           _spine(tokens="transition")),
 )
 
 
@@ -127,12 +126,12 @@ def _sweep() -> dict[str, Method]:
     for ratio in (0.15, 0.3, 0.5, 0.7):
         # one tier for every acceptance level: the confidence-adaptive choice is switched off
         methods.append(Method(f"r={ratio:g}", "goose", f"fixed spine ratio r = {ratio:g}", "sweep:spine_ratio",
-                              {"spine_tiers": [{"below": 1.01, "ratio": ratio}]}))
+                              _spine(split="tiers", tiers=[{"below": 1.01, "ratio": ratio}])))
     methods.append(Method("r=optimal", "goose", "spine length of the best spine tree instead of a ratio",
-                          "sweep:spine_ratio", {"spine_split": "optimal"}))
+                          "sweep:spine_ratio", _spine(split="optimal")))
     for rho in (0.0, 0.25, 0.5, 0.75, 1.0):
         methods.append(Method(f"rho={rho:g}", "goose", f"spine-branch ratio rho = {rho:g}", "sweep:rho",
-                              {"spine_branch_ratio": rho}))
+                              _spine(branch_ratio=rho)))
     return _table(*methods)
 
 
@@ -163,13 +162,14 @@ class Overrides:
 
     def apply(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         """``fields`` under the overrides: ``--config`` first, the method's own fields over it (its sources and
-        topology are its name), per-source options merged, then ``--budget``."""
+        topology are its name), per-plugin options merged, then ``--budget``."""
         merged = {**self.config, **fields}
-        options = {name: dict(values) for name, values in self.config.get("source_options", {}).items()}
-        for name, values in fields.get("source_options", {}).items():
-            options[name] = {**options.get(name, {}), **values}
-        if options:
-            merged["source_options"] = options
+        for table in ("source_options", "topology_options"):
+            options = {name: dict(values) for name, values in self.config.get(table, {}).items()}
+            for name, values in fields.get(table, {}).items():
+                options[name] = {**options.get(name, {}), **values}
+            if options:
+                merged[table] = options
         if self.budget is not None:
             merged["budget"] = self.budget
         return merged
@@ -180,11 +180,11 @@ NO_OVERRIDES = Overrides()
 
 def composed(name: str, overrides: Overrides = NO_OVERRIDES, group: str = "composed",
              budget: int | None = None) -> Method:
-    """``SOURCES@TOPOLOGY`` (sources joined by ``+``, registered names or the built-ins' short names cm, bt,
-    rest, la, sm; no ``@``: the default topology) as a Goose method; PluginError names an unknown plugin.
+    """``SOURCES@TOPOLOGY`` (sources joined by ``+``, registered names or short names, the built-ins' cm, bt,
+    la, sm; no ``@``: the default topology) as a Goose method; PluginError names an unknown plugin.
     ``budget``: the method's own budget (a suite's equal budget), under ``--budget``."""
     spec, _, topology = name.partition("@")
-    sources = [SHORT_NAMES.get(part, part) for part in spec.split("+")]
+    sources = [full_name(part) for part in spec.split("+")]
     if not all(sources) or "@" in topology or (name.count("@") and not topology):
         raise ValueError(f"method {name!r}: write SOURCES@TOPOLOGY, sources joined by '+', e.g. "
                          "context_match+bigram_transition@spine")
@@ -193,11 +193,7 @@ def composed(name: str, overrides: Overrides = NO_OVERRIDES, group: str = "compo
         known.source(source)
     topology = topology or GooseConfig.model_fields["topology"].default
     known.topology(topology)
-    fields: dict[str, Any] = {"sources": sources, "topology": topology}
-    if budget is not None:
-        fields["budget"] = budget
-    if "context_match" in sources and "suffix_memory" in sources:
-        fields["source_options"] = SUFFIX_MEMORY_BESIDE_CONTEXT_MATCH
+    fields = study_fields(sources, topology, budget)
     return Method(name, "goose", f"{' + '.join(sources)} in {topology}", group, overrides.apply(fields))
 
 

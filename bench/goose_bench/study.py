@@ -24,6 +24,7 @@ from statistics import fmean
 from typing import Any
 
 from goose.planning.cost import CostCurve
+from goose.plugins import registry
 from goose_bench.estimate import priced_seconds
 
 Record = dict[str, Any]  # one results.jsonl line (goose_bench.records)
@@ -31,27 +32,38 @@ Record = dict[str, Any]  # one results.jsonl line (goose_bench.records)
 STUDY_SOURCES: tuple[str, ...] = ("context_match", "bigram_transition", "rest", "lookahead", "suffix_memory")
 STUDY_TOPOLOGIES: tuple[str, ...] = ("spine", "multi_spine", "isotropic")
 STUDY_BUDGET = 16
-SHORT = {"context_match": "cm", "bigram_transition": "bt", "rest": "rest", "lookahead": "la", "suffix_memory": "sm"}
-SHORT_NAMES = {short: name for name, short in SHORT.items()}  # a composed method's name may use either
 REFERENCE = "cm+bt@spine"  # the paper's two-source spine, at the study's budget
 
+
+def short(name: str) -> str:
+    """A source's name in a method's name: the short name it registered (``cm``), else its name."""
+    registration = registry().sources.get(name)
+    return registration.short_name if registration is not None and registration.short_name else name
+
+
+def full_name(part: str) -> str:
+    """The source a part of a method's name stands for: the source that registered it as its short name, else
+    ``part`` itself (a composed method's name may use either)."""
+    return next((r.name for r in registry().sources.values() if part and r.short_name == part), part)
+
+
 def label(sources: Sequence[str], topology: str) -> str:
-    return "+".join(SHORT.get(s, s) for s in sources) + f"@{topology}"
-
-
-# Beside context match, the suffix memory searches earlier requests only: searching the current one
-# too, it finds the copies context match finds and takes the spine from it for the same tokens
-# (round 6 of docs/results.md: context match's yield fell from 0.97 to 0.42 tokens a pass).
-SUFFIX_MEMORY_BESIDE_CONTEXT_MATCH: dict[str, dict[str, Any]] = {"suffix_memory": {"search_current": False}}
+    return "+".join(short(s) for s in sources) + f"@{topology}"
 
 
 def study_fields(sources: Sequence[str], topology: str, budget: int | None = STUDY_BUDGET) -> dict[str, Any]:
-    """GooseConfig fields for ``sources`` under ``topology`` (``budget`` None: the automatic budget)."""
+    """GooseConfig fields for ``sources`` under ``topology`` (``budget`` None: the automatic budget), each source
+    with the options it registered for drafting beside another of them (``beside``)."""
     fields: dict[str, Any] = {"sources": list(sources), "topology": topology}
     if budget is not None:
         fields["budget"] = budget
-    if "context_match" in sources and "suffix_memory" in sources:
-        fields["source_options"] = SUFFIX_MEMORY_BESIDE_CONTEXT_MATCH
+    known, options = registry().sources, {}
+    for name in sources:
+        for other, values in (known[name].beside.items() if name in known else ()):
+            if other in sources:
+                options.setdefault(name, {}).update(values)
+    if options:
+        fields["source_options"] = options
     return fields
 
 
@@ -90,10 +102,10 @@ def study_rows(records: Sequence[Record], device_curve: CostCurve | None,
                 accepted[name] = accepted.get(name, 0) + count
         rows.append({
             "method": method,
-            "sources": [SHORT_NAMES.get(s, s) for s in method.split("@")[0].split("+")],
+            "sources": [full_name(s) for s in method.split("@")[0].split("+")],
             "topology": method.split("@")[1],
             "tau": {d: _tau([r for r in mine if r["dataset"] == d]) for d in datasets} | {"all": _tau(mine)},
-            "yield_per_pass": {SHORT.get(n, n): c / steps for n, c in accepted.items()} if steps else {},
+            "yield_per_pass": {short(n): c / steps for n, c in accepted.items()} if steps else {},
             "speedup": fmean(r["speedup"] for r in mine if r.get("speedup") is not None)
             if any(r.get("speedup") is not None for r in mine) else None,
             "predicted_device": predicted_speedup(mine, device_curve) if device_curve else None,

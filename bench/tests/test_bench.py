@@ -14,6 +14,7 @@ import goose_bench.prompts
 from goose import cli, models
 from goose.config import GooseConfig
 from goose.planning.cost import CostCurve
+from goose.topologies.spine import SpineOptions
 from goose_bench.aggregate import ALL, build_summary, lookup, summarize
 from goose_bench.concurrency import ConcurrencyRow, write_concurrency
 from goose_bench.conversation import turn_prompt_ids
@@ -156,7 +157,8 @@ def test_method_table_defines_the_papers_methods_as_config() -> None:
     tr = METHODS["tr"].config()
     assert (tr.sources, tr.topology, tr.options_for("bigram_transition")) == (
         ["bigram_transition"], "transition_tree", {"unigram_only": True})
-    assert (METHODS["iso3"].config().isotropic_k, METHODS["iso5"].config().isotropic_k) == (3, 5)
+    assert (METHODS["iso3"].config().options_for("isotropic"), METHODS["iso5"].config().options_for("isotropic")) == (
+        {"k": 3}, {"k": 5})
     assert METHODS["iso5"].config().sources == GooseConfig().sources  # equal sources: a topology comparison
     assert METHODS["goose"].config() == GooseConfig()
     goose3 = METHODS["goose3"].config()  # the default config and one more source, nothing else changed
@@ -174,17 +176,17 @@ def test_suites_ablations_and_sweeps_are_method_lists() -> None:
     assert QUICK_METHODS == ("ar", "pld", "goose", "hf_pld")
     for suite in SUITE_NAMES:  # generated from the registry: every Goose method validates
         assert all(unavailable_reason(m) is None for m in suite_methods(suite)), suite
-    assert ABLATIONS["no_spine_branches"].config().spine_branches is False
-    assert ABLATIONS["no_consensus_bypass"].config().consensus_bypass is False
+    assert ABLATIONS["no_spine_branches"].config().options_for("spine") == {"branches": False}
+    assert ABLATIONS["no_consensus_bypass"].config().options_for("spine") == {"consensus_bypass": False}
     assert ABLATIONS["unigram_adjacency"].config().options_for("bigram_transition") == {"unigram_only": True}
     assert ABLATIONS["no_cm_spine"].config().sources == ["bigram_transition"]
     assert ABLATIONS["no_cm_spine"].config().topology == "spine"
     assert SWEEP["B=16"].config().budget == 16
     assert SWEEP["D=4"].config().max_depth == 4
-    assert SWEEP["rho=0.25"].config().spine_branch_ratio == 0.25
-    fixed = SWEEP["r=0.3"].config()
-    assert {fixed.spine_ratio(p) for p in (0.0, 0.3, 0.9)} == {0.3}
-    assert SWEEP["r=optimal"].config().spine_split == "optimal"
+    assert SWEEP["rho=0.25"].config().options_for("spine") == {"branch_ratio": 0.25}
+    fixed = SpineOptions.model_validate(SWEEP["r=0.3"].config().options_for("spine"))
+    assert fixed.split == "tiers" and {fixed.ratio(p) for p in (0.0, 0.3, 0.9)} == {0.3}
+    assert SWEEP["r=optimal"].config().options_for("spine") == {"split": "optimal"}
     for method in ALL_METHODS.values():  # every Goose method validates and its plugins are registered
         if method.kind == "goose":
             assert unavailable_reason(method) is None, method.name
@@ -201,7 +203,7 @@ def test_unavailable_methods_say_why() -> None:
     assert unavailable_reason(METHODS["hf_pld"]) is None
     ghost = Method("ghost", "goose", "a source nobody wrote", "source", {"sources": ["ghost_source"]})
     assert "source 'ghost_source' is not registered" in unavailable_reason(ghost)
-    assert ABLATIONS["tr_spine_tokens"].config().spine_tokens == "transition"
+    assert ABLATIONS["tr_spine_tokens"].config().options_for("spine") == {"tokens": "transition"}
 
 
 # --- records, aggregation, report ----------------------------------------------------------------

@@ -150,11 +150,11 @@ def test_composed_names_overrides_and_study_files(tmp_path: Path) -> None:
     study = tmp_path / "study.toml"
     study.write_text('[methods.deep_pld]\nsources = ["context_match"]\ntopology = "chain"\nmax_depth = 8\n'
                      'description = "PLD, deeper"\n[methods.wide]\nsources = ["bigram_transition"]\n'
-                     'topology = "isotropic"\nisotropic_k = 5\n')
+                     'topology = "isotropic"\ntopology_options = { isotropic = { k = 5 } }\n')
     deep, wide = read_study_file(study, Overrides(budget=16))
     assert (deep.name, deep.description, deep.config().max_depth, deep.config().budget) == ("deep_pld", "PLD, deeper",
                                                                                              8, 16)
-    assert wide.config().isotropic_k == 5
+    assert wide.config().options_for("isotropic") == {"k": 5}
     study.write_text('[methods.typo]\nsources = ["context_match"]\nmax_dept = 8\n')
     with pytest.raises(ValueError, match=r"methods\.typo: config field max_dept"):
         read_study_file(study)
