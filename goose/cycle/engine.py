@@ -20,8 +20,6 @@ from goose.contract.tree import DraftTree
 from goose.cycle.verifier import Verifier
 from goose.llama_model import LlamaModel
 
-ENGINES = ("torch", "llama.cpp")
-
 
 class Verifying(Protocol):
     """What the cycle asks of a verifier (both engines' verifiers have it)."""
@@ -53,10 +51,6 @@ class Verifying(Protocol):
     def release(self, slot: int) -> int | None: ...
 
     def reset(self) -> None: ...
-
-
-def engine_of(model: Any) -> str:
-    return "llama.cpp" if isinstance(model, LlamaModel) else "torch"
 
 
 def new_verifier(model: Any, slots: int = 1, cache_positions: int | None = None) -> Verifying:
