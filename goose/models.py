@@ -398,16 +398,29 @@ def load_gguf(name: str, *, threads: int | None = None, context: int | None = No
 
     cache_root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     path = gguf_path(name, cache_dir=cache_root)
-    tokenizer = _gguf_tokenizer(_gguf_source_for(name), path, cache_root)  # type: ignore[arg-type]
+    tokenizer = _gguf_tokenizer(name, _gguf_source_for(name), cache_root, path)  # type: ignore[arg-type]
     return LlamaModel(path, name=name, threads=threads, context=context), tokenizer
 
 
-def _gguf_tokenizer(source: _GgufSource, path: Path, cache_root: Path) -> PreTrainedTokenizerBase:
-    """``source``'s tokenizer (its GGUF file at ``path``): from the dequantized cache if there is one, else from
-    a tokenizer cache built once from the file."""
+def load_tokenizer(name: str, *, cache_dir: str | Path | None = None) -> PreTrainedTokenizerBase:
+    """``name``'s tokenizer, the one :func:`load` gives, without loading its weights (``name`` as for
+    :func:`load`): a GGUF model's as :func:`load_gguf` reads it, another's by transformers."""
+    source = _gguf_source_for(name)
+    if source is None:
+        path = Path(name).expanduser()
+        return _tokenizer_from(path if path.is_dir() else name, name)
+    return _gguf_tokenizer(name, source, Path(cache_dir).expanduser() if cache_dir is not None else
+                           default_cache_dir())
+
+
+def _gguf_tokenizer(name: str, source: _GgufSource, cache_root: Path, path: Path | None = None
+                    ) -> PreTrainedTokenizerBase:
+    """``source``'s tokenizer: from the dequantized cache if there is one, else from a tokenizer cache built once
+    from its GGUF file (``path``, else :func:`gguf_path`'s, only then assembled)."""
     for folder in (cache_root / "models" / source.cache_key, cache_root / "tokenizers" / source.cache_key):
         if (folder / _CACHE_MARKER).is_file():
             return _tokenizer_from(folder, source.name)
+    path = path or gguf_path(name, cache_dir=cache_root)
     final = cache_root / "tokenizers" / source.cache_key
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -430,7 +443,7 @@ def _gguf_tokenizer(source: _GgufSource, path: Path, cache_root: Path) -> PreTra
     return _tokenizer_from(final, source.name)
 
 
-def _tokenizer_from(folder: Path, label: str) -> PreTrainedTokenizerBase:
+def _tokenizer_from(folder: Path | str, label: str) -> PreTrainedTokenizerBase:
     try:
         return AutoTokenizer.from_pretrained(str(folder))
     except (OSError, ValueError, KeyError, RuntimeError) as exc:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goose import cli
+from goose import cli, models
 from goose.config import GooseConfig
 from goose.contract.candidates import DecodeContext
 from goose.cycle.decoder import GooseDecoder
@@ -344,6 +344,15 @@ def test_learn_outputs_retrieves_earlier_answers(small_store: Datastore, smollm2
 
 
 @pytest.mark.slow
+def test_the_datastore_build_reads_the_tokenizer_alone(tmp_path: Path, smollm2) -> None:
+    """No weights are dequantized for a tokenizer: a GGUF model's comes from the file into a tokenizer cache."""
+    tokenizer = models.load_tokenizer("smollm2-135m", cache_dir=tmp_path)
+    assert not (tmp_path / "models").exists() and (tmp_path / "tokenizers").is_dir()
+    text = "def heappush(heap, item):\n    heap.append(item)"
+    assert tokenizer.encode(text) == smollm2[1].encode(text)
+    assert models.load_tokenizer("smollm2-135m", cache_dir=tmp_path).encode(text) == tokenizer.encode(text)  # cached
+
+
 def test_default_stdlib_datastore_builds_once(tmp_path: Path, smollm2) -> None:
     """The default datastore (the stdlib, ~2.3M SmolLM2 tokens): built in well under a minute, then reused."""
     _, tokenizer = smollm2

@@ -55,9 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _load_tokenizer(args: argparse.Namespace) -> Any:
     from goose import models
 
-    logger.info("loading %s for its tokenizer", args.model)
-    _model, tokenizer = models.load(args.model, dtype="float32", progress=False)
-    return tokenizer
+    logger.info("loading %s's tokenizer", args.model)
+    return models.load_tokenizer(args.model)
 
 
 def _run_build(args: argparse.Namespace) -> int:
