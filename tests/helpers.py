@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sysconfig
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,13 +97,43 @@ PROMPT_BEFORE_WINDOW = 488  # the prompt ends 24 tokens before the window; 48 ne
 WINDOW_TOKENS = 48
 
 
-def drafting(decoder: Any, result: GenerationResult | None = None) -> tuple[int, int]:
-    """(draft tokens the target tested, accepted) of ``result`` (default: the decoder's last), after checking that no
-    plugin fault was logged: a source that raised every cycle would be skipped by the guard and the output would
-    stay lossless, so a lossless test that checks only the output cannot see it."""
-    assert not decoder.drafter.sources.faults.counts, f"plugin faults: {decoder.drafter.sources.faults.counts}"
-    stats = (result or decoder.last_result).stats
-    return sum(stats.source_tested.values()), sum(stats.source_accepted.values())
+def assert_lossless(result: Any, reference: Any, *, accepted: bool = True, label: object = "",
+                    near_tie: Callable[[list[int]], bool] | None = None) -> tuple[int, int]:
+    """The project's one lossless check of a Goose run: its tokens are ``reference``'s (a token list, or anything with
+    ``new_token_ids``), no plugin faulted while serving it, its sources drafted and the target tested their tokens,
+    and (``accepted``) kept some. Returns (draft tokens tested, accepted), for checks over several runs.
+
+    Tokens alone cannot see a dead source: the plugin boundary skips a source that raises (the run's
+    ``stats.faults`` counts it) and a plain step is lossless too, so the output stays the reference's.
+    A list of results (a batch's rows) takes a list of references: every row's tokens and faults are checked, the
+    drafting over the rows together (a row whose drafts never paid may lay none; a dead source lays none in any).
+    ``near_tie(ids)``: whether an output that parts from the reference does so at a near-tie of the reference's own
+    logits (llama.cpp's batched rows may round differently from its one-token rows); None: every token must match.
+    """
+    batch = isinstance(result, list | tuple)
+    rows, references = (list(result), list(reference)) if batch else ([result], [reference])
+    assert len(rows) == len(references), f"{len(rows)} results for {len(references)} references"
+    name = f"{label}: " if label != "" else ""
+    for i, (row, expected) in enumerate(zip(rows, references, strict=True)):
+        at = f"{name}row {i}: " if batch else name
+        want, got = list(getattr(expected, "new_token_ids", expected)), list(row.new_token_ids)
+        if got != want and (near_tie is None or not near_tie(got)):
+            index = next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+            where = (f"first differing token at {index}: {got[index]} for {want[index]}" if index is not None else
+                     f"{len(got)} tokens for {len(want)}")
+            raise AssertionError(f"{at}not the reference's output: {where}")
+        assert not row.stats.faults, f"{at}plugin fault while serving the request: " + "; ".join(
+            f"{plugin} ({entry['kind']}) {entry['count']}x, first {entry['first']}"
+            for plugin, entry in row.stats.faults.items())
+    stats = [row.stats for row in rows]
+    # every pass's tree holds the anchor; a constrained request's grammar cut some drafted nodes before the pass
+    drafted = sum(sum(s.tree_sizes) - len(s.tree_sizes) + s.grammar_cut_tokens for s in stats)
+    assert drafted > 0, f"{name}no source drafted a token in {sum(s.verify_steps for s in stats)} passes"
+    tested = sum(sum(s.source_tested.values()) for s in stats)
+    kept = sum(sum(s.source_accepted.values()) for s in stats)
+    assert tested > 0, f"{name}{drafted} draft tokens laid, none tested"
+    assert kept > 0 or not accepted, f"{name}no draft token accepted of {tested} tested"
+    return tested, kept
 
 
 def lossless_prompts(model: str) -> list[str]:

@@ -20,11 +20,13 @@ from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.cycle.verifier import CacheBudgetError
 from goose.planning.budget import BudgetPlanner
 from goose.planning.cost import CostCurve
-from tests.helpers import SMOLLM2_TOKENS, WINDOW_TOKENS, dataset_prompts, lossless_prompts
+from tests.helpers import CPU_CURVE, SMOLLM2_TOKENS, WINDOW_TOKENS, assert_lossless, dataset_prompts, lossless_prompts
 
 SMOLLM2_PROMPTS = lossless_prompts("smollm2")
 PROMPTS = SMOLLM2_PROMPTS[:2] + SMOLLM2_PROMPTS[3:4] + SMOLLM2_PROMPTS[6:7]  # code, a word problem, a chat
 LIMITS = [SMOLLM2_TOKENS, SMOLLM2_TOKENS, 40, SMOLLM2_TOKENS]  # one row stops at its own limit, early
+# the lossless runs budget on a fixed CPU-like curve, unmoved by measured times: every row drafts at any load
+PINNED = {"cost_curve": CPU_CURVE, "pinned_costs": True}
 
 
 def decode_staggered(decoder, prompts, limits, max_batch, late, **options):
@@ -48,11 +50,12 @@ def decode_staggered(decoder, prompts, limits, max_batch, late, **options):
 def test_every_row_equals_its_own_autoregressive_run(tiny, ar_reference, topology) -> None:
     model, tokenizer = tiny
     references = [ar_reference(model, tokenizer, p, n).new_token_ids for p, n in zip(PROMPTS, LIMITS, strict=True)]
-    decoder = GooseDecoder(model, tokenizer, GooseConfig(topology=topology))
+    decoder = GooseDecoder(model, tokenizer, GooseConfig(topology=topology), **PINNED)
     outputs, results, session = decode_staggered(decoder, PROMPTS, LIMITS, max_batch=3, late=1)
     for i, (output, result, reference) in enumerate(zip(outputs, results, references, strict=True)):
-        assert output == reference, f"row {i}"
-        assert result.new_token_ids == reference and len(result.stats.row_budgets) == result.stats.verify_steps
+        assert output == reference, f"row {i}"  # what the events streamed
+        assert len(result.stats.row_budgets) == result.stats.verify_steps
+    assert_lossless(results, references, label=topology)
     assert len(references[2]) == 40 and results[2].stop_reason == "max_new_tokens"
     assert max(session.pass_rows) > 3  # rows drafted: some pass verified more than one token per row
     # Rows joined and left. Which cycle each row ends in follows the tree sizes, which follow the measured cost
@@ -66,8 +69,8 @@ def test_every_row_equals_its_own_autoregressive_run(tiny, ar_reference, topolog
 def test_generate_batch_keeps_the_order_and_matches_the_autoregressive_batch(tiny, ar_reference) -> None:
     model, tokenizer = tiny
     references = [ar_reference(model, tokenizer, p, SMOLLM2_TOKENS).new_token_ids for p in PROMPTS]
-    results = GooseDecoder(model, tokenizer).generate_batch(PROMPTS, SMOLLM2_TOKENS, max_batch=2)
-    assert [result.new_token_ids for result in results] == references
+    results = GooseDecoder(model, tokenizer, **PINNED).generate_batch(PROMPTS, SMOLLM2_TOKENS, max_batch=2)
+    assert_lossless(results, references)
     plain = AutoregressiveDecoder(model, tokenizer).generate_batch(PROMPTS, SMOLLM2_TOKENS)  # the batched baseline
     assert [result.new_token_ids for result in plain] == references
     assert all(result.stats.tau == 1.0 for result in plain)
@@ -79,10 +82,12 @@ def test_seeded_sampling_per_row(tiny, ar_reference) -> None:
     prompts, options = PROMPTS[1:3], {"temperature": 0.7, "top_p": 0.9}
     references = [ar_reference(model, tokenizer, p, 48, seed=seed, **options).new_token_ids
                   for p, seed in zip(prompts, (11, 12), strict=True)]
-    session = GooseDecoder(model, tokenizer).batch(2)
+    # a fixed budget: at T=0.7 the tiny model leaves its loops, and the CPU curve prices its doubtful drafts out
+    session = GooseDecoder(model, tokenizer, GooseConfig(budget=8)).batch(2)
     ids = [session.submit(p, 48, seed=seed, **options) for p, seed in zip(prompts, (11, 12), strict=True)]
     results = {event.request_id: event.result for event in session.run() if event.finished}
-    assert [results[i].new_token_ids for i in ids] == references
+    # drafted and tested; at T=0.7 the random-weight model's draws rarely follow a draft: acceptance not required
+    assert_lossless([results[i] for i in ids], references, accepted=False)
     assert [results[i].seed for i in ids] == [11, 12]
 
 
@@ -183,11 +188,11 @@ def test_rows_sharing_one_bigram_table_stay_exact(tiny, ar_reference) -> None:
     """``batch_shared_sources``: one bigram table learns from every row; each row's output is still its own."""
     model, tokenizer = tiny
     references = [ar_reference(model, tokenizer, p, SMOLLM2_TOKENS).new_token_ids for p in PROMPTS[:3]]
-    decoder = GooseDecoder(model, tokenizer, GooseConfig(batch_shared_sources=["bigram_transition"]))
+    decoder = GooseDecoder(model, tokenizer, GooseConfig(batch_shared_sources=["bigram_transition"]), **PINNED)
     session = decoder.batch(2)
     ids = [session.submit(p, SMOLLM2_TOKENS) for p in PROMPTS[:3]]  # the third joins when a slot frees
     results = {event.request_id: event.result for event in session.run() if event.finished}
-    assert [results[i].new_token_ids for i in ids] == references
+    assert_lossless([results[i] for i in ids], references)
     slots = decoder.drafter.spare  # every row gave its sources back: the decoder's own set and one more
     assert len(slots) == 2 and any(slot.sources is decoder.sources for slot in slots)
     instances = {id(slot.sources.instances["bigram_transition"]) for slot in slots}
@@ -209,8 +214,8 @@ def test_lookahead_rows_ride_in_batched_passes(tiny, ar_reference) -> None:
     references = [ar_reference(model, tokenizer, p, SMOLLM2_TOKENS).new_token_ids for p in PROMPTS[:2]]
     config = GooseConfig(sources=["context_match", "bigram_transition", "lookahead"], price_rows=False,
                          source_options={"lookahead": {"window": 4, "ngram": 3}})
-    results = GooseDecoder(model, tokenizer, config).generate_batch(PROMPTS[:2], SMOLLM2_TOKENS, max_batch=2)
-    assert [result.new_token_ids for result in results] == references
+    results = GooseDecoder(model, tokenizer, config, **PINNED).generate_batch(PROMPTS[:2], SMOLLM2_TOKENS, max_batch=2)
+    assert_lossless(results, references)
     for result in results:  # every row's window rode its passes
         assert result.stats.auxiliary_rows >= result.stats.verify_steps
     # and Lookahead drafted from its pool (the prompt's n-grams and its window's), some of it accepted
@@ -224,10 +229,9 @@ def test_gemma3_rows_cross_the_sliding_window(tiny_gemma3, ar_reference) -> None
     prompts = [long, "def add(a, b):"]
     references = [ar_reference(model, tokenizer, p, WINDOW_TOKENS, chat=False).new_token_ids for p in prompts]
     for topology in ("spine", "multi_spine"):
-        decoder = GooseDecoder(model, tokenizer, GooseConfig(topology=topology), chat=False)
+        decoder = GooseDecoder(model, tokenizer, GooseConfig(topology=topology), chat=False, **PINNED)
         results = decoder.generate_batch(prompts, WINDOW_TOKENS)
-        assert [result.new_token_ids for result in results] == references, topology
-        assert sum(sum(result.stats.source_accepted.values()) for result in results) > 0, topology  # drafts kept
+        assert_lossless(results, references, label=topology)  # drafts kept in some row
     assert len(results[0].prompt_ids) < 32 < len(results[0].prompt_ids) + len(results[0].new_token_ids) - 8
 
 
