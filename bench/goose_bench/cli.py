@@ -403,14 +403,13 @@ def _dry_run(args: argparse.Namespace, model_names: list[str], methods: list[Any
 
 def _run_llama(peer: PeerScript, bench: Bench, settings: BenchSettings) -> dict[str, dict]:
     """llama.cpp after our methods, model by model, on the samples and first-turn ids our run used."""
-    import os
-
     import torch
 
+    from goose.planning import machine
     from goose_bench.llama_peer import measure_llama
 
     # the threads our side ran with: torch's, or the llama.cpp engine's (the CPU count unless --threads)
-    threads = settings.threads or (os.cpu_count() or 1 if settings.engine == "llama.cpp" else torch.get_num_threads())
+    threads = settings.threads or (machine.cpu_count() if settings.engine == "llama.cpp" else torch.get_num_threads())
     sections = {}
     for run in bench.runs:
         folder = settings.out / "llama" if len(bench.runs) == 1 else settings.out / "llama" / _safe_name(run.model)

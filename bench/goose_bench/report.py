@@ -72,14 +72,6 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def _our_weights(summary: dict[str, Any]) -> str:
-    """What our side of a llama.cpp table decodes: the dequantized weights in the run's dtype, or our int8 ones."""
-    quantize = summary.get("settings", {}).get("quantize")
-    if quantize:
-        return f"{quantize} weights of their own (one scale per output channel; the rest in {summary['dtype']})"
-    return f"the dequantized weights in {summary['dtype']}"
-
-
 def _title(dataset: str) -> str:
     return DATASET_TITLES.get(dataset, dataset)
 

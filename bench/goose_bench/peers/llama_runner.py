@@ -86,6 +86,15 @@ class Generation:
         return len(self.output) / self.wall_s if self.wall_s > 0 else 0.0
 
 
+def _cpu_count() -> int:
+    """The CPUs this process may run on (its affinity: a container's or taskset's share), as goose's
+    ``goose.planning.machine.cpu_count``; this runner runs by its path in a peer's environment, without goose."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gguf", required=True, help="the GGUF file to decode")
@@ -166,7 +175,7 @@ def build(method: str, args: argparse.Namespace, n_ctx: int) -> Any:
 
     draft = (LlamaPromptLookupDecoding(max_ngram_size=args.max_ngram_size, num_pred_tokens=args.num_pred_tokens)
              if method == "llama_pld" else None)
-    threads = args.threads or os.cpu_count() or 1
+    threads = args.threads or _cpu_count()
     # seed: greedy decoding draws nothing, but the value is pinned anyway
     # n_batch = n_ctx: with a draft model llama-cpp-python keeps every position's logits, in an array it sizes
     # by n_batch (its own logits_all argument, not the draft's), so a sequence past n_batch (512 by default)
@@ -214,7 +223,7 @@ def run(args: argparse.Namespace, prompts: list[dict[str, Any]], eos_ids: frozen
         ) -> tuple[list[Generation], dict[str, Any]]:
     drafted = max(args.num_pred_tokens, NGRAM_MOD["n_max"] if SERVER_NGRAM in args.methods else 0)
     n_ctx = context_length(prompts, args.max_tokens, drafted)
-    threads = args.threads or os.cpu_count() or 1
+    threads = args.threads or _cpu_count()
     engines = {method: build(method, args, n_ctx) for method in args.methods if method != SERVER_NGRAM}
     decoders: dict[str, Callable[[list[int], int], Run]] = {
         method: (lambda ids, limit, llm=llm: generate(llm, ids, limit, eos_ids)) for method, llm in engines.items()}

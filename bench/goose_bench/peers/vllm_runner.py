@@ -302,12 +302,13 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from goose.models import encode_prompt
+    from goose.planning.machine import cpu_count  # the CPUs this process may run on (its affinity)
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     prompts = load_prompts(args, tokenizer)
     warmup_ids = encode_prompt(tokenizer, WARMUP_PROMPT)
     conditions = {"vllm": vllm.__version__, "model": model_path, "model_name": Path(model_path).name.split("-")[0],
-                  "processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+                  "processor": platform.processor() or platform.machine(), "cpus": cpu_count(),
                   "load_average_before": os.getloadavg(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                   "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
     print(f"{len(prompts)} prompts, methods {args.methods}, concurrency {args.concurrency}", flush=True)
