@@ -42,6 +42,7 @@ from typing import Any
 
 from goose import cpu
 from goose.planning.cost import cpu_name
+from goose.planning.machine import cpu_count
 
 logger = logging.getLogger("goose.llama")
 
@@ -111,7 +112,8 @@ def recent_errors() -> str:
 class LlamaModel:
     """The weights of one GGUF file in llama.cpp, and what a verifier needs to know of them.
 
-    ``threads``: llama.cpp's threads for every context of this model (default: the CPU count).
+    ``threads``: llama.cpp's threads for every context of this model (default: the CPUs this process may run on,
+    its affinity: a container's or taskset's share, not the host's count).
     ``context``: the positions one request may hold (default: the file's training context, at most
     :data:`DEFAULT_CONTEXT`); a context reserves its KV cache for them when it is made.
     """
@@ -125,7 +127,7 @@ class LlamaModel:
         self.name = name or self.path.stem
         if threads is not None and threads < 1:
             raise LlamaEngineError(f"threads must be at least 1, got {threads}")
-        self.threads = threads or os.cpu_count() or 1
+        self.threads = threads or cpu_count()
         params = llama.llama_model_default_params()
         params.n_gpu_layers = 0  # the CPU engine: what this build was made for
         pointer = llama.llama_model_load_from_file(str(self.path).encode(), params)

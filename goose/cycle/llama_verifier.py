@@ -36,9 +36,9 @@ The logits of a verify pass are views of llama.cpp's output buffer: valid until 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -51,6 +51,8 @@ from goose.llama_model import LlamaEngineError, LlamaModel, bindings, recent_err
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
 SLOT_SEQUENCES = 64  # sequence ids a request's pool holds at most: its tree's leaves, so its draft rows
 BATCH_TOKENS = 2048  # tokens one llama_decode takes: a prompt is fed in pieces of this many
+_ANCHOR_ONLY = np.ones((1, 1), dtype=np.bool_)  # the membership of a one-node pass: the anchor on the main sequence
+_ANCHOR_ONLY.flags.writeable = False
 
 
 @dataclass
@@ -73,7 +75,8 @@ class LlamaVerifier:
     verifier is made (llama.cpp allocates its KV cache up front).
     """
 
-    def __init__(self, model: LlamaModel, slots: int = 1, cache_positions: int | None = None) -> None:
+    def __init__(self, model: LlamaModel, slots: int = 1, cache_positions: int | None = None,
+                 batch_tokens: int = BATCH_TOKENS) -> None:
         if slots < 1:
             raise ValueError(f"max_batch must be at least 1, got {slots}")
         if slots > MAX_SEQUENCES:
@@ -92,29 +95,49 @@ class LlamaVerifier:
         sequences = self.pool_size * slots + 1
         self.tombstone = sequences - 1  # the sequence of rejected and released cells (see the module's docstring)
         self.cells = self.slot_positions * slots
+        if not 1 <= batch_tokens <= BATCH_TOKENS:
+            raise ValueError(f"batch_tokens must be in [1, {BATCH_TOKENS}], got {batch_tokens}")
+        self.batch_tokens = batch_tokens
         self.context = model.new_context(self.cells, sequences, BATCH_TOKENS)
         self.memory = self.llama.llama_get_memory(self.context)
-        self.batch = self.llama.llama_batch_init(BATCH_TOKENS, 0, sequences)
-        llama_batch = self.batch
-        self._tokens = np.ctypeslib.as_array(llama_batch.token, shape=(BATCH_TOKENS,))
-        self._positions = np.ctypeslib.as_array(llama_batch.pos, shape=(BATCH_TOKENS,))
-        self._counts = np.ctypeslib.as_array(llama_batch.n_seq_id, shape=(BATCH_TOKENS,))
-        self._outputs = np.ctypeslib.as_array(llama_batch.logits, shape=(BATCH_TOKENS,))
-        self._row_sequences = [np.ctypeslib.as_array(llama_batch.seq_id[row], shape=(sequences,))
-                               for row in range(BATCH_TOKENS)]
+        self.tombstone_frees = 0  # times the tombstones were freed to make room (see the module's docstring)
+        self._make_batch(sequences)
         self._pools = [np.arange(i * self.pool_size, (i + 1) * self.pool_size, dtype=np.int32) for i in range(slots)]
         self.reset()
 
     def close(self) -> None:
         """Free the context and the batch (the verifier is unusable after)."""
         if getattr(self, "context", None):
-            self.llama.llama_batch_free(self.batch)
             self.llama.llama_free(self.context)
             self.context = None
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # at interpreter exit the bindings may be gone: the process frees it
             self.close()
+
+    def _make_batch(self, sequences: int) -> None:
+        """The ``llama_batch`` every decode passes, over arrays this verifier owns (not ``llama_batch_init``'s): a
+        pass's tokens, positions, sequence counts, output flags and its rows' sequence ids ([rows, sequences], one
+        contiguous matrix whose row pointers are the batch's ``seq_id``) are written as whole-array operations."""
+        llama, rows = self.llama, BATCH_TOKENS
+        self._tokens = np.zeros(rows, dtype=np.int32)
+        self._positions = np.zeros(rows, dtype=np.int32)
+        self._counts = np.zeros(rows, dtype=np.int32)
+        self._outputs = np.zeros(rows, dtype=np.int8)
+        self._sequences = np.zeros((rows, sequences), dtype=np.int32)
+        # llama_seq_id * [rows + 1]: row i's sequence ids, then NULL (as llama_batch_init ends its array)
+        self._sequence_rows = self._sequences.ctypes.data + np.arange(rows + 1, dtype=np.uintp) * np.uintp(
+            self._sequences.strides[0])
+        self._sequence_rows[-1] = 0
+        self._arange = np.arange(rows, dtype=np.int32)
+        batch = llama.llama_batch()
+        batch.token = self._tokens.ctypes.data_as(ctypes.POINTER(llama.llama_token))
+        batch.pos = self._positions.ctypes.data_as(ctypes.POINTER(llama.llama_pos))
+        batch.n_seq_id = self._counts.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        batch.seq_id = self._sequence_rows.ctypes.data_as(ctypes.POINTER(ctypes.POINTER(llama.llama_seq_id)))
+        batch.logits = self._outputs.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        self.batch = batch
+        self._logits_view: tuple[int, int, np.ndarray] | None = None  # (address, rows, view) of the last read
 
     def reset(self) -> None:
         """Drop every slot and every cell of the KV cache."""
@@ -146,9 +169,17 @@ class LlamaVerifier:
         rows than its pool has sequence ids (a tree of r draft rows has at most r leaves)."""
         return [max(0, min(self.slot_positions - 1 - slot.length, self.pool_size)) for slot in self._slots]
 
+    def _held(self) -> int:
+        """Cells the live slots' contexts and the tombstones hold."""
+        return sum(slot.length for slot in self._slots) + self.buried
+
     def prefill(self, prompt_ids: list[int], logits_to_keep: int = 1) -> torch.Tensor:
-        """Run a joining request's prompt into the next free slot (in pieces of ``BATCH_TOKENS``); the logits
-        [k, V] of its last k positions (a copy)."""
+        """Run a joining request's prompt into the next free slot (in pieces of ``batch_tokens``); the logits
+        [k, V] of its last k positions (a copy).
+
+        A decode that fails (llama.cpp refuses a piece) leaves no trace: the request takes no slot and the
+        pieces before it are removed from the KV cache (the cache is cleared when no other request is live), so
+        the next request decodes as it would have without it."""
         if not prompt_ids:
             raise ValueError("empty prompt: give at least one token")
         if len(prompt_ids) >= self.max_positions:
@@ -161,29 +192,38 @@ class LlamaVerifier:
             raise RuntimeError(f"every one of the {self.slots} slots is taken")
         for live in self._slots:
             self._forget(live)
-        if sum(self.lengths) + self.buried + len(prompt_ids) > self.cells:
+        if self._held() + len(prompt_ids) > self.cells:
             self._free_tombstones()
-        pool = self._pools[self._free.pop(0)]
+        index = self._free.pop(0)
+        pool = self._pools[index]
         slot = _Slot(pool=pool, main=int(pool[0]))
-        self._slots.append(slot)
         ids = np.asarray(prompt_ids, dtype=np.int32)
-        keep = max(1, min(logits_to_keep, ids.shape[0]))
-        first_kept = ids.shape[0] - keep
+        count = ids.shape[0]
+        first_kept = count - max(1, min(logits_to_keep, count))
         rows = []
-        for start in range(0, ids.shape[0], BATCH_TOKENS):
-            piece = ids[start : start + BATCH_TOKENS]
-            n = piece.shape[0]
-            self._tokens[:n] = piece
-            self._positions[:n] = np.arange(start, start + n)
-            self._counts[:n] = 1
-            for row in range(n):
-                self._row_sequences[row][0] = slot.main
-            self._outputs[:n] = np.arange(start, start + n) >= first_kept
-            outputs = int(self._outputs[:n].sum())
-            self._decode(n)
-            if outputs:
-                rows.append(self._logits(outputs).copy())
-        slot.length = ids.shape[0]
+        try:
+            for start in range(0, count, self.batch_tokens):
+                n = min(self.batch_tokens, count - start)
+                self._tokens[:n] = ids[start : start + n]
+                self._positions[:n] = self._arange[:n]
+                self._positions[:n] += start
+                self._counts[:n] = 1
+                self._sequences[:n, 0] = slot.main
+                skipped = min(n, max(0, first_kept - start))  # this piece's rows before the first kept one
+                self._outputs[:skipped] = 0
+                self._outputs[skipped:n] = 1
+                self._decode(n)
+                if skipped < n:
+                    rows.append(self._logits(n - skipped).copy())
+        except BaseException:
+            self._free.insert(0, index)
+            if self._slots:
+                self.llama.llama_memory_seq_rm(self.memory, slot.main, -1, -1)
+            else:  # as after the last request's release: an empty cache
+                self.reset()
+            raise
+        slot.length = count
+        self._slots.append(slot)
         return torch.from_numpy(np.concatenate(rows) if len(rows) > 1 else rows[0])
 
     def verify(self, trees: Sequence[DraftTree], auxiliary: Sequence[Sequence[AuxiliaryRows]] | None = None
@@ -198,12 +238,14 @@ class LlamaVerifier:
         if auxiliary is not None and any(len(rows) for rows in auxiliary):
             raise ValueError("the llama.cpp engine verifies trees only: auxiliary rows (lookahead's window) need an "
                              "attention mask of their own")
-        total = sum(tree.size for tree in trees)
-        if total > BATCH_TOKENS:
-            raise ValueError(f"a pass of {total} rows is more than the {BATCH_TOKENS} one llama_decode takes")
+        sizes = [tree.size for tree in trees]
+        total = sum(sizes)
+        if total > self.batch_tokens:
+            raise ValueError(f"a pass of {total} rows is more than the {self.batch_tokens} one llama_decode takes")
         for slot in self._slots:
-            self._forget(slot)
-        if sum(self.lengths) + self.buried + total > self.cells:
+            if slot.leaves is not None:
+                self._forget(slot)
+        if self._held() + total > self.cells:
             self._free_tombstones()
         row = 0
         for slot, tree in zip(self._slots, trees, strict=True):
@@ -213,56 +255,66 @@ class LlamaVerifier:
             row = self._lay(slot, tree, row)
         self._decode(total)
         logits = torch.from_numpy(self._logits(total))
-        sizes = np.cumsum([0, *(tree.size for tree in trees)])
-        return [logits[sizes[i] : sizes[i + 1]] for i in range(len(trees))]
+        return [logits] if len(sizes) == 1 else list(logits.split(sizes))
 
     def _lay(self, slot: _Slot, tree: DraftTree, row: int) -> int:
         """Write ``slot``'s tree into the batch from ``row``: tokens, positions, the sequences of each node's
         root-to-leaf paths; give every leaf but the first its own sequence holding the context. Returns the next
-        free row."""
+        free row. Array operations throughout: the only per-leaf work is llama.cpp's ``seq_cp`` of the context."""
         n = tree.size
+        end = row + n
+        self._outputs[row:end] = 1
+        if n == 1:  # the anchor alone (plain decoding): one row in the main sequence
+            self._tokens[row] = tree.tokens[0]
+            self._positions[row] = slot.length
+            self._counts[row] = 1
+            self._sequences[row, 0] = slot.main
+            slot.leaves, slot.member = np.array([slot.main], dtype=np.int32), _ANCHOR_ONLY
+            return end
         has_child = np.zeros(n, dtype=np.bool_)
         has_child[tree.parents[1:]] = True
         leaves = np.flatnonzero(~has_child)
-        if leaves.shape[0] > slot.pool.shape[0]:
-            raise ValueError(f"a tree of {leaves.shape[0]} leaves is more than a slot's {slot.pool.shape[0]} sequences")
-        others = [int(s) for s in slot.pool if s != slot.main][: leaves.shape[0] - 1]
-        sequences = np.asarray([slot.main, *others], dtype=np.int32)
-        for sequence in others:  # a leaf's sequence sees the context: the cells of the main sequence
+        count = leaves.shape[0]
+        if count > slot.pool.shape[0]:
+            raise ValueError(f"a tree of {count} leaves is more than a slot's {slot.pool.shape[0]} sequences")
+        others = slot.pool[slot.pool != slot.main][: count - 1]
+        sequences = np.concatenate((np.array([slot.main], dtype=np.int32), others))
+        for sequence in others.tolist():  # a leaf's sequence sees the context: the cells of the main sequence
             self.llama.llama_memory_seq_cp(self.memory, slot.main, sequence, -1, -1)
         member = tree.ancestors[leaves].T  # [n, leaves]: node i is on the root path of leaf k
-        self._tokens[row : row + n] = tree.tokens
-        self._positions[row : row + n] = slot.length + tree.depths
-        self._outputs[row : row + n] = 1
-        counts = member.sum(axis=1)
-        self._counts[row : row + n] = counts
-        for node in range(n):
-            self._row_sequences[row + node][: counts[node]] = sequences[member[node]]
+        self._tokens[row:end] = tree.tokens
+        self._positions[row:end] = tree.depths
+        self._positions[row:end] += slot.length
+        self._counts[row:end] = member.sum(axis=1)
+        # row i's sequences: its leaves' in leaf order (the first is the one its attention reads), then unread ones
+        self._sequences[row:end, :count] = sequences[np.argsort(~member, axis=1, kind="stable")]
         slot.leaves, slot.member = sequences, member
-        return row + n
+        return end
 
     def commit(self, slot_index: int, path: np.ndarray) -> None:
         """Keep slot ``slot_index``'s anchor and accepted draft nodes ``path`` of the last pass: a leaf below the
         deepest of them becomes the main sequence; the pass's other sequences and that leaf's nodes past the
-        path are removed from the KV cache."""
+        path are removed from the KV cache. A pass whose every node is kept (a chain accepted whole, the anchor
+        alone) had one leaf, the main sequence, and nothing past the path: the cache is left as it is."""
         slot = self._slots[slot_index]
         assert slot.leaves is not None and slot.member is not None, "commit without a pass"
-        deepest = int(path[-1]) if len(path) else 0
-        chosen = int(slot.leaves[int(np.argmax(slot.member[deepest]))])
         kept = len(path) + 1
-        rejected = slot.member.shape[0] - kept
         end = slot.length + kept
+        rejected = slot.member.shape[0] - kept
         if rejected:  # the rejected nodes' cells go to the tombstone (kept ones may carry it too: harmless)
-            for sequence in slot.leaves:
+            deepest = int(path[-1]) if len(path) else 0
+            chosen = int(slot.leaves[int(np.argmax(slot.member[deepest]))])
+            for sequence in slot.leaves.tolist():
                 if sequence != chosen:
-                    self.llama.llama_memory_seq_cp(self.memory, int(sequence), self.tombstone, slot.length, -1)
+                    self.llama.llama_memory_seq_cp(self.memory, sequence, self.tombstone, slot.length, -1)
             self.llama.llama_memory_seq_cp(self.memory, chosen, self.tombstone, end, -1)
             self.buried += rejected
-        for sequence in slot.leaves:
-            if sequence != chosen:
-                self.llama.llama_memory_seq_rm(self.memory, int(sequence), -1, -1)
-        self.llama.llama_memory_seq_rm(self.memory, chosen, end, -1)
-        slot.main, slot.length = chosen, end
+            for sequence in slot.leaves.tolist():
+                if sequence != chosen:
+                    self.llama.llama_memory_seq_rm(self.memory, sequence, -1, -1)
+            self.llama.llama_memory_seq_rm(self.memory, chosen, end, -1)
+            slot.main = chosen
+        slot.length = end
         slot.leaves = slot.member = None
 
     def _forget(self, slot: _Slot) -> None:
@@ -312,6 +364,13 @@ class LlamaVerifier:
                                    f"{recent_errors() or 'no reason given'}")
 
     def _logits(self, rows: int) -> np.ndarray:
-        """The last decode's output rows [rows, V], a view of llama.cpp's buffer (valid until the next decode)."""
-        pointer: Any = self.llama.llama_get_logits(self.context)
-        return np.ctypeslib.as_array(pointer, shape=(rows, self.vocab_size))
+        """The last decode's output rows [rows, V], a view of llama.cpp's buffer (valid until the next decode).
+
+        The buffer moves only when llama.cpp grows it for more outputs: a view made once is kept while it stays."""
+        address = ctypes.cast(self.llama.llama_get_logits(self.context), ctypes.c_void_p).value
+        cached = self._logits_view
+        if cached is None or cached[0] != address or cached[1] < rows:
+            view = np.ctypeslib.as_array(ctypes.cast(address, ctypes.POINTER(ctypes.c_float)),
+                                         shape=(rows, self.vocab_size))
+            cached = self._logits_view = (address, rows, view)
+        return cached[2][:rows]
