@@ -56,6 +56,18 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         process.wait(timeout=30)
 
 
+def _still_open(connection: socket.socket) -> bool:
+    """Whether the server has neither closed ``connection`` nor answered on it (a peek, nothing read)."""
+    connection.setblocking(False)
+    try:
+        connection.recv(1, socket.MSG_PEEK)  # bytes (an answer) or b"" (closed)
+    except BlockingIOError:
+        return True
+    finally:
+        connection.setblocking(True)
+    return False
+
+
 def _port(server: Server) -> int:
     return int(server.url.rsplit(":", 1)[1])
 
@@ -207,10 +219,13 @@ def test_50_slow_connections_leave_health_answering_and_are_closed(server: Serve
 
         trickler = threading.Thread(target=trickle, daemon=True)
         trickler.start()
+        answered = _requests(server, "/health", "200")
         for _ in range(5):
-            started = time.monotonic()
             assert server.get("/health").status_code == 200
-            assert time.monotonic() - started < 1.0
+        # answered while the slow connections were still held: a server that served /health only once their
+        # deadlines had closed them would leave none open here (an order of events, not a time that moves with load)
+        assert sum(_still_open(connection) for connection in slow) > 0
+        assert _requests(server, "/health", "200") - answered == 5
         # every one of them is closed by the server within its deadline (plus a little)
         deadline = time.monotonic() + max(HEADER_TIMEOUT_S, BODY_TIMEOUT_S + 1) + 3
         for connection in slow:
@@ -250,15 +265,27 @@ def test_rejected_big_bodies_give_their_memory_back(server: Server) -> None:
     long_chat = json.dumps({"messages": [{"role": "user", "content": "goose " * ((4 << 20) // 6 - 10)}]}).encode()
     too_big = b'{"prompt": "' + b"x" * (5 << 20) + b'"}'
     server.post("/v1/completions", None, raw=long_prompt)  # one first: what any big request allocates once
-    before = rss_mb()
-    statuses = []
+    before, generations = rss_mb(), _generations(server)
+    refused = {(route, code): _requests(server, route, code) for route in ("/v1/completions", "/v1/chat/completions")
+               for code in ("400", "413")}
+    sent, statuses = 0, []
     for _ in range(6):
         statuses.append(server.post("/v1/completions", None, raw=long_prompt).status_code)
         statuses.append(server.post("/v1/chat/completions", None, raw=long_chat).status_code)
+        sent += len(long_prompt) + len(long_chat)
     for _ in range(3):
         statuses.append(server.post("/v1/completions", None, raw=too_big).status_code)
+        sent += len(too_big)
     assert statuses == [400] * 12 + [413] * 3
-    assert rss_mb() - before < 50, (before, rss_mb())
+    # what the server did with them: counted each refusal, started no generation
+    assert _generations(server) == generations
+    assert {key: _requests(server, *key) - count for key, count in refused.items()} == {
+        ("/v1/completions", "400"): 6, ("/v1/chat/completions", "400"): 6, ("/v1/completions", "413"): 3,
+        ("/v1/chat/completions", "413"): 0}
+    # memory: bounded by what it was sent, not by this machine: keeping the 15 bodies (63 MB) would grow the
+    # process by at least their bytes; giving them back leaves less than two bodies' worth
+    grown = (rss_mb() - before) * (1 << 20)
+    assert grown < 2 * len(too_big), (before, rss_mb(), sent)
 
 
 # --- docs, error codes ------------------------------------------------------------------------------
