@@ -10,12 +10,14 @@ the query heads that share a key/value head become more rows of one attention ca
 repeated along the rows to match, and the cache is read in place. Same attention, same kernel;
 only the order of the kernel's sums within a block may differ.
 
-The function is registered with transformers' public ``AttentionInterface`` under
-:data:`GROUPED_SDPA`, and :func:`grouped_attention` switches a model that runs ``sdpa`` to it for
-the duration of one forward pass only: the caller's model is left as it was found (Hugging Face's
-own ``generate`` on the same model keeps its stock path). Anything the fold does not cover (one
-row, no mask, a per-head mask, a position bias, a soft cap, dropout) goes to transformers' ``sdpa``
-unchanged.
+Both functions are reached through :data:`VERIFY_SDPA`, registered with transformers' public
+``AttentionInterface``: :func:`verify_attention` sets a model that runs ``sdpa`` to it once, with
+``set_attn_implementation``, and a verify pass asks for its path with the forward keyword
+``goose_attention`` (transformers hands a forward's keywords to the attention function). Every
+other call, Hugging Face's own ``generate`` on the same model included, runs transformers' ``sdpa``
+unchanged, so no per-pass switch of the shared model is needed (one would race between threads).
+Anything the fold does not cover (one row, no mask, a per-head mask, a position bias, a soft cap,
+dropout) goes to transformers' ``sdpa`` unchanged too.
 
 A model whose linear layers run in int8 (:mod:`goose.quantize`) takes :func:`exact_sdpa_forward`
 instead, for every verify pass, one row or many: its activations are rounded to integers before
@@ -30,8 +32,6 @@ boundary: some 1e-9 of the values).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -39,8 +39,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-GROUPED_SDPA = "goose_grouped_sdpa"
-EXACT_SDPA = "goose_exact_sdpa"
+VERIFY_SDPA = "goose_verify_sdpa"
 
 
 def grouped_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -89,25 +88,27 @@ def exact_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.
     return output.reshape(batch, heads, rows, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
-AttentionInterface.register(GROUPED_SDPA, grouped_sdpa_forward)
-AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)  # masks are built as for sdpa (a prefill's, say)
-AttentionInterface.register(EXACT_SDPA, exact_sdpa_forward)
-AttentionMaskInterface.register(EXACT_SDPA, sdpa_mask)
+_FORWARDS = {"grouped": grouped_sdpa_forward, "exact": exact_sdpa_forward}
 
 
-@contextmanager
-def verify_attention(model: PreTrainedModel, exact: bool = False) -> Iterator[None]:
-    """Run the model's forward passes inside this block with :func:`grouped_sdpa_forward` (``exact``:
-    :func:`exact_sdpa_forward`) when it runs ``sdpa``.
+def verify_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        attention_mask: torch.Tensor | None, goose_attention: str | None = None,
+                        **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' ``sdpa``, or for a verify pass (``goose_attention``) the grouped or exact attention."""
+    forward = _FORWARDS.get(goose_attention or "", sdpa_attention_forward)
+    return forward(module, query, key, value, attention_mask, **kwargs)
 
-    Models on another attention implementation (eager, flash, a user's own) are left alone.
-    """
-    config = model.config
-    if getattr(config, "_attn_implementation", None) != "sdpa":
-        yield
-        return
-    config._attn_implementation = EXACT_SDPA if exact else GROUPED_SDPA
-    try:
-        yield
-    finally:
-        config._attn_implementation = "sdpa"
+
+AttentionInterface.register(VERIFY_SDPA, verify_sdpa_forward)
+AttentionMaskInterface.register(VERIFY_SDPA, sdpa_mask)  # masks are built as for sdpa (a prefill's, say)
+
+
+def verify_attention(model: PreTrainedModel, exact: bool = False) -> dict[str, str]:
+    """The forward keyword that runs a verify pass with :func:`grouped_sdpa_forward` (``exact``:
+    :func:`exact_sdpa_forward`), the model set to :data:`VERIFY_SDPA` when it runs ``sdpa``; {} for a
+    model on another attention implementation (eager, flash, a user's own), which is left alone."""
+    if model.config._attn_implementation == "sdpa":
+        model.set_attn_implementation(VERIFY_SDPA)
+    if model.config._attn_implementation != VERIFY_SDPA:
+        return {}
+    return {"goose_attention": "exact" if exact else "grouped"}

@@ -230,7 +230,8 @@ class Verifier:
         self.mask_kinds = sorted(set(layer_types)) if self.sliding_window is not None else []
         self.max_positions: int = int(getattr(config, "max_position_embeddings", 1 << 30))
         self.vocab_size: int = int(model.get_output_embeddings().out_features)  # an int8 head has no .weight
-        self.exact = quantized(model) is not None  # int8: attention rows must not depend on the pass
+        # the verify passes' attention (int8: exact, its rows must not depend on the pass), chosen per call
+        self._attention = verify_attention(model, exact=quantized(model) is not None)
         # transformers 5.x renamed `past_key_values` to `cache`; speak whichever this version knows
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._layers = int(getattr(config, "num_hidden_layers", 0) or 0)
@@ -363,8 +364,7 @@ class Verifier:
         Grouped-query attention reads the cache in place for such a pass, exactly for an int8 model
         (:mod:`goose.cycle.attention`).
         """
-        with verify_attention(self.model, self.exact):
-            return self.model(use_cache=True, **{self._cache_kwarg: self.cache}, **inputs).logits
+        return self.model(use_cache=True, **{self._cache_kwarg: self.cache}, **self._attention, **inputs).logits
 
     def _masks(self, positions: torch.Tensor, block: torch.Tensor, width: int,
                lengths: torch.Tensor | None) -> torch.Tensor | dict[str, torch.Tensor]:
