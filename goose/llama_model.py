@@ -9,10 +9,16 @@ and so is a build for another CPU: ``make llama-setup`` records the instruction 
 a SIGILL.
 
 llama.cpp logs to stderr from C; its lines go to the ``goose.llama`` logger instead (debug level),
-and the last error lines are kept for the message of a failed call.
+and the last warning and error lines are kept for the message of a failed call.
 
-Every context is made so that a row's logits do not depend on the pass it rides in, so that a tree's
-rows are the rows of llama.cpp's own one-token decoding (checked bit for bit in the tests):
+Every context is made so that a row's attention does not depend on the pass it rides in, so that a tree's
+rows are the rows of llama.cpp's own one-token decoding wherever the matmuls round a row alike in any pass.
+On SmolLM2's Q4_1 file they are, bit for bit (tests/test_llama_exactness.py compares chains of 2 to 8 rows
+and branching trees with ``np.array_equal``). Not on every file: where a batched kernel takes a pass's
+rows (ggml's repacked x86 GEMM takes them in fours) it may round them otherwise than the one-row kernel:
+on Qwen2.5-Coder-1.5B Q4_K_M a pass of 4 rows or more parted from the one-token rows by up to 0.63
+logits (2 rows: equal; 2 threads, the AVX-512 EPYC), and Goose's output may part from ``ar``'s at a
+near-tie of that size there. The settings:
 
 - flash attention on (llama.cpp's default on a CPU is ``auto``, which takes it; llama-cpp-python's
   ``Llama`` turns it off unless asked), with the V cache in bfloat16. ggml's CPU flash attention
@@ -61,6 +67,7 @@ _recent_errors: deque[str] = deque(maxlen=8)
 TILED_SWITCH = "GGML_CPU_TILED_MM"
 CELL_PADDING = 256  # llama.cpp rounds a context's cells up to a multiple of this
 GGML_TYPE_BF16 = 30  # ggml.h's enum ggml_type (llama-cpp-python names no constant for it)
+GGML_LOG_WARN, GGML_LOG_ERROR = 3, 4  # ggml.h's enum ggml_log_level
 CPU_FLAGS_VARIABLE = "GOOSE_LLAMA_CPU_FLAGS"
 CPU_FLAGS_FILE = "goose-llama-cpu-flags"  # written into the environment by `make llama-setup`
 
@@ -91,7 +98,7 @@ def bindings() -> Any:
     @llama_cpp.llama_log_callback
     def route(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
         line = text.decode("utf-8", errors="replace").rstrip()
-        if level == 3 and line:  # GGML_LOG_LEVEL_ERROR
+        if level in (GGML_LOG_WARN, GGML_LOG_ERROR) and line:
             _recent_errors.append(line)
         if line:
             logger.debug("%s", line)
@@ -103,7 +110,7 @@ def bindings() -> Any:
 
 
 def recent_errors() -> str:
-    """llama.cpp's last error lines (since the last call of this function), as one line."""
+    """llama.cpp's last warning and error lines (since the last call of this function), as one line."""
     text = " | ".join(_recent_errors)
     _recent_errors.clear()
     return text

@@ -24,9 +24,13 @@ llama.cpp fills the lowest free cells first, so a freed cell would soon hold a l
 the cells of earlier positions, and its attention sums a row's cells in cell order (in half
 precision, flash attention's values): a token out of order moved SmolLM2's logits by up to 0.7
 and parted the output from ``ar``'s. With tombstones every sequence's cells stay in position order
-and a tree's rows are bit for bit the one-token rows. A released request's cells become tombstones
-too (the last request to leave empties the cache). When a pass would not fit beside them they are
-all freed at once (the rows after that may round differently: a near-tie can then flip).
+and a tree's rows attend as the one-token rows do (on SmolLM2's file the rows are then equal bit for
+bit: tests/test_llama_exactness.py; see goose.llama_model for files whose matmuls round a batch
+otherwise). A released request's cells become tombstones too (the last request to leave empties the
+cache). When a pass would not fit beside them they are all freed at once (``tombstone_frees`` counts
+it): the freed cells are refilled out of position order and the rows after that round differently,
+measured up to 1.7 logits from the one-token rows on SmolLM2 (5 freeings in 120 tokens of a 256-cell
+context; the tokens stayed ``ar``'s there, tests/test_llama_exactness.py), so a near-tie can flip.
 
 A pass that is not committed (the calibration's) is forgotten at the start of the next one.
 The logits of a verify pass are views of llama.cpp's output buffer: valid until the next pass
@@ -100,6 +104,7 @@ class LlamaVerifier:
         self.batch_tokens = batch_tokens
         self.context = model.new_context(self.cells, sequences, BATCH_TOKENS)
         self.memory = self.llama.llama_get_memory(self.context)
+        recent_errors()  # the context's warnings (a training context exceeded by slots x positions) are not a decode's
         self.tombstone_frees = 0  # times the tombstones were freed to make room (see the module's docstring)
         self._make_batch(sequences)
         self._pools = [np.arange(i * self.pool_size, (i + 1) * self.pool_size, dtype=np.int32) for i in range(slots)]
@@ -347,6 +352,7 @@ class LlamaVerifier:
     def _free_tombstones(self) -> None:
         self.llama.llama_memory_seq_rm(self.memory, self.tombstone, -1, -1)
         self.buried = 0
+        self.tombstone_frees += 1
 
     def kept_positions(self, slot_index: int) -> tuple[int, int]:
         """(first, last) position the main sequence of ``slot_index`` holds in the KV cache (-1, -1: none)."""
