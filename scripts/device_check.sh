@@ -26,7 +26,7 @@ cp -r tests scripts pyproject.toml /tmp/run/ && cd /tmp/run
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 } 2>&1 | tee "$OUT/gpu.txt"
-# each curve also as JSON: a curve file for `goose bench --cost-curve` (deterministic mode) on a 2-core VM
+# each curve also as JSON: a curve file for `goose bench run --cost-curve` (deterministic mode) on a 2-core VM
 for dtype in float32 bfloat16; do
   timeout 60 python3 -m goose calibrate --model smollm2-135m --device "$DEVICE" --dtype "$dtype" --json \
     > "$OUT/curve-smollm2-$dtype.json" 2>>"$OUT/calibrate.txt"; cat "$OUT/curve-smollm2-$dtype.json"
@@ -37,11 +37,11 @@ timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_sampling.py \
   -k "${SAMPLING_K:-smollm2_sampled and (0 or 1 or 2)}" 2>&1 | tee -a "$OUT/pytest.txt"
 timeout 40 python3 scripts/cycle_overhead.py --model smollm2-135m --dtype bfloat16 --lengths 1024,4096 \
   --repeats 2 --data-dir "$GOOSE_DATA" --out "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.txt"
-timeout 90 python3 -m goose bench --model smollm2-135m --device "$DEVICE" --dtype bfloat16 --limit "${BENCH_LIMIT:-1}" \
+timeout 90 python3 -m goose bench run --model smollm2-135m --device "$DEVICE" --dtype bfloat16 --limit "${BENCH_LIMIT:-1}" \
   --datasets humaneval,mbpp,classeval,gsm8k,mt_bench --methods ar,pld,goose,hf_ar,hf_pld \
   --max-new-tokens 128 --data-dir "$GOOSE_DATA" --out /tmp/bench --no-progress 2>&1 | tee "$OUT/bench.txt"
 # the three-source study where rows are nearly free: float32 tau is the CPU's (lossless), the speed is the GPU's
-timeout 80 python3 -m goose bench --model smollm2-135m --device "$DEVICE" --dtype float32 --limit 1 \
+timeout 80 python3 -m goose bench run --model smollm2-135m --device "$DEVICE" --dtype float32 --limit 1 \
   --datasets humaneval,mbpp,classeval,gsm8k,mt_bench --methods goose,goose3,cm+bt+la@spine,cm+bt+la@multi_spine,cm+bt+la@isotropic \
   --max-new-tokens 64 --data-dir "$GOOSE_DATA" --out /tmp/study --no-progress 2>&1 | tee "$OUT/study.txt"
 # the verify cost of a Qwen2.5-Coder-1.5B-shaped model (random weights: timing only; the GGUF is too

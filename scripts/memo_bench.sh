@@ -4,22 +4,22 @@
 #   first    through a new, empty memo (the methods share what each computed)
 #   again    the same study again on that memo (nothing left to compute)
 # then checks that the three decoded, drafted and priced the same, record for record.
-# Usage: scripts/memo_bench.sh OUT [goose bench flags...]; the defaults are the ablation suite for one source on
+# Usage: scripts/memo_bench.sh OUT [goose bench MODE flags...]; the defaults are the ablation suite for one source on
 # 20 packaged prompts x 64 tokens, SmolLM2 float32:
 #   scripts/memo_bench.sh bench-memo
-#   STUDY="--methods goose,cm@chain" scripts/memo_bench.sh bench-memo-qwen --model qwen2.5-coder-1.5b --datasets humaneval
+#   STUDY="run --methods goose,cm@chain" scripts/memo_bench.sh bench-memo-qwen --model qwen2.5-coder-1.5b --datasets humaneval
 set -euo pipefail
-out=${1:?usage: scripts/memo_bench.sh OUT [goose bench flags...]}
+out=${1:?usage: scripts/memo_bench.sh OUT [goose bench MODE flags...]}
 shift
 goose=${GOOSE:-.venv/bin/goose}
 python=${PYTHON:-.venv/bin/python}
 mkdir -p "$out"
 memo="$out/memo"
 rm -rf "$memo"
-# STUDY: the methods (default: the ablation suite for suffix_memory), e.g. STUDY="--methods goose,cm@chain"
-read -r -a study <<< "${STUDY:---suite ablation --sources suffix_memory}"
-defaults=(--dtype float32 --datasets humaneval,gsm8k,mt_bench,structured --limit 5 --max-new-tokens 64
-          "${study[@]}" --cost-curve device --no-progress)
+# STUDY: the mode and its methods (default: the ablation suite for suffix_memory), e.g. STUDY="run --methods goose,cm@chain"
+read -r -a study <<< "${STUDY:-suite ablation --sources suffix_memory}"
+defaults=("${study[@]}" --dtype float32 --datasets humaneval,gsm8k,mt_bench,structured --limit 5 --max-new-tokens 64
+          --cost-curve device --no-progress)
 {
     echo "# scripts/memo_bench.sh $out $*"
     echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs);" \

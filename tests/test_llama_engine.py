@@ -230,8 +230,9 @@ def test_what_the_engine_cannot_do_is_a_clear_error(gguf: tuple[LlamaModel, Any]
     (["generate", "hi", "--device", "cuda"], "leave out --device cuda"),
     (["generate", "hi", "--model", "someone/some-model"], "'someone/some-model' has no GGUF file"),
     (["generate", "hi", "--sources", "lookahead"], "lookahead adds rows beside the tree"),
-    (["bench", "--methods", "goose,hf_pld", "--datasets", "humaneval"], "hf_pld run Hugging Face's generate"),
-    (["bench", "--concurrency", "1", "--methods", "ar,hf_ar", "--datasets", "humaneval"], "hf_ar runs Hugging Face"),
+    (["bench", "run", "--methods", "goose,hf_pld", "--datasets", "humaneval"], "hf_pld run Hugging Face's generate"),
+    (["bench", "load", "--concurrency", "1", "--methods", "ar,hf_ar", "--datasets", "humaneval"],
+     "hf_ar runs Hugging Face"),
 ])
 def test_engine_flag_errors(flags: list[str], message: str, capsys: pytest.CaptureFixture[str],
                             tmp_path: Path) -> None:

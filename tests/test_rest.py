@@ -378,14 +378,14 @@ def test_default_stdlib_datastore_builds_once(tmp_path: Path, smollm2) -> None:
 @pytest.mark.slow
 def test_bench_drafts_from_the_datastore_given(small_store: Datastore, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    """`goose bench --datastore` puts the folder into every REST method (and only those), checks it first."""
+    """`goose bench run --datastore` puts the folder into every REST method (and only those), checks it first."""
     composed_rest = method_named("cm+bt+rest@spine")
     method = with_datastore(composed_rest, small_store.path)
     assert method.config().source_options["rest"]["datastore"] == str(small_store.path)
     assert method.config().budget == composed_rest.config().budget  # nothing else changes
     assert with_datastore(ALL_METHODS["goose"], small_store.path) is ALL_METHODS["goose"]
     out = tmp_path / "bench"
-    assert cli.main(["bench", "--model", "smollm2-135m", "--datasets", "humaneval", "--limit", "1",
+    assert cli.main(["bench", "run", "--model", "smollm2-135m", "--datasets", "humaneval", "--limit", "1",
                      "--max-new-tokens", "24", "--methods", "goose,cm+bt+rest@spine", "--dtype", "float32",
                      "--datastore", str(small_store.path), "--out", str(out), "--no-progress"]) == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -396,5 +396,5 @@ def test_bench_drafts_from_the_datastore_given(small_store: Datastore, tmp_path:
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert all(record["identical_to_ar"] for record in records if record["method"] != "ar")
     # a folder that is not a datastore: one line, exit status 2, before any model loads
-    assert cli.main(["bench", "--datastore", str(tmp_path / "nothing"), "--out", str(out)]) == 2
+    assert cli.main(["bench", "run", "--datastore", str(tmp_path / "nothing"), "--out", str(out)]) == 2
     assert "--datastore" in capsys.readouterr().err

@@ -1,7 +1,14 @@
-"""``goose bench``: the paper's tables on real models, Goose side by side with the peers.
+"""``goose bench MODE``: the paper's tables on real models, Goose side by side with the peers.
 
-Registered into ``goose.cli`` on import; importing this module costs only argparse (the runner,
-torch and matplotlib load when the command runs).
+Each mode a subcommand with its own flags, the ones they share from parent parsers:
+
+- ``run``: our methods x the prompts, one request at a time (the study); ``suite NAME``: the same with methods
+  generated from the registry; ``llama``: the same, greedy, then llama.cpp's peers on the same prompts;
+- ``load``: many requests at once, closed-loop clients at each concurrency; ``vllm``: the same, then vLLM;
+- ``methods``: every method and whether it can run.
+
+Registered through goose-bench's ``goose`` entry point (:func:`goose_register_commands`); importing this
+module costs only argparse (the runner, torch and matplotlib load when the command runs).
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from goose.cli import (
     add_model_arguments,
@@ -20,8 +27,6 @@ from goose.cli import (
     check_engine,
 )
 from goose.hookspecs import Register, hookimpl
-
-SUITE_NAMES = ("ablation", "synergy", "three-source", "sweep")  # goose_bench.methods.suite_methods
 
 if TYPE_CHECKING:
     from goose_bench.peer_script import PeerScript
@@ -37,7 +42,13 @@ def _names(text: str | None) -> list[str]:
     return [part.strip() for part in (text or "").split(",") if part.strip()]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def _parent() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(add_help=False)
+
+
+def _common_flags() -> argparse.ArgumentParser:
+    """What every mode takes: the models, the prompts, where results go."""
+    parser = _parent()
     add_model_arguments(parser, dtype="bfloat16")
     for action in parser._actions:  # one model or several: say so where the flag is documented
         if action.dest == "model":
@@ -49,39 +60,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "structured (numbered lists, tables, JSON, CSV and logs to continue or convert, written "
                              "for goose); or paths of JSONL files whose lines hold a 'prompt' string or a 'turns' "
                              "list, and optionally a 'prediction' (default: the paper's five)")
+    parser.add_argument("--limit", type=int, default=None, help="the first N prompts of each dataset")
+    parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default ./{DEFAULT_OUT})")
+    parser.add_argument("--data-dir", default=None,
+                        help="folder of benchmark JSONL files in the upstream formats (default $GOOSE_DATA, else "
+                             "the prompts goose ships, answers left out: bench/goose_bench/data/README.md)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print what the flags expand to (every method's sources, topology and config, the "
+                             "prompts per dataset) and the passes and time the run would take at most, then exit "
+                             "without loading any model")
+    return parser
+
+
+def _study_flags() -> argparse.ArgumentParser:
+    """The per-prompt study's (run, suite, llama): our methods, one request at a time."""
+    parser = _parent()
     parser.add_argument("--methods", default=None,
-                        help="comma-separated methods: built-in names (see --list-methods) or SOURCES@TOPOLOGY for any "
-                             "registered sources and topology, sources joined by '+' (cm, bt, rest, la, sm stand for "
-                             "the built-ins), e.g. freq_next@chain or context_match+freq_next@multi_spine (default: "
-                             "the main table); ar is always run, as the baseline")
+                        help="comma-separated methods: built-in names (see `goose bench methods`) or "
+                             "SOURCES@TOPOLOGY for any registered sources and topology, sources joined by '+' (a "
+                             "source's registered short name stands for it: cm, bt, la, sm), e.g. freq_next@chain or "
+                             "context_match+freq_next@multi_spine (default: the main table); ar is always run, as "
+                             "the baseline")
     parser.add_argument("--methods-file", type=Path, default=None, metavar="STUDY.toml",
                         help="named methods, one [methods.NAME] table of GooseConfig fields each (TOML or .json), "
                              "for what SOURCES@TOPOLOGY cannot say; run after --methods")
-    parser.add_argument("--suite", choices=SUITE_NAMES, default=None,
-                        help="add methods generated from the registry for --sources: ablation (the paper's five, the "
-                             "default without each of its sources, each other source alone, added to the default and "
-                             "in place of each default source), synergy (each source alone, every pair), three-source "
-                             "(every pair and triple under spine, multi_spine and isotropic at an equal budget: "
-                             "--budget, else 16), sweep (budget, depth, spine ratio, rho around the default)")
-    parser.add_argument("--sources", default=None, metavar="A,B,...",
-                        help="with --suite: the sources it studies, built-in or installed (default: the built-in ones)")
-    parser.add_argument("--disable", action="append", default=[], metavar="NAME",
-                        help="with --suite: leave this source out (repeatable)")
     add_tree_arguments(parser, applies_to="every composed, suite and study-file method (built-in names keep theirs)")
     parser.add_argument("--cost-curve", default=None, metavar="device|FILE",
                         help="the deterministic mode (with --dtype float32): also price every sample's verify passes "
                              "on this device's measured cost curve (device) or a curve file (`goose calibrate --json` "
                              "output, e.g. measured on a GPU) and report the implied speedup over ar, labelled as an "
                              "estimate: sources ranked without the clock's noise")
-    parser.add_argument("--limit", type=int, default=None, help="the first N prompts of each dataset")
     add_prompt_arguments(parser, max_new_tokens=None,
                          default=f"{DEFAULT_MAX_NEW_TOKENS}; --quick: {QUICK_MAX_NEW_TOKENS}")
-    parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default ./{DEFAULT_OUT})")
-    add_sampling_arguments(parser)
-    parser.set_defaults(seed=0)  # sampled runs: sample i of the run draws with seed + i, for every method
-    parser.add_argument("--data-dir", default=None,
-                        help="folder of benchmark JSONL files in the upstream formats (default $GOOSE_DATA, else "
-                             "the prompts goose ships, answers left out: bench/goose_bench/data/README.md)")
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke run: the paper's five datasets, {QUICK_LIMIT} prompts each, "
                              f"{QUICK_MAX_NEW_TOKENS} tokens, methods ar,pld,goose,hf_pld (explicit flags win)")
@@ -93,32 +104,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="REST's datastore (a `goose datastore build` folder, built with the benchmarked model's "
                              "tokenizer) for every method that drafts from REST (default: the Python standard "
                              "library's, built on first use)")
-    parser.add_argument("--concurrency", default=None, metavar="C1,C2,...",
-                        help="many requests at once instead of the per-prompt tables: closed-loop clients at each "
-                             "concurrency (e.g. 1,2,4,8), methods ar, goose (the batched engine) and hf_ar (Hugging "
-                             "Face's batched generate), and goose_own (each row its own bigram table) when "
-                             "--methods names it; writes concurrency.json/.md/.png")
-    parser.add_argument("--vllm-python", default=None, metavar="PATH",
-                        help="with --concurrency: then measure vLLM at the same concurrencies on the same prompts "
-                             "(goose_bench/peers/vllm_runner.py run by this interpreter of the vLLM environment, e.g. "
-                             ".venv-vllm/bin/python; its files go to --out's vllm/ folder, one per model when there "
-                             "are several); its rows vllm_none, vllm_ngram, vllm_goose join concurrency.json/.md/.png")
-    parser.add_argument("--vllm-methods", default=None, metavar="M1,M2,...",
-                        help="with --vllm-python: the vLLM runner's methods (default none,ngram,goose; none is kept "
-                             "as its reference)")
-    parser.add_argument("--llama-python", default=None, metavar="PATH",
-                        help="then measure llama.cpp on the same prompts (first turns), greedy, one request at a "
-                             "time: plain (llama), its prompt lookup (llama_pld) and its server's ngram-mod "
-                             "(llama_server_ngram; see --llama-methods), reading the model's GGUF file "
-                             "as shipped (goose_bench/peers/llama_runner.py run by this interpreter of the llama.cpp "
-                             "environment, e.g. .venv/bin/python after `make llama-setup`; its files go to --out's "
-                             "llama/ folder); tok/s side by side with ours in report.md and summary.json; with "
-                             "--engine llama.cpp it runs by default, under this interpreter")
-    parser.add_argument("--llama-methods", default=None, metavar="M1,M2,...",
-                        help="with --llama-python (or --engine llama.cpp): llama.cpp's methods, from llama, llama_pld "
-                             "and llama_server_ngram (its server with --spec-type ngram-mod: the binary `make "
-                             "llama-server` builds); default all three, llama_server_ngram left out with a notice "
-                             "where it is not built")
     parser.add_argument("--repeats", type=int, default=1, metavar="N",
                         help="time every method N times on every prompt (fresh decoders, rotated order) and keep "
                              "the run with the median wall time; every run's time is in results.jsonl (wall_s_runs)")
@@ -130,17 +115,88 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="go on where a stopped run in --out stopped: the method x prompt cells already in its "
                              "results.jsonl are kept, the rest run")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--list-methods", action="store_true", help="print every method and whether it can run")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print what the flags expand to (every method's sources, topology and config, the "
-                             "prompts per dataset) and the passes and time the run would take at most, then exit "
-                             "without loading any model")
-    parser.set_defaults(run=run_command)
+    return parser
+
+
+def _sampling_flags() -> argparse.ArgumentParser:
+    parser = _parent()
+    add_sampling_arguments(parser)
+    parser.set_defaults(seed=0)  # sampled runs: sample i of the run draws with seed + i, for every method
+    return parser
+
+
+def _load_flags() -> argparse.ArgumentParser:
+    """Many requests at once (load, vllm): closed-loop clients, greedy."""
+    parser = _parent()
+    parser.add_argument("--concurrency", default="1,2,4,8", metavar="C1,C2,...",
+                        help="the concurrencies: closed-loop clients, each many at once (default 1,2,4,8)")
+    parser.add_argument("--methods", default=None, metavar="M1,M2,...",
+                        help="ours, from ar, goose (the batched engine), hf_ar (Hugging Face's batched generate) and "
+                             "goose_own (each row its own bigram table) (default ar,goose,hf_ar)")
+    add_prompt_arguments(parser, max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
+    parser.set_defaults(run=_run_load, temperature=None)
+    return parser
+
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``goose bench MODE``: each mode its own flags, the flags every mode shares from parent parsers."""
+    common, study, sampling, load = _common_flags(), _study_flags(), _sampling_flags(), _load_flags()
+    modes = parser.add_subparsers(title="modes", dest="mode", metavar="MODE", required=True)
+
+    def mode(name: str, parents: list[argparse.ArgumentParser], description: str) -> argparse.ArgumentParser:
+        return modes.add_parser(name, parents=parents, help=description, description=description)
+
+    run = mode("run", [common, study, sampling],
+               "methods x prompts, one request at a time: speedup, tau and acceptance per method and dataset "
+               "(ar is the baseline)")
+    run.set_defaults(run=_run_study)
+    suite = mode("suite", [common, study, sampling],
+                 "the study run with methods generated from the registry for --sources (after --methods)")
+    suite.add_argument("suite", metavar="NAME",  # checked by goose_bench.methods.suite_methods, against its names
+                       help="ablation (the paper's five, the default without each of its sources, each other source "
+                            "alone, added to the default and in place of each default source), synergy (each source "
+                            "alone, every pair), three-source (every pair and triple under spine, multi_spine and "
+                            "isotropic at an equal budget: --budget, else 16), sweep (budget, depth, spine ratio, "
+                            "rho around the default)")
+    suite.add_argument("--sources", default=None, metavar="A,B,...",
+                       help="the sources the suite studies, built-in or installed (default: the built-in ones)")
+    suite.add_argument("--disable", action="append", default=[], metavar="NAME",
+                       help="leave this source out (repeatable)")
+    suite.set_defaults(run=_run_study)
+    llama = mode("llama", [common, study],
+                 "the study run, greedy, then llama.cpp on the same prompts (first turns), one request at a time: "
+                 "plain (llama), its prompt lookup (llama_pld) and its server's ngram-mod (llama_server_ngram), "
+                 "reading the model's GGUF file as shipped; tok/s side by side with ours in report.md and "
+                 "summary.json")
+    llama.add_argument("--python", default=sys.executable, metavar="PATH",
+                       help="the llama.cpp environment's interpreter, which runs goose_bench/peers/llama_runner.py "
+                            "(default: this one, e.g. .venv/bin/python after `make llama-setup`); its files go to "
+                            "--out's llama/ folder")
+    llama.add_argument("--llama-methods", default=None, metavar="M1,M2,...",
+                       help="llama.cpp's methods, from llama, llama_pld and llama_server_ngram (its server with "
+                            "--spec-type ngram-mod: the binary `make llama-server` builds); default all three, "
+                            "llama_server_ngram left out with a notice where it is not built")
+    llama.set_defaults(run=_run_study, temperature=None, top_p=None, top_k=None, seed=0)
+    mode("load", [common, load],
+         "many requests at once instead of the per-prompt tables: closed-loop clients at each concurrency, methods "
+         "ar, goose (the batched engine) and hf_ar (Hugging Face's batched generate), and goose_own when --methods "
+         "names it; writes concurrency.json/.md/.png")
+    vllm = mode("vllm", [common, load],
+                "the load run, then vLLM at the same concurrencies on the same prompts: its rows vllm_none, "
+                "vllm_ngram, vllm_goose join concurrency.json/.md/.png")
+    vllm.add_argument("--python", required=True, metavar="PATH",
+                      help="the vLLM environment's interpreter, e.g. .venv-vllm/bin/python, which runs "
+                           "goose_bench/peers/vllm_runner.py; its files go to --out's vllm/ folder, one per model "
+                           "when there are several")
+    vllm.add_argument("--vllm-methods", default=None, metavar="M1,M2,...",
+                      help="the vLLM runner's methods (default none,ngram,goose; none is kept as its reference)")
+    modes.add_parser("methods", help="print every method and whether it can run",
+                     description="Print every method and whether it can run.").set_defaults(run=_list_methods)
 
 
 def _method_list(args: argparse.Namespace) -> list[Any]:
-    """What --methods, --methods-file and --suite name, checked before any model loads: names and Method objects."""
+    """What --methods, --methods-file and a suite name, checked before any model loads: names and Method objects."""
     from goose.cli import parse_budget
     from goose_bench.methods import (
         ALL_METHODS,
@@ -158,13 +214,10 @@ def _method_list(args: argparse.Namespace) -> list[Any]:
     if {"sources", "topology"} & set(config):
         raise ValueError("--config: name sources and topology in the method (SOURCES@TOPOLOGY), not in --config")
     overrides = Overrides(parse_budget(args.budget), config)
-    if (args.sources or args.disable) and not args.suite:
-        raise ValueError("--sources and --disable choose the sources of --suite; name a composed method's sources in "
-                         "it instead (e.g. context_match+freq_next@spine)")
     methods: list[Any] = list(_names(args.methods))
     if args.methods_file is not None:
         methods += read_study_file(args.methods_file, overrides)
-    if args.suite:
+    if args.mode == "suite":
         methods += suite_methods(args.suite, _names(args.sources) or None, args.disable, overrides)
     llama_engine = args.engine == "llama.cpp"
     if not methods:  # on the llama.cpp engine, llama.cpp's own peers stand in for Hugging Face's generate
@@ -181,9 +234,10 @@ def _method_list(args: argparse.Namespace) -> list[Any]:
     return resolved
 
 
-def _list_methods() -> int:
+def _list_methods(args: argparse.Namespace) -> int:
+    """``goose bench methods``: the built-in names, the registered plugins a composed method may name, the suites."""
     from goose.plugins import registry
-    from goose_bench.methods import ALL_METHODS, unavailable_reason
+    from goose_bench.methods import ALL_METHODS, SUITE_NAMES, unavailable_reason
 
     width = max(len(name) for name in ALL_METHODS)
     print("built-in names:")
@@ -192,10 +246,11 @@ def _list_methods() -> int:
         state = "ok" if reason is None else f"unavailable: {reason}"
         print(f"  {name:<{width}}  {method.group:<16}  {method.description}  [{state}]")
     known = registry()
-    print("\ncomposed: SOURCES@TOPOLOGY, sources joined by '+' (cm, bt, rest, la, sm: the built-ins' short names)")
-    print(f"  sources:    {', '.join(known.sources)}")
+    print("\ncomposed: SOURCES@TOPOLOGY, sources joined by '+' (a source's short name, in brackets, stands for it)")
+    sources = [f"{name} ({r.short_name})" if r.short_name else name for name, r in known.sources.items()]
+    print(f"  sources:    {', '.join(sources)}")
     print(f"  topologies: {', '.join(known.topologies)}")
-    print(f"\nsuites (--suite, with --sources and --disable): {', '.join(SUITE_NAMES)}")
+    print(f"\nsuites (goose bench suite NAME, with --sources and --disable): {', '.join(SUITE_NAMES)}")
     return 0
 
 
@@ -214,14 +269,22 @@ def _datastore(path: Path | None) -> Path | None:
     return folder
 
 
-def run_command(args: argparse.Namespace) -> int:
-    if args.list_methods:
-        return _list_methods()
-    from goose.config import SamplingParams
+class _Prompts(NamedTuple):
+    """What every mode checks first, before any model loads: the models and the prompts."""
+
+    models: list[str]
+    datasets: list[str]
+    data_dir: Path
+    limit: int | None
+    max_new_tokens: int
+
+
+def _prompts(args: argparse.Namespace) -> _Prompts:
     from goose_bench.prompts import PAPER_DATASETS, default_data_dir
 
-    max_new_tokens = args.max_new_tokens or (QUICK_MAX_NEW_TOKENS if args.quick else DEFAULT_MAX_NEW_TOKENS)
-    limit = args.limit if args.limit is not None else (QUICK_LIMIT if args.quick else None)
+    quick = getattr(args, "quick", False)
+    max_new_tokens = args.max_new_tokens or (QUICK_MAX_NEW_TOKENS if quick else DEFAULT_MAX_NEW_TOKENS)
+    limit = args.limit if args.limit is not None else (QUICK_LIMIT if quick else None)
     if max_new_tokens <= 0:
         raise ValueError(f"--max-new-tokens must be positive, got {max_new_tokens}")
     if limit is not None and limit <= 0:
@@ -232,46 +295,29 @@ def run_command(args: argparse.Namespace) -> int:
     if not model_names:
         raise ValueError("--model names no model")
     check_engine(args)
-    if args.concurrency is None:
-        methods = _method_list(args)
-    elif args.methods_file or args.suite or args.budget or args.config or args.cost_curve:
-        raise ValueError("--concurrency measures its own methods (ar, goose, hf_ar, goose_own); leave out "
-                         "--methods-file, --suite, --budget, --config and --cost-curve")
+    datasets = _names(args.datasets) or list(PAPER_DATASETS)
+    data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir()
+    return _Prompts(model_names, datasets, data_dir, limit, max_new_tokens)
+
+
+def _run_study(args: argparse.Namespace) -> int:
+    """``goose bench run``, ``suite NAME`` and ``llama``: methods x prompts, one request at a time (and llama.cpp's
+    peers after them, in ``llama``)."""
+    from goose.config import SamplingParams
+
+    prompts = _prompts(args)
+    methods = _method_list(args)
     if args.cost_curve is not None and args.dtype != "float32":
         raise ValueError("--cost-curve prices float32 runs, where every lossless method decodes ar's text and only "
                          "its passes differ; add --dtype float32")
-    datasets = _names(args.datasets) or list(PAPER_DATASETS)
-    data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir()
     datastore = _datastore(args.datastore)
-    if args.concurrency is None and (args.vllm_python or args.vllm_methods):
-        raise ValueError("--vllm-python and --vllm-methods measure vLLM beside --concurrency; add --concurrency "
-                         "C1,C2,...")
-    if args.vllm_methods and not args.vllm_python:
-        raise ValueError("--vllm-methods needs --vllm-python (the vLLM environment's interpreter)")
-
-    if args.llama_python and args.concurrency is not None:
-        raise ValueError("--llama-python measures one request at a time beside the per-prompt tables; leave out "
-                         "--concurrency")
-    if args.llama_python and args.temperature:
-        raise ValueError("--llama-python measures greedy decoding; leave --temperature out")
     llama = None
-    if args.engine == "llama.cpp" and args.concurrency is None and not args.temperature:
-        args.llama_python = args.llama_python or sys.executable  # its peers run on the same file, in the same run
-    if args.llama_python:
+    if args.mode == "llama":
         from goose_bench.llama_peer import llama_peer
 
-        llama = llama_peer(args.llama_python, model_names, args.llama_methods)  # every check before any model loads
-    elif args.llama_methods:
-        raise ValueError("--llama-methods needs --llama-python (the llama.cpp environment's interpreter) or "
-                         "--engine llama.cpp")
-
-    if args.repeats != 1 and args.concurrency is not None:
-        raise ValueError("--repeats times single-request runs; --concurrency measures a closed loop of clients")
+        llama = llama_peer(args.python, prompts.models, args.llama_methods)  # every check before any model loads
     if args.dry_run:
-        return _dry_run(args, model_names, methods if args.concurrency is None else None, datasets, data_dir, limit,
-                        max_new_tokens)
-    if args.concurrency is not None:
-        return _run_concurrency(args, model_names, datasets, data_dir, limit, max_new_tokens)
+        return _dry_run(args, prompts, methods)
 
     from goose_bench.outputs import write_outputs
     from goose_bench.report import main_table
@@ -282,15 +328,17 @@ def run_command(args: argparse.Namespace) -> int:
                               top_k=args.top_k or 0)  # bad values: a one-line error, before any model loads
     if args.seed < 0:
         raise ValueError(f"--seed must be a non-negative integer, got {args.seed}")
+    suite = args.mode == "suite"
     settings = BenchSettings(
-        models=model_names, datasets=datasets, methods=methods, out=out, data_dir=data_dir, limit=limit,
-        max_new_tokens=max_new_tokens, dtype=args.dtype, quantize=args.quantize, device=args.device, seed=args.seed,
-        threads=args.threads,
+        models=prompts.models, datasets=prompts.datasets, methods=methods, out=out, data_dir=prompts.data_dir,
+        limit=prompts.limit, max_new_tokens=prompts.max_new_tokens, dtype=args.dtype, quantize=args.quantize,
+        device=args.device, seed=args.seed, threads=args.threads,
         chat=not args.no_chat, progress=not args.no_progress, warm_sources=args.warm_sources, sampling=sampling,
         datastore=datastore, repeats=args.repeats, cost_curve=args.cost_curve, engine=args.engine,
         memo=not args.no_memo, memo_dir=args.memo.expanduser() if args.memo else None, resume=args.resume,
-        extra={"quick": args.quick, "suite": args.suite, "suite_sources": _names(args.sources) or None,
-               "disabled": args.disable or None},
+        extra={"quick": args.quick, "suite": args.suite if suite else None,
+               "suite_sources": (_names(args.sources) or None) if suite else None,
+               "disabled": (args.disable or None) if suite else None},
     )
     bench = Bench(settings)  # reads the datasets: a missing file fails before any model is loaded
     llama_sections: dict[str, dict] = {}
@@ -341,29 +389,30 @@ def _describe_method(method: Any) -> str:
     return ", ".join(parts)
 
 
-def _dry_run(args: argparse.Namespace, model_names: list[str], methods: list[Any] | None, datasets: list[str],
-             data_dir: Path, limit: int | None, max_new_tokens: int) -> int:
-    """``--dry-run``: the expansion of the flags and the size of the run; loads no model, writes nothing."""
+def _dry_run(args: argparse.Namespace, prompts: _Prompts, methods: list[Any] | None,
+             concurrencies: list[int] | None = None) -> int:
+    """``--dry-run``: the expansion of the flags and the size of the run; loads no model, writes nothing.
+    ``methods`` None: the load modes' (``concurrencies``), named by ``--methods``."""
     from goose_bench.prompts import load_samples
 
-    print("goose bench --dry-run: nothing is loaded, run or written")
+    model_names, datasets, data_dir, limit, max_new_tokens = prompts
+    print(f"goose bench {args.mode} --dry-run: nothing is loaded, run or written")
     print(f"models: {', '.join(model_names)} (engine {args.engine}, dtype {args.dtype}, device {args.device}"
           + (f", {args.quantize}" if args.quantize else "") + (f", {args.threads} threads" if args.threads else "")
           + ")")
     sampled = f"sampled (temperature {args.temperature}, seed {args.seed} + prompt index)" if args.temperature else \
         "greedy"
-    sources = "warm (one decoder per method)" if args.warm_sources else "cold (a fresh decoder per prompt)"
-    print(f"decoding: {sampled}; sources {sources}; {max_new_tokens} new tokens a turn at most")
+    if methods is not None:
+        sources = "warm (one decoder per method)" if args.warm_sources else "cold (a fresh decoder per prompt)"
+        sampled += f"; sources {sources}"
+    print(f"decoding: {sampled}; {max_new_tokens} new tokens a turn at most")
     found = {spec: load_samples(spec, data_dir, limit) for spec in datasets}  # a bad dataset fails here, as in a run
     samples = [sample for group in found.values() for sample in group]
     turns = sum(len(sample.turns) for sample in samples)
-    if methods is None:  # --concurrency: its own methods, closed-loop clients over the first turns
-        from goose_bench.concurrency import CONCURRENCY_METHODS
-
-        names = _names(args.methods) or list(CONCURRENCY_METHODS)
-        concurrencies = _names(args.concurrency)
-        print(f"\nmethods (--concurrency {','.join(concurrencies)}): {', '.join(names)}, closed-loop clients over "
-              "every prompt's first turn at each concurrency")
+    if methods is None:  # the load modes: their own methods, closed-loop clients over the first turns
+        names = _load_methods(args)
+        print(f"\nmethods (concurrency {','.join(map(str, concurrencies or ()))}): {', '.join(names)}, closed-loop "
+              "clients over every prompt's first turn at each concurrency")
     else:
         print(f"\nmethods ({len(methods)}; ar is the baseline every speedup is over):")
         width = max(len(method.name) for method in methods)
@@ -420,35 +469,45 @@ def _run_llama(peer: PeerScript, bench: Bench, settings: BenchSettings) -> dict[
     return sections
 
 
-def _run_concurrency(args: argparse.Namespace, model_names: list[str], datasets: list[str], data_dir: Path,
-                     limit: int | None, max_new_tokens: int) -> int:
-    from goose_bench.concurrency import CONCURRENCY_METHODS, OPTIONAL_METHODS, run_concurrency, write_concurrency
+def _load_methods(args: argparse.Namespace) -> list[str]:
+    """Our methods of a load mode (``--methods``), checked."""
+    from goose_bench.concurrency import CONCURRENCY_METHODS, OPTIONAL_METHODS
+
+    methods = _names(args.methods) or [m for m in CONCURRENCY_METHODS if args.engine != "llama.cpp" or m != "hf_ar"]
+    if args.engine == "llama.cpp" and "hf_ar" in methods:
+        raise ValueError("--engine llama.cpp: hf_ar runs Hugging Face's generate on torch weights; leave it out")
+    unknown = [m for m in methods if m not in CONCURRENCY_METHODS + OPTIONAL_METHODS]
+    if unknown:
+        raise ValueError(f"goose bench {args.mode} runs the methods {', '.join(CONCURRENCY_METHODS + OPTIONAL_METHODS)}"
+                         f"; not {', '.join(unknown)}")
+    return methods
+
+
+def _run_load(args: argparse.Namespace) -> int:
+    """``goose bench load`` and ``vllm``: closed-loop clients at each concurrency (and vLLM after ours, in ``vllm``)."""
+    from goose_bench.concurrency import run_concurrency, write_concurrency
     from goose_bench.prompts import load_samples
     from goose_bench.vllm_peer import run_vllm_bench, vllm_command, vllm_peer, vllm_rows
 
+    prompts = _prompts(args)
+    model_names, datasets, data_dir, limit, max_new_tokens = prompts
     try:
         concurrencies = sorted({int(part) for part in _names(args.concurrency)})
     except ValueError:
         raise ValueError(f"--concurrency takes integers, e.g. 1,2,4,8; got {args.concurrency!r}") from None
     if not concurrencies or concurrencies[0] < 1 or concurrencies[-1] > 64:
         raise ValueError(f"--concurrency takes integers in 1..64, got {args.concurrency!r}")
-    methods = _names(args.methods) or [m for m in CONCURRENCY_METHODS if args.engine != "llama.cpp" or m != "hf_ar"]
-    if args.engine == "llama.cpp" and "hf_ar" in methods:
-        raise ValueError("--engine llama.cpp: hf_ar runs Hugging Face's generate on torch weights; leave it out")
-    unknown = [m for m in methods if m not in CONCURRENCY_METHODS + OPTIONAL_METHODS]
-    if unknown:
-        raise ValueError(f"--concurrency runs the methods {', '.join(CONCURRENCY_METHODS + OPTIONAL_METHODS)}; "
-                         f"not {', '.join(unknown)}")
-    if args.temperature:
-        raise ValueError("--concurrency measures greedy decoding; leave --temperature out")
+    methods = _load_methods(args)
     peer = None
-    if args.vllm_python:
-        peer = vllm_peer(args.vllm_python, args.vllm_methods)
+    if args.mode == "vllm":
+        peer = vllm_peer(args.python, args.vllm_methods)
         if args.no_chat:
-            raise ValueError("--vllm-python: the vLLM runner always applies the chat template; leave --no-chat out")
+            raise ValueError("goose bench vllm: the vLLM runner always applies the chat template; leave --no-chat out")
         from goose.models import resolve_dtype
 
         vllm_dtype = str(resolve_dtype(args.dtype)).removeprefix("torch.")  # its --dtype takes full names only
+    if args.dry_run:
+        return _dry_run(args, prompts, None, concurrencies)
     samples_per_dataset = [load_samples(name, data_dir, limit) for name in datasets]
     samples = [sample for found in samples_per_dataset for sample in found]
     from goose.cli import load_model
@@ -459,13 +518,13 @@ def _run_concurrency(args: argparse.Namespace, model_names: list[str], datasets:
     for model_name in model_names:
         args.model = model_name
         model, tokenizer = load_model(args)
-        prompts = [encode_prompt(tokenizer, sample.turns[0], chat=not args.no_chat) for sample in samples]
-        print(f"{model_name}: {len(prompts)} prompts from {', '.join(datasets)}, {max_new_tokens} tokens, "
+        prompt_ids = [encode_prompt(tokenizer, sample.turns[0], chat=not args.no_chat) for sample in samples]
+        print(f"{model_name}: {len(prompt_ids)} prompts from {', '.join(datasets)}, {max_new_tokens} tokens, "
               f"concurrency {', '.join(map(str, concurrencies))}", flush=True)
-        model_rows, reference = run_concurrency(model_name, model, tokenizer, prompts, concurrencies, methods,
+        model_rows, reference = run_concurrency(model_name, model, tokenizer, prompt_ids, concurrencies, methods,
                                                 max_new_tokens, progress=not args.no_progress)
         rows += model_rows
-        measured[model_name] = (prompts, reference)
+        measured[model_name] = (prompt_ids, reference)
         del model, tokenizer  # vLLM's engines come next; the memory is theirs
     out = Path(args.out).expanduser()
     written = write_concurrency(rows, out)  # ours first: a failed vLLM run loses nothing we measured
@@ -473,14 +532,14 @@ def _run_concurrency(args: argparse.Namespace, model_names: list[str], datasets:
         # None means every sample of each dataset; the vLLM runner needs a number, and the largest count is that
         vllm_limit = limit or max(len(found) for found in samples_per_dataset)
         notes: dict[str, list[str]] = {}
-        for model_name, (prompts, reference) in measured.items():
+        for model_name, (prompt_ids, reference) in measured.items():
             folder = out / "vllm" if len(model_names) == 1 else out / "vllm" / _safe_name(model_name)
             command = vllm_command(peer, pretrained_location(model_name), datasets, data_dir, vllm_limit,
                                    max_new_tokens, vllm_dtype, concurrencies, folder)
             print(f"{model_name}: vLLM {', '.join(peer.methods)} at concurrency {', '.join(map(str, concurrencies))}"
                   f" ({peer.script.name}, into {folder})", flush=True)
             results = run_vllm_bench(command, folder, progress=not args.no_progress)
-            model_rows, notes[model_name] = vllm_rows(results, model_name, prompts, reference)
+            model_rows, notes[model_name] = vllm_rows(results, model_name, prompt_ids, reference)
             rows += model_rows
             written = write_concurrency(rows, out, notes)
     print((out / "concurrency.md").read_text())

@@ -1,4 +1,5 @@
-"""``goose bench --concurrency 1,2,4,8``: many requests at once, closed-loop clients, every method on the same prompts.
+"""``goose bench load --concurrency 1,2,4,8``: many requests at once, closed-loop clients, every method on the
+same prompts.
 
 At concurrency c, c clients each keep one request in flight: when one ends, that client's next
 prompt joins at the next cycle boundary. Methods:
@@ -15,7 +16,7 @@ prompt joins at the next cycle boundary. Methods:
 Reported per method and concurrency: total output tokens per second, per-request latency p50/p95,
 tau, and the share of requests whose output is token-identical to that prompt's own single-request
 autoregressive run. Written to ``concurrency.json`` (rows with a ``concurrency`` field),
-``concurrency.md`` and ``concurrency.png`` (throughput against concurrency). With ``--vllm-python``
+``concurrency.md`` and ``concurrency.png`` (throughput against concurrency). With ``goose bench vllm``
 vLLM's rows (``vllm_none``, ``vllm_ngram``, ``vllm_goose``: :mod:`goose_bench.vllm_peer`) join the
 same table and plot.
 """

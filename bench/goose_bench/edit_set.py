@@ -21,8 +21,8 @@ one install always builds the same set; another version of a package builds anot
 task records its package's version).
 
     python -m goose_bench.edit_set --list
-    python -m goose_bench.edit_set --write edit.jsonl     # JSONL usable as goose bench --datasets edit.jsonl
-    goose bench --datasets edit --limit 6
+    python -m goose_bench.edit_set --write edit.jsonl     # JSONL usable as goose bench run --datasets edit.jsonl
+    goose bench run --datasets edit --limit 6
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``goose bench --llama-python PATH``: llama.cpp measured in the same run, on the same prompts.
+"""``goose bench llama --python PATH``: llama.cpp measured in the same run, on the same prompts.
 
 llama-cpp-python is compiled from source into its own environment (``make llama-setup``), so it
 runs in another interpreter: after our methods, :mod:`goose_bench.peers.llama_runner` runs there, by
@@ -50,16 +50,16 @@ def llama_server_binary() -> Path:
 
 
 def llama_peer(python: str, model_names: Sequence[str], methods_text: str | None = None) -> PeerScript:
-    """``--llama-python`` and ``--llama-methods`` checked before any model loads: the interpreter, a GGUF file per
-    model, the methods; ``llama_server_ngram`` needs the llama-server binary: an error where it is named, left out
-    with a notice where it is only a default."""
+    """``goose bench llama``'s ``--python`` and ``--llama-methods`` checked before any model loads: the interpreter,
+    a GGUF file per model, the methods; ``llama_server_ngram`` needs the llama-server binary: an error where it is
+    named, left out with a notice where it is only a default."""
     from goose.models import has_gguf
 
-    interpreter = peer_interpreter("--llama-python", python, "the llama.cpp environment's python, e.g. "
+    interpreter = peer_interpreter("--python", python, "the llama.cpp environment's python, e.g. "
                                    ".venv/bin/python (`make llama-setup` builds it)")
     no_file = [name for name in model_names if not has_gguf(name)]
     if no_file:
-        raise ValueError(f"--llama-python: llama.cpp reads GGUF files; {', '.join(no_file)} has none (an embedded "
+        raise ValueError(f"goose bench llama: llama.cpp reads GGUF files; {', '.join(no_file)} has none (an embedded "
                          f"model or a .gguf path has one)")
     named = peer_methods("--llama-methods", methods_text, llama_runner.METHODS)
     methods = named or llama_runner.METHODS

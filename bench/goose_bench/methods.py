@@ -205,7 +205,7 @@ def method_named(name: str, overrides: Overrides = NO_OVERRIDES) -> Method:
         return composed(name, overrides)
     except PluginError as error:
         near = "" if "@" in name or "+" in name else did_you_mean(name, [BASELINE, *ALL_METHODS])  # else: the plugin's
-        raise ValueError(f"unknown method {name!r}{near}: not a built-in name (goose bench --list-methods) and not "
+        raise ValueError(f"unknown method {name!r}{near}: not a built-in name (goose bench methods) and not "
                          f"SOURCES@TOPOLOGY of registered plugins: {error}") from None
 
 

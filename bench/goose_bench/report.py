@@ -3,7 +3,7 @@
 Tables appear only when their methods ran: speedup / tau per dataset (every method, with the
 bootstrap interval of the mean speedup over prompts), the plugins that faulted (the source, its
 fault count and first message), speedup over Hugging Face greedy (the peers' yardstick), llama.cpp's
-tok/s beside ours (``--llama-python``), topology (spine vs Iso(3)/Iso(5) at equal sources and
+tok/s beside ours (``goose bench llama``), topology (spine vs Iso(3)/Iso(5) at equal sources and
 budget), synergy (Goose over the best standalone source), per-source acceptance with the
 heterogeneity ratio p_s/p_t, accepted-path kinds, ablations, sweeps; then what did not run and the
 exact configuration of every method.
@@ -270,7 +270,7 @@ def _first_token_table(view: _View) -> str | None:
 
 
 def _llama_table(view: _View) -> str | None:
-    """llama.cpp beside ours (``--llama-python``): tok/s per prompt, ours over its, how many texts match."""
+    """llama.cpp beside ours (``goose bench llama``): tok/s per prompt, ours over its, how many texts match."""
     llama = view.summary.get("llama")
     if not llama or not llama["prompts"]:
         return None

@@ -139,7 +139,7 @@ class ModelRun:
     cost_curve: CostCurve | None = None  # this device's verify cost curve, for time predicted from tree sizes
     priced_on: CostCurve | None = None  # the deterministic mode's curve (--cost-curve)
     priced_name: str | None = None  # which: "device" or the curve's file or shipped name
-    # what another engine needs to decode the same first turns and stop where ours stop (--llama-python)
+    # what another engine needs to decode the same first turns and stop where ours stop (goose bench llama)
     first_turn_ids: list[list[int]] = field(default_factory=list)  # per sample, as run_sample encodes turn 0
     eos_ids: list[int] = field(default_factory=list)
     memo: dict[str, Any] = field(default_factory=dict)  # where the memo was and what it did, or why it was off

@@ -1,4 +1,4 @@
-"""``goose bench --concurrency ... --vllm-python PATH``: vLLM measured in the same run, on the same prompts.
+"""``goose bench vllm --python PATH``: vLLM measured in the same run, on the same prompts.
 
 vLLM pins its own torch and transformers, so it runs in its own environment: after our methods,
 :mod:`goose_bench.peers.vllm_runner` runs, by its path, under that environment's interpreter (where
@@ -32,8 +32,8 @@ class VllmBenchError(PeerBenchError):
 
 
 def vllm_peer(python: str, methods_text: str | None) -> PeerScript:
-    """``--vllm-python`` and ``--vllm-methods`` checked before any model loads."""
-    interpreter = peer_interpreter("--vllm-python", python, "the vLLM environment's python, e.g. "
+    """``goose bench vllm``'s ``--python`` and ``--vllm-methods`` checked before any model loads."""
+    interpreter = peer_interpreter("--python", python, "the vLLM environment's python, e.g. "
                                    ".venv-vllm/bin/python (`make vllm-setup` builds it)")
     methods = peer_methods("--vllm-methods", methods_text, vllm_runner.METHODS) or DEFAULT_VLLM_METHODS
     if "none" not in methods:

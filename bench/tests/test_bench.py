@@ -351,7 +351,7 @@ def test_categories_of_multi_category_datasets() -> None:
 
 @pytest.mark.slow
 def test_bench_end_to_end_on_smollm2(tmp_path: Path) -> None:
-    status = cli.main(["bench", "--model", "smollm2-135m", "--datasets", "humaneval", "--limit", "1",
+    status = cli.main(["bench", "run", "--model", "smollm2-135m", "--datasets", "humaneval", "--limit", "1",
                        "--max-new-tokens", "16", "--methods", "ar,pld,goose,hf_pld", "--dtype", "float32",
                        "--no-memo", "--out", str(tmp_path), "--no-progress"])  # the clock's figures: every pass real
     assert status == 0
@@ -387,7 +387,7 @@ def test_bench_end_to_end_on_smollm2(tmp_path: Path) -> None:
 def test_repeats_keep_the_median_run_and_compare_with_prompt_lookup(tmp_path: Path) -> None:
     """--repeats 3: every method three times on the prompt, the record is the median-time run, every run's time kept;
     speedups over hf_pld per prompt in the records, the summary and the report."""
-    status = cli.main(["bench", "--model", "smollm2-135m", "--datasets", "humaneval", "--limit", "1",
+    status = cli.main(["bench", "run", "--model", "smollm2-135m", "--datasets", "humaneval", "--limit", "1",
                        "--max-new-tokens", "8", "--methods", "ar,goose,hf_pld", "--dtype", "float32",
                        "--repeats", "3", "--out", str(tmp_path), "--no-progress"])
     assert status == 0
@@ -412,10 +412,9 @@ def test_repeats_keep_the_median_run_and_compare_with_prompt_lookup(tmp_path: Pa
 @pytest.mark.parametrize(("flags", "message"), [
     (["--repeats", "0"], "--repeats must be at least 1"),
     (["--repeats", "2", "--warm-sources"], "leave out --warm-sources or --repeats"),
-    (["--repeats", "2", "--concurrency", "1,2"], "--repeats times single-request runs"),
 ])
 def test_bench_repeats_bad_values(flags: list[str], message: str, tmp_path: Path, capsys) -> None:
-    assert cli.main(["bench", "--datasets", "humaneval", "--out", str(tmp_path), *flags]) == 2
+    assert cli.main(["bench", "run", "--datasets", "humaneval", "--out", str(tmp_path), *flags]) == 2
     assert message in capsys.readouterr().err
 
 
@@ -424,7 +423,7 @@ def test_sampled_study_run_on_smollm2(tmp_path: Path) -> None:
     """A sampled run of study configurations: same seed per sample for every method, lossless in float32,
     the study's tables and plot written."""
     methods = "goose,hf_pld,cm+bt@spine,cm+bt+la@multi_spine"
-    status = cli.main(["bench", "--model", "smollm2-135m", "--datasets", "humaneval,gsm8k", "--limit", "1",
+    status = cli.main(["bench", "run", "--model", "smollm2-135m", "--datasets", "humaneval,gsm8k", "--limit", "1",
                        "--max-new-tokens", "16", "--methods", methods, "--dtype", "float32", "--temperature", "0.7",
                        "--top-p", "0.9", "--seed", "5", "--out", str(tmp_path), "--no-progress"])
     assert status == 0
@@ -485,7 +484,7 @@ def test_the_study_suite_is_every_pair_and_triple_under_three_shapes() -> None:
 @pytest.mark.slow
 def test_bench_concurrency_on_smollm2(tmp_path: Path) -> None:
     """Closed-loop clients at concurrency 1 and 2: every method's row, float32 outputs identical to AR's."""
-    status = cli.main(["bench", "--model", "smollm2-135m", "--datasets", "gsm8k,mt_bench", "--limit", "2",
+    status = cli.main(["bench", "load", "--model", "smollm2-135m", "--datasets", "gsm8k,mt_bench", "--limit", "2",
                        "--max-new-tokens", "12", "--concurrency", "1,2", "--dtype", "float32", "--out", str(tmp_path),
                        "--no-progress"])
     assert status == 0
@@ -510,11 +509,23 @@ def test_bench_concurrency_on_smollm2(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("flag", "message"), [("1,x", "--concurrency takes integers"), ("0,2", "in 1..64")])
 def test_bench_concurrency_bad_values(flag: str, message: str, capsys) -> None:
-    assert cli.main(["bench", "--concurrency", flag]) == 2
+    assert cli.main(["bench", "load", "--concurrency", flag]) == 2
     assert message in capsys.readouterr().err
 
 
-# --- vLLM beside --concurrency (--vllm-python) --------------------------------------------------------
+@pytest.mark.parametrize("command", [
+    ["run", "--concurrency", "1"], ["run", "--python", "x"], ["load", "--repeats", "2"], ["load", "--temperature", "1"],
+    ["llama", "--temperature", "0.7"], ["llama", "--vllm-methods", "none"], ["vllm", "--llama-methods", "llama"],
+    ["run", "--sources", "cm"], ["load", "--suite", "ablation"], ["vllm", "--cost-curve", "device"], [],
+])
+def test_a_mode_takes_its_own_flags_only(command: list[str], capsys) -> None:
+    """Each mode of `goose bench` a subcommand: another mode's flag is argparse's usage error, not a refusal."""
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["bench", *command, *(["--python", sys.executable] if command[:1] == ["vllm"] else [])])
+    assert stopped.value.code == 2 and "usage:" in capsys.readouterr().err
+
+
+# --- vLLM beside our load run (goose bench vllm) --------------------------------------------------------
 
 
 def _our_row(method: str, concurrency: int, tokens_per_s: float) -> ConcurrencyRow:
@@ -584,14 +595,13 @@ def test_the_vllm_methods_goose_bench_accepts_are_the_ones_the_runner_runs() -> 
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    (["--vllm-python", sys.executable], "add --concurrency"),
-    (["--vllm-methods", "none"], "add --concurrency"),
-    (["--concurrency", "1", "--vllm-python", "/no/such/python"], "--vllm-python /no/such/python: no such interpreter"),
-    (["--concurrency", "1", "--vllm-python", sys.executable, "--vllm-methods", "none,bogus"], "unknown bogus"),
-    (["--concurrency", "1", "--vllm-python", sys.executable, "--vllm-methods", "ngram"], "must keep none"),
+    (["--python", "/no/such/python"], "--python /no/such/python: no such interpreter"),
+    (["--python", sys.executable, "--vllm-methods", "none,bogus"], "unknown bogus"),
+    (["--python", sys.executable, "--vllm-methods", "ngram"], "must keep none"),
+    (["--python", sys.executable, "--no-chat"], "always applies the chat template"),
 ])
 def test_bench_vllm_argument_errors(flags: list[str], message: str, capsys) -> None:
-    assert cli.main(["bench", *flags]) == 2
+    assert cli.main(["bench", "vllm", "--concurrency", "1", *flags]) == 2
     assert message in capsys.readouterr().err
 
 

@@ -129,7 +129,7 @@ def test_a_raising_source_in_a_real_run_is_reported(tmp_path: Path, raising_sour
     counted per sample, reach results.jsonl, summary.json, summary.csv, report.md and the acceptance plot, not a silent
     source that never fired."""
     monkeypatch.setattr(models, "load", lambda name, **options: tiny)
-    status = cli.main(["bench", "--model", "tiny", "--dtype", "float32", "--datasets", "gsm8k", "--limit", "2",
+    status = cli.main(["bench", "run", "--model", "tiny", "--dtype", "float32", "--datasets", "gsm8k", "--limit", "2",
                        "--max-new-tokens", "6", "--methods", "raising+cm@chain", "--out", str(tmp_path),
                        "--no-progress"])
     assert status == 0
@@ -238,7 +238,7 @@ def test_dry_run_prints_the_expansion_and_loads_no_model(tmp_path: Path, capsys,
     curve = tmp_path / "curve.json"
     curve.write_text(json.dumps({"sizes": [1, 2, 4], "seconds": [0.01, 0.011, 0.013]}))
     out = tmp_path / "out"
-    status = cli.main(["bench", "--dry-run", "--methods", "goose,cm+bt@chain,hf_pld", "--datasets",
+    status = cli.main(["bench", "run", "--dry-run", "--methods", "goose,cm+bt@chain,hf_pld", "--datasets",
                        "humaneval,structured", "--limit", "2", "--max-new-tokens", "16", "--dtype", "float32",
                        "--cost-curve", str(curve), "--out", str(out)])
     printed = capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""``goose bench --llama-python``: llama.cpp on the same prompts, its flags, its section of the report, and one
+"""``goose bench llama``: llama.cpp on the same prompts, its flags, its section of the report, and one
 real run where llama-cpp-python is installed (``make llama-setup``, which ``make test`` runs)."""
 
 from __future__ import annotations
@@ -30,10 +30,8 @@ FOREIGN = llama_runner.llama_cpp_refusal()  # a build for another CPU's instruct
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    (["--llama-python", "/no/such/python"], "--llama-python /no/such/python: no such interpreter"),
-    (["--llama-python", sys.executable, "--concurrency", "1"], "leave out --concurrency"),
-    (["--llama-python", sys.executable, "--temperature", "0.7"], "measures greedy decoding"),
-    (["--llama-python", sys.executable, "--model", "someone/some-model"], "someone/some-model has none"),
+    (["--python", "/no/such/python"], "--python /no/such/python: no such interpreter"),
+    (["--model", "someone/some-model"], "someone/some-model has none"),
 ])
 def test_bench_llama_argument_errors(flags: list[str], message: str, capsys: pytest.CaptureFixture[str],
                                      monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -41,7 +39,7 @@ def test_bench_llama_argument_errors(flags: list[str], message: str, capsys: pyt
         raise AssertionError("a model was loaded before the flags were checked")
 
     monkeypatch.setattr(models, "load", no_loading)
-    assert cli.main(["bench", "--datasets", "humaneval", "--out", str(tmp_path), *flags]) == 2
+    assert cli.main(["bench", "llama", "--datasets", "humaneval", "--out", str(tmp_path), *flags]) == 2
     assert message in capsys.readouterr().err
 
 
@@ -184,9 +182,9 @@ def test_llama_section_and_its_table(tmp_path: Path) -> None:
 def test_goose_bench_with_llama_cpp_on_smollm2(tmp_path: Path) -> None:
     """Two HumanEval prompts x 16 tokens: our ar and goose, then llama.cpp plain and with prompt lookup on SmolLM2's
     Q4_1 file, joined in summary.json and report.md."""
-    status = cli.main(["bench", "--model", "smollm2-135m", "--datasets", "humaneval", "--limit", "2",
+    status = cli.main(["bench", "llama", "--model", "smollm2-135m", "--datasets", "humaneval", "--limit", "2",
                        "--max-new-tokens", "16", "--methods", "goose", "--dtype", "float32", "--threads", "1",
-                       "--llama-python", sys.executable, "--llama-methods", "llama,llama_pld", "--out", str(tmp_path),
+                       "--python", sys.executable, "--llama-methods", "llama,llama_pld", "--out", str(tmp_path),
                        "--no-progress"])
     assert status == 0
     results = json.loads((tmp_path / "llama" / "results.json").read_text())

@@ -35,7 +35,7 @@ THREADS = 1
 def test_llama_server_ngram_named_without_the_binary_is_a_one_line_error(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("GOOSE_CACHE", str(tmp_path))  # an empty cache: no llama-server linked
-    assert cli.main(["bench", "--datasets", "humaneval", "--out", str(tmp_path), "--llama-python", sys.executable,
+    assert cli.main(["bench", "llama", "--datasets", "humaneval", "--out", str(tmp_path), "--python", sys.executable,
                      "--llama-methods", "llama,llama_server_ngram"]) == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and "llama_server_ngram: no llama-server at" in error
@@ -56,12 +56,11 @@ def test_llama_server_ngram_by_default_is_left_out_with_a_notice_where_not_built
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    (["--llama-python", sys.executable, "--llama-methods", "llama,nope"], "--llama-methods: unknown nope"),
-    (["--llama-methods", "llama"], "--llama-methods needs --llama-python"),
+    (["--python", sys.executable, "--llama-methods", "llama,nope"], "--llama-methods: unknown nope"),
 ])
 def test_llama_methods_argument_errors(flags: list[str], message: str, tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["bench", "--datasets", "humaneval", "--out", str(tmp_path), *flags]) == 2
+    assert cli.main(["bench", "llama", "--datasets", "humaneval", "--out", str(tmp_path), *flags]) == 2
     assert message in capsys.readouterr().err
 
 
@@ -145,9 +144,9 @@ def test_goose_bench_runs_llama_server_ngram_beside_plain_llama_cpp(tmp_path: Pa
     """The bench's own path on SmolLM2: an edit (copy-heavy: the function to edit is in the prompt), 128 tokens.
     llama_server_ngram's texts equal plain llama.cpp's, it drafted and kept tokens, and every server it started is
     gone."""
-    status = cli.main(["bench", "--model", "smollm2-135m", "--datasets", "edit", "--limit", "1",
+    status = cli.main(["bench", "llama", "--model", "smollm2-135m", "--datasets", "edit", "--limit", "1",
                        "--max-new-tokens", "128", "--methods", "ar", "--dtype", "float32", "--threads", str(THREADS),
-                       "--llama-python", sys.executable, "--llama-methods", "llama,llama_server_ngram",
+                       "--python", sys.executable, "--llama-methods", "llama,llama_server_ngram",
                        "--out", str(tmp_path), "--no-progress"])
     assert status == 0
     results: dict[str, Any] = json.loads((tmp_path / "llama" / "results.json").read_text())

@@ -13,7 +13,7 @@ from tests.helpers import CPU_CURVE
 
 
 def _bench(out: Path, *flags: str) -> list[dict]:
-    status = cli.main(["bench", "--model", "smollm2-135m", "--datasets", "humaneval", "--limit", "2",
+    status = cli.main(["bench", "run", "--model", "smollm2-135m", "--datasets", "humaneval", "--limit", "2",
                        "--max-new-tokens", "16", "--methods", "ar,goose,cm@chain,la+cm@spine", "--dtype", "float32",
                        "--out", str(out), "--no-progress", *flags])
     assert status == 0

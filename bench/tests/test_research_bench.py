@@ -78,14 +78,14 @@ def test_goose_plugins_lists_the_new_source_and_names_a_misspelt_argument(site: 
     assert all(part in refusal for part in ("hook 'goose_propose'", "'ctx'", "'acceptence'", "can not be found in the "
                                             "hookspec; goose_propose passes context, acceptance",
                                             "(from goose-misnamed: not registered)")), refusal
-    refused = goose(site, "bench", "--methods", "misnamed@chain")
+    refused = goose(site, "bench", "run", "--methods", "misnamed@chain")
     assert refused.returncode == 2 and "unknown source 'misnamed'" in refused.stderr
 
 
 @pytest.mark.slow
 def test_a_composed_method_of_the_new_source_runs_with_its_acceptance_everywhere(site: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench"
-    run = goose(site, "bench", "--dtype", "float32", "--datasets", "humaneval,mbpp", "--limit", "1",
+    run = goose(site, "bench", "run", "--dtype", "float32", "--datasets", "humaneval,mbpp", "--limit", "1",
                 "--max-new-tokens", "48", "--methods", "freq_next@chain,cm+freq_next@spine", "--budget", "8",
                 "--cost-curve", "device", "--out", str(out), "--no-progress", cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]

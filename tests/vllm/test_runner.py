@@ -1,4 +1,4 @@
-"""``goose bench --vllm-python``'s side in the vLLM environment: the packaged runner, started as goose bench
+"""``goose bench vllm``'s side in the vLLM environment: the packaged runner, started as goose bench
 starts it (by its path, this goose on PYTHONPATH), decodes the prompts goose encodes, and Goose's float32
 greedy output inside vLLM equals vLLM's own without speculation."""
 

@@ -1,6 +1,6 @@
 """llama.cpp on Goose's benchmark prompts: plain greedy decoding, its prompt lookup and its server's ngram-mod.
 
-Run with the llama.cpp environment (``make llama-setup`` builds it); ``goose bench --llama-python
+Run with the llama.cpp environment (``make llama-setup`` builds it); ``goose bench llama --python
 .venv/bin/python`` runs it after its own methods, on the same prompts::
 
     .venv/bin/python bench/goose_bench/peers/llama_runner.py --gguf FILE.gguf --prompts prompts.json --out DIR

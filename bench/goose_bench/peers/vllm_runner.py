@@ -99,7 +99,7 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
                         help="concurrency of the batched run: vLLM's max_num_seqs (1: one request at a time only)")
     parser.add_argument("--concurrency", default=None, metavar="C1,C2,...",
                         help="the concurrencies to run instead of 1 and --batch, e.g. 1,2,4 (goose bench "
-                        "--vllm-python passes its own)")
+                        "vllm passes its own)")
     parser.add_argument("--num-speculative-tokens", type=int, default=16, help="K, for ngram and goose alike")
     parser.add_argument("--ngram-min", type=int, default=3, help="vLLM ngram prompt_lookup_min (Goose matches 3-5)")
     parser.add_argument("--ngram-max", type=int, default=5, help="vLLM ngram prompt_lookup_max")
@@ -286,7 +286,7 @@ def report(runs: list[Run], prompts: list[Prompt], args: argparse.Namespace, con
 
 def results_document(args: argparse.Namespace, conditions: dict[str, Any], prompts: list[Prompt],
                      runs: list[Run]) -> dict[str, Any]:
-    """What results.json holds (``goose bench --vllm-python`` reads it): every prompt's ids, every run's outputs."""
+    """What results.json holds (``goose bench vllm`` reads it): every prompt's ids, every run's outputs."""
     return {"arguments": dict(vars(args)), "conditions": conditions, "prompts": [asdict(p) for p in prompts],
             "runs": [asdict(r) | {"tokens_per_s": r.tokens_per_s, "tau": r.tau,
                                   "mean_acceptance_length": r.mean_acceptance_length} for r in runs]}
