@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from goose_bench.medians import median_of
 from goose_bench.records import Record, merge_faults
 
 ALL = "all"
@@ -54,11 +55,6 @@ Row = dict[str, Any]
 def _mean(values: Iterable[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return fmean(present) if present else None
-
-
-def _median(values: Iterable[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return median(present) if present else None
 
 
 def _range(values: Iterable[float | None]) -> list[float] | None:
@@ -183,7 +179,7 @@ def _dataset_row(method: str, dataset: str, records: Sequence[Record]) -> Row:
         "tau": accepted / steps if steps else None,
         "tokens_per_s": _mean(r["tokens_per_s"] for r in records),
         "new_tokens": _mean(r["new_tokens"] for r in records),
-        "first_token_s": _median(r.get("first_token_s") for r in records),
+        "first_token_s": median_of(r.get("first_token_s") for r in records),
     })
 
 
@@ -201,7 +197,7 @@ def _all_row(method: str, rows: Sequence[Row], records: Sequence[Record]) -> Row
         **{f"{key}_ci": bootstrap_ci([[r.get(key) for r in group] for group in by_dataset.values()])
            for key in ("speedup", "estimated_speedup")},
         "speedup_vs_hf_pld_range": _range(r.get("speedup_vs_hf_pld") for r in records),
-        "first_token_s": _median(r.get("first_token_s") for r in records),
+        "first_token_s": median_of(r.get("first_token_s") for r in records),
     })
 
 

@@ -24,10 +24,10 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from statistics import median
 from typing import Any
 
 from goose.store.cache_dir import default_cache_dir
+from goose_bench.medians import median_of
 from goose_bench.peer_script import PeerBenchError, PeerScript, peer_interpreter, peer_methods, run_peer_script
 from goose_bench.peers import llama_runner
 from goose_bench.prompts import Sample
@@ -105,8 +105,8 @@ def _first_turn_speed(record: Record) -> float | None:
 
 
 def _median(values: Sequence[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return round(median(present), 3) if present else None
+    found = median_of(values)
+    return round(found, 3) if found is not None else None
 
 
 def llama_section(results: dict[str, Any], records: Sequence[Record], dtype: str, quantize: str | None = None

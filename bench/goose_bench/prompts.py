@@ -118,8 +118,10 @@ def _question_id(record: dict[str, Any], index: int) -> int | str:
     return index
 
 
-def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, parsed object) of every non-blank line."""
+def read_jsonl(path: Path, *, skip_broken: bool = False) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, parsed object) of every non-blank line of a JSONL file: the bench's one reader, of prompt
+    files and of ``results.jsonl``. A line that is not a JSON object is a DatasetError naming it, or, with
+    ``skip_broken`` (a results file cut short by a stopped run), left out."""
     with path.open(encoding="utf-8") as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
@@ -127,8 +129,12 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
+                if skip_broken:
+                    continue
                 raise DatasetError(f"{path}:{number}: not JSON ({error.msg})") from None
             if not isinstance(record, dict):
+                if skip_broken:
+                    continue
                 raise DatasetError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
             yield number, record
 
@@ -159,7 +165,7 @@ def load_samples(spec: str, data_dir: Path | None = None, limit: int | None = No
     name, path, known = resolve_dataset(spec, data_dir or default_data_dir())
     formatter = _FORMATS[name] if known else _custom
     samples: list[Sample] = []
-    for number, record in _records(path):
+    for number, record in read_jsonl(path):
         if limit is not None and len(samples) >= limit:
             break
         if name in SPEC_BENCH_CATEGORIES and record.get("category") != name:

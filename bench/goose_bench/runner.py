@@ -70,6 +70,7 @@ from goose_bench.conversation import turn_prompt_ids
 from goose_bench.estimate import DEVICE_CURVE, load_curve, price
 from goose_bench.generators import DecoderGenerator, Generator, Study, TurnOutput, make_generator
 from goose_bench.generators import memo_refusal as memo_refusal_of
+from goose_bench.medians import middle_by
 from goose_bench.memo import TargetMemo
 from goose_bench.memo import refusal as memo_refusal
 from goose_bench.methods import (
@@ -83,7 +84,7 @@ from goose_bench.methods import (
     with_datastore,
 )
 from goose_bench.mismatch import explain, first_difference
-from goose_bench.prompts import Sample, load_samples
+from goose_bench.prompts import Sample, load_samples, read_jsonl
 from goose_bench.records import Record, build_record, compare
 from goose_bench.study import study_rows, tokens_lost_without
 
@@ -184,11 +185,10 @@ def finished_cells(path: Path) -> dict[tuple[str, str, str, str], Record]:
     cells: dict[tuple[str, str, str, str], Record] = {}
     if not path.exists():
         return cells
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for _, record in read_jsonl(path, skip_broken=True):
         try:
-            record = json.loads(line)
             cells[(record["model"], record["dataset"], str(record["question_id"]), record["method"])] = record
-        except (json.JSONDecodeError, KeyError, TypeError):
+        except (KeyError, TypeError):
             continue
     return cells
 
@@ -207,7 +207,7 @@ def run_sample(generator: Generator, tokenizer: Any, sample: Sample, max_new_tok
 def median_run(records: Sequence[Record]) -> Record:
     """Of one method's runs on one sample, the one with the median wall time (the lower of two middles), carrying
     every run's wall time (``wall_s_runs``, in run order) and whether every run decoded the same tokens."""
-    chosen = dict(sorted(records, key=lambda record: record["wall_s"])[(len(records) - 1) // 2])
+    chosen = dict(middle_by(records, key=lambda record: record["wall_s"]))
     chosen["wall_s_runs"] = [record["wall_s"] for record in records]
     chosen["repeats_identical"] = all(record["new_token_ids"] == records[0]["new_token_ids"] for record in records)
     if not chosen["repeats_identical"]:

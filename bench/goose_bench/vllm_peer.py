@@ -20,6 +20,7 @@ from typing import Any
 import goose
 import goose_bench
 from goose_bench.concurrency import VLLM_PREFIX, ConcurrencyRow, latency_percentile
+from goose_bench.medians import middle_by
 from goose_bench.peer_script import PeerBenchError, PeerScript, peer_interpreter, peer_methods, run_peer_script
 from goose_bench.peers import vllm_runner
 
@@ -92,7 +93,7 @@ def vllm_rows(results: dict[str, Any], model: str, prompt_ids: Sequence[list[int
         rounds.setdefault((run["method"], run["concurrency"]), []).append(run)
     rows = []
     for (method, concurrency), found in rounds.items():
-        run = sorted(found, key=lambda r: r["tokens_per_s"])[(len(found) - 1) // 2]
+        run = middle_by(found, key=lambda r: r["tokens_per_s"])
         outputs = run["outputs"]
         same = sum(outputs[i] == list(reference_outputs[i]) for i in comparable)
         seconds = [s for s in run["seconds"] if s is not None]

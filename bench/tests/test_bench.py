@@ -19,6 +19,7 @@ from goose_bench.aggregate import ALL, build_summary, lookup, summarize
 from goose_bench.concurrency import ConcurrencyRow, write_concurrency
 from goose_bench.conversation import turn_prompt_ids
 from goose_bench.generators import TurnOutput
+from goose_bench.medians import median_of, middle_by
 from goose_bench.methods import (
     ABLATIONS,
     ALL_METHODS,
@@ -37,7 +38,7 @@ from goose_bench.peers import vllm_runner
 from goose_bench.prompts import KNOWN_DATASETS, PAPER_DATASETS, DatasetError, Sample, default_data_dir, load_samples
 from goose_bench.records import build_record, compare
 from goose_bench.report import build_report
-from goose_bench.runner import describe
+from goose_bench.runner import describe, finished_cells
 from goose_bench.study import predicted_speedup, study_rows, tokens_lost_without
 from goose_bench.vllm_peer import (
     DEFAULT_VLLM_METHODS,
@@ -381,6 +382,23 @@ def test_bench_end_to_end_on_smollm2(tmp_path: Path) -> None:
     assert lookup(summary["results"], "hf_pld", ALL)["first_token_s"] == records[-1]["first_token_s"]
     report = (tmp_path / "report.md").read_text()
     assert "| `goose` |" in report and "### Time to first token" in report
+
+
+def test_one_jsonl_reader_for_prompts_and_a_stopped_runs_results(tmp_path: Path) -> None:
+    """A results.jsonl cut short by a stop: its whole lines are kept cells, the broken last one runs again; in a
+    prompt file the same line is an error naming it."""
+    line = {"model": "m", "dataset": "gsm8k", "question_id": 3, "method": "goose", "prompt": "p"}
+    results = tmp_path / "results.jsonl"
+    results.write_text(json.dumps(line) + "\n" + json.dumps({**line, "method": "ar"})[:20])
+    assert list(finished_cells(results)) == [("m", "gsm8k", "3", "goose")]
+    with pytest.raises(DatasetError, match=r"results\.jsonl:2: not JSON"):
+        load_samples(str(results), tmp_path)
+
+
+def test_the_two_medians() -> None:
+    assert median_of([3.0, None, 1.0, 2.0]) == 2.0 and median_of([None]) is None
+    runs = [{"s": 4.0}, {"s": 1.0}, {"s": 3.0}, {"s": 2.0}]
+    assert middle_by(runs, key=lambda run: run["s"]) == {"s": 2.0}  # the lower middle: a real run
 
 
 @pytest.mark.slow

@@ -242,6 +242,8 @@ def run(args: argparse.Namespace, prompts: list[dict[str, Any]], eos_ids: frozen
                 runs[method].append(decoders[method](prompt["ids"], args.max_tokens))
         for method in args.methods:
             found = runs[method]
+            # goose_bench.medians.middle_by, written out: this runner imports nothing of goose or goose_bench (the
+            # llama.cpp environment need hold llama-cpp-python only; goose bench runs it with no PYTHONPATH)
             output, wall, first, stats = sorted(found, key=lambda r: r[1])[(len(found) - 1) // 2]
             generation = Generation(method, index, output, wall, first, [r[1] for r in found],
                                     all(r[0] == found[0][0] for r in found), *(stats or (None, None)))

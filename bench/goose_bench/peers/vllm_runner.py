@@ -240,10 +240,12 @@ def identical_rate(run: Run, reference: Run) -> float:
 
 def median_runs(runs: list[Run]) -> dict[tuple[str, int], Run]:
     """Per (method, concurrency), the round with the median tok/s (the lower one of an even count)."""
+    from goose_bench.medians import middle_by  # on the path wherever the runner runs, as goose_bench.prompts is
+
     rounds: dict[tuple[str, int], list[Run]] = {}
     for run in runs:
         rounds.setdefault((run.method, run.concurrency), []).append(run)
-    return {key: sorted(found, key=lambda r: r.tokens_per_s)[(len(found) - 1) // 2] for key, found in rounds.items()}
+    return {key: middle_by(found, key=lambda r: r.tokens_per_s) for key, found in rounds.items()}
 
 
 def report(runs: list[Run], prompts: list[Prompt], args: argparse.Namespace, conditions: dict[str, Any]) -> str:
