@@ -147,9 +147,10 @@ ALL_METHODS: dict[str, Method] = {**METHODS, **ABLATIONS, **SWEEP, **PREDICTION}
 MAIN_METHODS: tuple[str, ...] = tuple(METHODS)
 QUICK_METHODS: tuple[str, ...] = ("ar", "pld", "goose", "hf_pld")
 SUITE_NAMES: tuple[str, ...] = ("ablation", "synergy", "three-source", "sweep")
-# a source's standalone row in the synergy suite: the paper's baselines where the source is one of theirs
-STANDALONE_ALIASES: dict[str, str] = {"context_match": "pld", "bigram_transition": "tr", "rest": "rest",
-                                      "lookahead": "lookahead"}
+# a source's standalone row in the synergy suite: the paper's baseline that drafts from that source alone, where
+# there is one (pld, tr, lookahead, rest)
+STANDALONE_ALIASES: dict[str, str] = {method.fields["sources"][0]: name for name, method in METHODS.items()
+                                      if method.group == "source"}
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,9 @@ def _tau(records: Sequence[Record]) -> float | None:
 
 def study_rows(records: Sequence[Record], device_curve: CostCurve | None,
                named_curve: CostCurve | None = None) -> list[dict[str, Any]]:
-    """Per study configuration (and the reference), per dataset and overall: tau, yields, predicted speedups."""
+    """Per study configuration (and the reference), per dataset and overall: tau, yields, predicted speedups. The
+    configurations are the composed methods (``SOURCES@TOPOLOGY``); each row's sources and topology are its
+    records' ``config``."""
     by_method: dict[str, list[Record]] = {}
     for record in records:
         by_method.setdefault(record["method"], []).append(record)
@@ -100,10 +102,11 @@ def study_rows(records: Sequence[Record], device_curve: CostCurve | None,
         for record in mine:
             for name, count in (record.get("source_accepted") or {}).items():
                 accepted[name] = accepted.get(name, 0) + count
+        config = mine[0]["config"]  # the method's sources and topology as it ran, not read back from its name
         rows.append({
             "method": method,
-            "sources": [full_name(s) for s in method.split("@")[0].split("+")],
-            "topology": method.split("@")[1],
+            "sources": list(config["sources"]),
+            "topology": config["topology"],
             "tau": {d: _tau([r for r in mine if r["dataset"] == d]) for d in datasets} | {"all": _tau(mine)},
             "yield_per_pass": {short(n): c / steps for n, c in accepted.items()} if steps else {},
             "speedup": fmean(r["speedup"] for r in mine if r.get("speedup") is not None)
@@ -118,14 +121,14 @@ def study_rows(records: Sequence[Record], device_curve: CostCurve | None,
 
 def tokens_lost_without(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """For every triple and each of its sources: tau(triple) - tau(the same shape without that source)."""
-    by_name = {row["method"]: row for row in rows}
+    by_shape = {(frozenset(row["sources"]), row["topology"]): row for row in rows}
     lost = []
     for row in rows:
         if len(row["sources"]) != 3:
             continue
         for dropped in row["sources"]:
-            pair = label([s for s in row["sources"] if s != dropped], row["topology"])
-            if pair in by_name and row["tau"]["all"] is not None and by_name[pair]["tau"]["all"] is not None:
+            pair = by_shape.get((frozenset(row["sources"]) - {dropped}, row["topology"]))
+            if pair is not None and row["tau"]["all"] is not None and pair["tau"]["all"] is not None:
                 lost.append({"triple": row["method"], "source": dropped,
-                             "tau_lost": row["tau"]["all"] - by_name[pair]["tau"]["all"]})
+                             "tau_lost": row["tau"]["all"] - pair["tau"]["all"]})
     return lost

@@ -29,6 +29,7 @@ from goose_bench.methods import (
     SUITE_NAMES,
     SWEEP,
     Method,
+    method_named,
     resolve_methods,
     suite_methods,
     unavailable_reason,
@@ -467,6 +468,7 @@ def _study_record(method: str, dataset: str, lengths: list[int], sizes: list[int
     record = build_record("tiny", method, Sample(dataset, 1, ("p",)),
                           [_turn(list(range(sum(lengths) + 1)), 1.0, lengths)])
     record.update(tree_sizes=sizes, auxiliary_rows=0, source_accepted=accepted, identical_to_ar=True, speedup=1.5)
+    record["config"] = method_named(method).config().digest()  # as the runner records it
     return record
 
 
@@ -478,6 +480,8 @@ def test_study_rows_tokens_lost_and_predicted_speedups() -> None:
     ]
     rows = {row["method"]: row for row in study_rows(records, curve)}
     assert rows["cm+bt@spine"]["tau"] == {"mbpp": 2.0, "all": 2.0}
+    assert (rows["cm+bt+la@spine"]["sources"], rows["cm+bt+la@spine"]["topology"]) == (
+        ["context_match", "bigram_transition", "lookahead"], "spine")  # the records' config
     assert rows["cm+bt+la@spine"]["yield_per_pass"] == {"cm": 1.0, "la": 1.0}
     # 5 tokens (4 accepted + the prefill's) in t(4) + t(4) = 4: 1.25x one token a pass; 7 in 2 + 4: 1.17x
     assert rows["cm+bt@spine"]["predicted_device"] == pytest.approx(5 / 4)

@@ -243,7 +243,7 @@ def run(args: argparse.Namespace, prompts: list[dict[str, Any]], eos_ids: frozen
         for method in args.methods:
             found = runs[method]
             # goose_bench.medians.middle_by, written out: this runner imports nothing of goose or goose_bench (the
-            # llama.cpp environment need hold llama-cpp-python only; goose bench runs it with no PYTHONPATH)
+            # llama.cpp environment need hold llama-cpp-python only; goose bench puts nothing on its path)
             output, wall, first, stats = sorted(found, key=lambda r: r[1])[(len(found) - 1) // 2]
             generation = Generation(method, index, output, wall, first, [r[1] for r in found],
                                     all(r[0] == found[0][0] for r in found), *(stats or (None, None)))
