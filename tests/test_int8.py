@@ -38,7 +38,7 @@ from goose.quantize import (
     quantized,
 )
 from goose_bench.prompts import PACKAGED_DATA, load_samples
-from tests.helpers import REPO, SMOLLM2_TOKENS, lossless_prompts
+from tests.helpers import REPO, SMOLLM2_TOKENS, assert_lossless, lossless_prompts
 
 
 def _refusal() -> str | None:
@@ -64,12 +64,6 @@ CONFIGS = {"spine": GooseConfig(), "chain": GooseConfig(topology="chain"),
            "isotropic": GooseConfig(topology="isotropic"), "transition_tree": GooseConfig(topology="transition_tree"),
            "multi_spine": GooseConfig(topology="multi_spine"),
            "spine, tiers": GooseConfig(topology_options={"spine": {"split": "tiers"}})}
-
-
-def assert_drafted_and_accepted(result) -> None:
-    """The sources drafted and some of their tokens were accepted: the passes verified trees, not bare anchors."""
-    assert sum(result.stats.source_tested.values()) > 0
-    assert sum(result.stats.source_accepted.values()) > 0 and result.stats.tau > 1.0
 
 
 # --- the layer ----------------------------------------------------------------------------------
@@ -146,8 +140,7 @@ def test_every_topology_is_identical_to_the_int8_loop(smollm2_int8, ar_reference
     others = [name for name in CONFIGS if name != "spine"]
     for name in ["spine", others[2 * index % len(others)], others[(2 * index + 1) % len(others)]]:
         result = GooseDecoder(model, tokenizer, CONFIGS[name]).generate(prompt, SMOLLM2_TOKENS)
-        assert result.new_token_ids == reference.new_token_ids, name
-        assert_drafted_and_accepted(result)
+        assert_lossless(result, reference, label=name)
 
 
 def test_batched_rows_are_each_their_own_int8_loop(smollm2_int8, ar_reference) -> None:
@@ -158,10 +151,9 @@ def test_batched_rows_are_each_their_own_int8_loop(smollm2_int8, ar_reference) -
     session = GooseDecoder(model, tokenizer).batch(3)
     ids = [session.submit(p, n) for p, n in zip(prompts, limits, strict=True)]
     results = {chunk.request_id: chunk.result for chunk in session.run() if chunk.result is not None}
-    assert [results[i].new_token_ids for i in ids] == references
+    for i, reference in zip(ids, references, strict=True):  # every row drafted and kept some of its drafts
+        assert_lossless(results[i], reference, label=f"row {i}")
     assert max(session.pass_rows) > 3
-    for i in ids:
-        assert_drafted_and_accepted(results[i])
 
 
 def test_sampled_is_the_seeded_int8_sampler_alone_and_batched(smollm2_int8, ar_reference) -> None:
@@ -171,13 +163,11 @@ def test_sampled_is_the_seeded_int8_sampler_alone_and_batched(smollm2_int8, ar_r
     references = [ar_reference(model, tokenizer, p, 40, seed=seed, **options).new_token_ids
                   for p, seed in zip(prompts, seeds, strict=True)]
     alone = GooseDecoder(model, tokenizer).generate(prompts[0], 40, seed=seeds[0], **options)
-    assert alone.new_token_ids == references[0]
-    assert_drafted_and_accepted(alone)
+    assert_lossless(alone, references[0])
     session = GooseDecoder(model, tokenizer).batch(len(prompts))
     ids = [session.submit(p, 40, seed=seed, **options) for p, seed in zip(prompts, seeds, strict=True)]
     results = {chunk.request_id: chunk.result for chunk in session.run() if chunk.result is not None}
-    assert [results[i].new_token_ids for i in ids] == references
-    assert sum(sum(results[i].stats.source_accepted.values()) for i in ids) > 0
+    assert_lossless([results[i] for i in ids], references)
 
 
 @pytest.mark.slow
@@ -295,8 +285,16 @@ def test_quality_script_scores_the_text_and_agreement(tmp_path) -> None:
     assert report["text"]["path"].endswith("httpx/_models.py") and report["text"]["tokens_scored"] == 2 * 47
     expected = {"bfloat16", "int8", *(["llama.cpp"] if built else [])}
     assert set(report["perplexity"]) == expected
-    assert all(1.0 < entry["perplexity"] < 1000.0 for entry in report["perplexity"].values())
+    # Measured on an AVX-512 EPYC (VNNI) on these 94 tokens: bfloat16 29.6, int8 31.2 (+5%), llama.cpp's Q4_1 30.6
+    # (+3%); the float32 model scores 30.0. A variant more than 15% worse than bfloat16 on the same tokens has lost
+    # more than rounding (a scale per tensor instead of per channel costs far more); bfloat16 itself must score as a
+    # 135M model does on Python code, not the thousands of a scrambled model.
+    perplexity = {name: entry["perplexity"] for name, entry in report["perplexity"].items()}
+    assert 15.0 < perplexity["bfloat16"] < 60.0, perplexity
+    assert all(value < 1.15 * perplexity["bfloat16"] for value in perplexity.values()), perplexity
+    # teacher-forced on bfloat16's own text, int8's argmax agreed at all 16 positions; allow two near-ties to flip
     agreement = report["forced_agreement_with_bfloat16"]["int8"]
-    assert agreement["tokens"] == len(ar.new_token_ids) and 0 < agreement["agreed"] <= agreement["tokens"]
+    assert agreement["tokens"] == len(ar.new_token_ids) == 16
+    assert agreement["agreed"] >= agreement["tokens"] - 2, agreement
     assert report["ar_texts"] == {"compared": 1, "identical": 1, "common_prefix": [len(ar.new_token_ids)],
                                   "lengths": [len(ar.new_token_ids)]}

@@ -21,7 +21,7 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogit
 from goose.config import GooseConfig
 from goose.cycle.decoder import GooseDecoder
 from goose.cycle.sampling import Sampler, SamplingParams, inverse_cdf, uniform
-from tests.helpers import dataset_prompts
+from tests.helpers import CPU_CURVE, assert_lossless, dataset_prompts
 
 TEMPERATURES = (0.3, 0.7, 1.0)
 CUTS = ((0.9, 0), (1.0, 50))  # (top_p, top_k): nucleus sampling, or top-k; prompts alternate between them
@@ -178,16 +178,23 @@ def test_every_topology_meets_every_prompt_temperature_and_cut_of_each_model() -
 def assert_sampled_goose_equals_ar(ar_reference, model, tokenizer, prompt: str, chat: bool, seed: int,
                                    index: int, new_tokens: int = SAMPLED_TOKENS) -> None:
     """Every temperature with the prompt's cut (top-p 0.9 or top-k 50), the topologies in turn; one seeded
-    AR reference per temperature."""
+    AR reference per temperature. The lossless assertion over the prompt's runs: each run's tokens and no fault, the
+    drafting of the three together (16 sampled tokens of a run may give context match nothing to copy)."""
     top_p, top_k = CUTS[index % 2]
+    results, references = [], []
     for t, temperature in enumerate(TEMPERATURES):
         options = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
         reference = ar_reference(model, tokenizer, prompt, new_tokens, chat=chat, **options)
         assert reference.seed == seed
         topology = topology_for(index, t)
         config = GooseConfig(sources=TOPOLOGIES[topology], topology=topology)
-        result = GooseDecoder(model, tokenizer, config, chat=chat).generate(prompt, new_tokens, **options)
-        assert result.new_token_ids == reference.new_token_ids, (topology, options)
+        # budgeted on a fixed CPU-like curve: whether drafts are laid must not hang on this machine's load
+        decoder = GooseDecoder(model, tokenizer, config, chat=chat, cost_curve=CPU_CURVE, pinned_costs=True)
+        results.append(decoder.generate(prompt, new_tokens, **options))
+        references.append(reference)
+    # drafted and tested, not necessarily kept: three of the ten prompts had 1-2 draft tokens tested and none kept in
+    # their 48 sampled tokens (measured, pinned curve); acceptance under sampling is test_batch's and test_int8's
+    assert_lossless(results, references, accepted=False, label=f"temperatures {TEMPERATURES}")
 
 
 @pytest.mark.slow

@@ -109,7 +109,10 @@ def _goose(response: Any) -> dict[str, Any]:
 
 def _assert_stats(stats: dict[str, Any], completion_tokens: int) -> None:
     assert stats["new_tokens"] == completion_tokens
-    assert stats["verify_steps"] >= 1 and stats["tau"] >= 1.0
+    # tau is what the passes gave per pass: every token but the first (the prefill's) came from a verify pass
+    assert stats["verify_steps"] >= 1
+    assert stats["tau"] == pytest.approx((stats["new_tokens"] - 1) / stats["verify_steps"], abs=1e-4)
+    assert all(0 <= stats["source_accepted"].get(name, 0) <= tested for name, tested in stats["source_tested"].items())
     assert stats["tokens_per_s"] > 0 and stats["queue_s"] >= 0
     assert set(stats["source_acceptance"]) <= set(stats["sources"])
     assert all(0.0 <= rate <= 1.0 for rate in stats["source_acceptance"].values())
