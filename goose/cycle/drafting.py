@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -17,7 +18,7 @@ from goose import plugins
 from goose.boundary import FaultLog, SourceSet, TopologyPlanner
 from goose.config import GooseConfig
 from goose.contract.candidates import CandidatePool, DecodeContext
-from goose.contract.outcome import AuxiliaryRows, Harvest
+from goose.contract.outcome import AuxiliaryRows, Harvest, PathKind
 from goose.contract.tree import ROOT, DraftTree
 from goose.cycle import calibration
 from goose.cycle.readout import greedy_and_top_k, read
@@ -28,11 +29,16 @@ from goose.cycle.walker import walk, walk_sampled
 from goose.planning.budget import BudgetPlanner
 from goose.planning.cost import CostCurve, harvest_rows, output_layer_weight
 
-# A row the budget lays no tree for probes with one node after PROBE_FIRST such cycles, the wait doubling
-# up to PROBE_LAST while no probe is accepted: on the AVX2 EPYC's llama.cpp curve (t(2) = 1.42 t(1)) a
-# prompt where no draft is ever accepted pays 0.42 / 64 of a token at worst, 0.7%.
-PROBE_FIRST = 4
-PROBE_LAST = 64
+# A row the budget lays no tree for rests REST cycles (plain decoding steps: no source drafts or learns,
+# they catch up from the context when it drafts again), so that where no tree pays Goose costs about what
+# plain decoding does: the host's own time a drafted cycle (1-2 ms with SmolLM2 against a 45 ms pass on
+# the 2-core EPYC) is paid one cycle in REST + 1, and a copy that begins is seen within REST tokens. After
+# PROBE_FIRST drafted cycles without a tree it lays a one-node probe, the wait doubling up to PROBE_LAST
+# while no probe is accepted: on the AVX2 EPYC's llama.cpp curve (t(2) = 1.42 t(1)) a prompt where no
+# draft is ever accepted pays 0.42 of a token every 80 at worst, 0.5%.
+REST = 4
+PROBE_FIRST = 2
+PROBE_LAST = 16
 
 
 class Drafter:
@@ -115,9 +121,11 @@ class Drafter:
         planner = self.budget_planner
         if self.config.budget != "auto" or planner is None:
             return [self.config.fixed_budget()] * len(cycles)
-        budgets = planner.split([cycle.pool for cycle in cycles], self.topology.spine_lengths,
-                                [cycle.riding for cycle in cycles])
-        return [cycle.probed(budget) for cycle, budget in zip(cycles, budgets, strict=True)]
+        drafted = [cycle for cycle in cycles if cycle.pool is not None]  # the others rest: the anchor alone
+        budgets = iter(planner.split([cycle.pool for cycle in drafted], self.topology.spine_lengths,
+                                     [cycle.riding for cycle in drafted]) if drafted else ())
+        alone = len(cycles) == 1  # a batched pass's 0 is the split's (rows priced together), not a loss to rest from
+        return [cycle.probed(next(budgets), alone) if cycle.pool is not None else 0 for cycle in cycles]
 
     def _shared_instances(self, drafting: tuple[str, ...], faults: FaultLog) -> dict[str, Any]:
         """One instance of each source in ``batch_shared_sources``, for every slot's set to hold."""
@@ -175,9 +183,10 @@ class RowCycle:
         self.tree: DraftTree | None = None
         self.masks: Any = None  # a constrained request's grammar bitmask of every tree row
         self.started = 0.0
-        self.unlaid = 0  # cycles in a row the budget laid no tree while a source drafted
-        self.probe_wait = PROBE_FIRST  # cycles without a tree before the next one-node probe
+        self.unlaid = 0  # drafted cycles in a row the budget laid no tree for
+        self.probe_wait = PROBE_FIRST  # such cycles before the next one-node probe
         self.probing = False
+        self.resting = 0  # plain steps left before the sources draft again
 
     def harvest_rows(self) -> int:
         """Prompt rows whose logits the prefill keeps for the sources (``GooseConfig.prefill_harvest``); with a
@@ -213,35 +222,47 @@ class RowCycle:
         ``room`` and pay may ride."""
         self.serve()
         self.started = self.clock.start()
+        if self.resting:  # a plain step: the sources neither draft nor learn (they catch up from the context)
+            self.resting -= 1
+            self.pool, self.auxiliary = None, []
+            return
         left = self.request.max_new_tokens - self.request.produced  # a deeper draft token could not be kept
         self.pool, offered = self.sources.propose(self.context(), left)
         self.auxiliary = self._rows_that_pay(_fitting(offered, room), planner)
         self.clock.lap("draft")
 
-    def probed(self, budget: int) -> int:
-        """The budget, or 1 where the curve gave none to a drafting row for ``probe_wait`` cycles.
+    def probed(self, budget: int, may_rest: bool = True) -> int:
+        """The budget; where it is 0 the row rests ``REST`` cycles (a request decoding alone, with no auxiliary
+        rows riding: those rows are their source's way to learn), or probes with 1 node after ``probe_wait``
+        drafted cycles without a tree.
 
         An estimate moves only when one of its source's nodes is tested, so one that fell too low for
         any tree to pay would otherwise never rise again, even where the prompt turns to copying. The
         probe is the cheapest tree, the best draft's first token; the wait doubles after each probe
-        nothing accepted (up to ``PROBE_LAST``) and starts over when one is, so a prompt where drafts
-        never pay spends at most one node's extra cost every ``PROBE_LAST`` cycles on them.
+        nothing accepted (up to ``PROBE_LAST``) and starts over when one is.
         """
         pool = self.pool
-        if budget > 0 or pool is None or not (pool.drafting or pool.branching):
+        if pool is None:  # resting
+            return 0
+        if budget > 0:
             self.unlaid = 0
             return budget
+        self.resting = REST if may_rest and not self.riding else 0
+        if not (pool.drafting or pool.branching):  # nothing to probe
+            return 0
         self.unlaid += 1
         if self.unlaid < self.probe_wait:
             return 0
-        self.unlaid, self.probing = 0, True
+        self.unlaid, self.probing, self.resting = 0, True, 0
         return 1
 
     def plan(self, budget: int) -> DraftTree:
         """2. The topology turns the pool into a draft tree of at most ``budget`` draft nodes (of a constrained
         request: without the drafted tokens its grammar forbids); budget 0: the bare anchor."""
-        assert self.pool is not None
         self.serve()
+        if self.pool is None:  # resting: the bare anchor (a grammar masks its row in the plain step)
+            self.tree = DraftTree.single(int(self.request.tokens[-1]))
+            return self.tree
         tree = self.drafter.topology.plan(self.pool, budget) if budget > 0 else \
             DraftTree.single(self.pool.anchor, self.pool.source_names)
         constraint = self.request.constraint
@@ -258,7 +279,12 @@ class RowCycle:
         self.clock.lap("verify")
         self.serve()
         tree, pool, request = self.tree, self.pool, self.request
-        assert tree is not None and pool is not None
+        assert tree is not None
+        if pool is None:  # resting: a plain decoding step
+            kept = request.accept_scored([request.next_token(logits[0], request.length)], logits, [ROOT])
+            self.stats.record_step(len(kept), 1, PathKind.BONUS, {})
+            self.clock.lap("walk+commit")
+            return np.zeros(0, dtype=np.int64), kept
         if request.constraint is not None:
             request.constraint.apply(logits, self.masks)
         readout = read(logits, tree.size, self.drafter.config.harvest_top_k)
