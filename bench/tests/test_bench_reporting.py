@@ -136,13 +136,13 @@ def test_a_raising_source_in_a_real_run_is_reported(tmp_path: Path, raising_sour
     records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     raising = [r for r in records if r["method"] == "raising+cm@chain"]
     assert len(raising) == 2
-    for record in raising:  # asked every cycle, on every sample (a fresh decoder each)
-        assert record["faults"]["raising"]["count"] == record["verify_steps"] > 0
+    for record in raising:  # asked on every sample (a fresh decoder each); a row resting from drafting is not asked
+        assert 0 < record["faults"]["raising"]["count"] <= record["verify_steps"]
         assert record["faults"]["raising"]["first"] == "goose_propose: raised RuntimeError: boom"
     assert all(r["faults"] == {} for r in records if r["method"] == "ar")
     summary = json.loads((tmp_path / "summary.json").read_text())
     pooled = lookup(summary["results"], "raising+cm@chain", ALL)
-    assert pooled["faults"]["raising"]["count"] == sum(r["verify_steps"] for r in raising)
+    assert pooled["faults"]["raising"]["count"] == sum(r["faults"]["raising"]["count"] for r in raising)
     assert pooled["faults"]["raising"]["samples"] == 2 and pooled["source_tested"].get("raising", 0) == 0
     line = next(r for r in csv.DictReader((tmp_path / "summary.csv").open()) if r["method"] == "raising+cm@chain")
     assert line["faults"].startswith("raising: ")
