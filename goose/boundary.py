@@ -193,3 +193,6 @@ class TopologyPlanner(Guarded):
             return lengths
         return self.faults.warn(self.kind, self.name, "goose_spine_lengths", f"malformed answer: {len(lengths)} "
                                 f"spine lengths for {len(budgets)} budgets, or a negative one")
+
+
+__all__ = ["FaultLog", "Guarded", "SourceSet", "TopologyPlanner", "made"]

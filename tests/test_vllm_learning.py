@@ -9,7 +9,7 @@ import pytest
 from goose.boundary import FaultLog
 from goose.config import GooseConfig
 from goose.contract.tree import ROOT, TreeBuilder
-from goose.vllm import Chain, RowDrafter
+from goose_vllm import Chain, RowDrafter
 
 CHAIN = [5, 6, 7, 8]
 

@@ -2,7 +2,7 @@
 
 vLLM pins its own torch and transformers, so it runs in its own environment: after our methods,
 :mod:`goose_bench.peers.vllm_runner` runs, by its path, under that environment's interpreter (where
-goose is installed too: vLLM loads the proposer by name) with the same datasets, limit,
+goose and goose-vllm are installed too: vLLM loads the proposer by name) with the same datasets, limit,
 max new tokens, dtype and concurrencies, and writes ``results.json`` into ``--out``'s ``vllm/``
 folder. Each of its runs becomes a :class:`~goose_bench.concurrency.ConcurrencyRow` named
 ``vllm_<method>`` whose outputs are compared with OUR single-request AR outputs, prompt by prompt,
@@ -11,6 +11,7 @@ where both sides encoded the prompt to the same token ids.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 from collections.abc import Sequence
@@ -52,13 +53,17 @@ def vllm_command(peer: PeerScript, model_path: str, datasets: Sequence[str], dat
 
 def run_vllm_bench(command: Sequence[str], out: Path, progress: bool = True) -> dict[str, Any]:
     """Run ``command`` (a vLLM runner command writing into ``out``), echo its stdout, return its results.json."""
-    # The runner imports goose_bench (the prompts) and vLLM's engine goose (the proposer): this process's copies, the
-    # code whose rows they join, on PYTHONPATH through a folder holding links to those two alone. Not the folders they
-    # lie in: from a wheel that is a site-packages whose torch and transformers would shadow the versions vLLM pins.
+    # The runner imports goose_bench (the prompts) and vLLM's engine goose_vllm (the proposer) and goose: this
+    # process's copies, the code whose rows they join, on PYTHONPATH through a folder holding links to those alone (to
+    # goose_vllm where this process has it; else the vLLM environment's own). Not the folders they lie in: from a wheel
+    # that is a site-packages whose torch and transformers would shadow the versions vLLM pins.
+    proposer = importlib.util.find_spec("goose_vllm")
+    folders = {package.__name__: Path(package.__file__).resolve().parent for package in (goose, goose_bench)}
+    if proposer is not None and proposer.origin:
+        folders["goose_vllm"] = Path(proposer.origin).resolve().parent
     with tempfile.TemporaryDirectory(prefix="goose-for-vllm-") as alone:
-        for package in (goose, goose_bench):
-            (Path(alone) / package.__name__).symlink_to(Path(package.__file__).resolve().parent,
-                                                        target_is_directory=True)
+        for name, folder in folders.items():
+            (Path(alone) / name).symlink_to(folder, target_is_directory=True)
         path = os.pathsep.join(part for part in (alone, os.environ.get("PYTHONPATH")) if part)
         # vLLM logs to stdout by default; to stderr (the log file) instead, so that stdout is the runner's progress
         env = {"VLLM_LOGGING_STREAM": "ext://sys.stderr", **os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}

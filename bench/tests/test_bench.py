@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import sys
@@ -628,14 +629,15 @@ def test_bench_vllm_argument_errors(flags: list[str], message: str, capsys) -> N
 
 
 def test_the_vllm_runner_imports_this_goose_alone(tmp_path: Path) -> None:
-    """The runner (and vLLM's engine) import goose and goose_bench from a PYTHONPATH folder holding this process's
-    two packages and nothing else: from a wheel, the folder they lie in is a site-packages whose torch and
-    transformers would shadow the versions vLLM pins."""
+    """The runner (and vLLM's engine) import goose, goose_bench and the proposer's goose_vllm from a PYTHONPATH folder
+    holding this process's packages and nothing else: from a wheel, the folder they lie in is a site-packages whose
+    torch and transformers would shadow the versions vLLM pins."""
     probe = ("import json, os, sys, goose; first = os.environ['PYTHONPATH'].split(os.pathsep)[0]; "
              "json.dump({'goose': os.path.realpath(goose.__file__), 'beside': sorted(os.listdir(first))}, "
              "open(os.path.join(sys.argv[1], 'results.json'), 'w'))")
     results = run_vllm_bench([sys.executable, "-c", probe, str(tmp_path)], tmp_path, progress=False)
-    assert results == {"goose": str(Path(goose.__file__).resolve()), "beside": ["goose", "goose_bench"]}
+    proposer = ["goose_vllm"] if importlib.util.find_spec("goose_vllm") else []  # `make setup` installs goose-vllm
+    assert results == {"goose": str(Path(goose.__file__).resolve()), "beside": ["goose", "goose_bench", *proposer]}
 
 
 def test_a_failing_vllm_bench_names_the_command_and_its_stderr(tmp_path: Path) -> None:

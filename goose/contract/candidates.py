@@ -328,3 +328,7 @@ def checked_successors(answer: object, m: int, k: int, vocab_size: int) -> tuple
     usable = (tokens[:, :width] >= 0) & np.isfinite(raw) & (raw > 0.0)
     scores[:, :width] = np.where(usable, np.minimum(raw, 1.0), 0.0)
     return tokens, scores
+
+
+__all__ = ["CandidatePool", "DecodeContext", "Draft", "SourceCandidates", "SuccessorFn", "chain_rate", "common_prefix",
+           "eos_token_ids", "token_ids", "without_trailing_repeats"]

@@ -114,3 +114,6 @@ class VerifyOutcome:
     accepted: np.ndarray
     path_kind: PathKind
     harvest: Harvest
+
+
+__all__ = ["AuxiliaryRows", "Harvest", "PathKind", "VerifyOutcome"]

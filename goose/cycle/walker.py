@@ -87,3 +87,6 @@ def classify(tree: DraftTree, path: np.ndarray) -> PathKind:
     if not bool(spine[0]):
         return PathKind.BRANCH
     return PathKind.SPINE if bool(spine.all()) else PathKind.CONTINUATION
+
+
+__all__ = ["Walk", "walk", "walk_sampled"]

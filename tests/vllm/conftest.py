@@ -22,13 +22,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 vllm = pytest.importorskip("vllm", reason="the vLLM suite needs the vLLM environment (make vllm-setup)")
 
 from goose import models  # noqa: E402
-from goose.vllm import CONFIG_ENV  # noqa: E402
 from goose_bench.prompts import load_samples  # noqa: E402
+from goose_vllm import CONFIG_ENV  # noqa: E402
 
 MAX_TOKENS = 64
 MAX_MODEL_LEN = 2048
 MAX_NUM_SEQS = 4  # the batch: at most four requests decode together
-PROPOSER = "goose.vllm.GooseProposer"
+PROPOSER = "goose_vllm.GooseProposer"
 NUM_SPECULATIVE_TOKENS = 16
 # two prompts from each of three datasets: code that quotes its prompt, arithmetic, open writing
 TEST_DATASETS = {"humaneval": 2, "gsm8k": 2, "mt_bench": 2}

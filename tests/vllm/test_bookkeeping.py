@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from vllm.engine.arg_utils import EngineArgs
 
-from goose.vllm import ChainCut, GooseProposer, ProposerConfig, StepCost
+from goose_vllm import ChainCut, GooseProposer, ProposerConfig, StepCost
 from tests.vllm.conftest import MAX_MODEL_LEN, MAX_NUM_SEQS, goose_speculation
 
 

@@ -182,7 +182,7 @@ def speculative_config(method: str, args: argparse.Namespace) -> dict[str, Any] 
         return {"method": "ngram", "num_speculative_tokens": args.num_speculative_tokens,
                 "prompt_lookup_min": args.ngram_min, "prompt_lookup_max": args.ngram_max}
     if method in GOOSE_METHODS:
-        return {"method": "custom_class", "model": "goose.vllm.GooseProposer",
+        return {"method": "custom_class", "model": "goose_vllm.GooseProposer",
                 "num_speculative_tokens": args.num_speculative_tokens}
     return None
 

@@ -2,15 +2,16 @@
 
 vLLM (0.32) lets a third-party class draft tokens for its own speculative decoding::
 
-    LLM(model=path, speculative_config={"method": "custom_class", "model": "goose.vllm.GooseProposer",
+    LLM(model=path, speculative_config={"method": "custom_class", "model": "goose_vllm.GooseProposer",
                                         "num_speculative_tokens": 16})
 
 vLLM builds the class as ``GooseProposer(vllm_config)``, calls ``load_model(model)`` once and then,
 after every engine step, ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, ...)``
 with one entry per row of the running batch; it verifies the drafts with the target (greedy or
 rejection sampling), so the output is exactly what vLLM produces without speculation. This module
-is the proposer and nothing else: vLLM is imported by no line here, and ``import goose`` never
-needs it.
+is the proposer and nothing else: vLLM is imported by no line here. It is goose-vllm, a distribution of its
+own beside goose-decoding (vLLM's environment pins its own transformers): it reaches Goose through Goose's
+public API only (integrations/vllm/tests/test_public_api.py), and ``import goose`` never needs it.
 
 Three parts, each replaceable on its own:
 
@@ -60,7 +61,7 @@ from goose.contract.outcome import Harvest
 from goose.contract.tree import ROOT, DraftTree, TreeBuilder
 from goose.cycle.walker import walk
 
-logger = logging.getLogger("goose.vllm")
+logger = logging.getLogger("goose_vllm")
 
 CONFIG_ENV = "GOOSE_VLLM_CONFIG"
 COLD_START_THRESHOLD = 0.1  # the chain cut's path probability until the step cost has been measured
@@ -400,7 +401,7 @@ class GooseProposer:
         self.vocab_size = int(model_config.get_vocab_size())
         self.tokenizer = _load_tokenizer(model_config)
         self.eos_token_ids = eos_token_ids(model_config.hf_config, self.tokenizer)
-        self.goose_config = settings.goose_config(share=f"goose.vllm.{os.getpid()}.{next(_PROPOSERS)}")
+        self.goose_config = settings.goose_config(share=f"goose_vllm.{os.getpid()}.{next(_PROPOSERS)}")
         self.min_path_probability = settings.min_path_probability
         self.faults = FaultLog()
         self.names, skipped = usable_sources(settings.sources, self.goose_config, self.vocab_size)
@@ -547,13 +548,16 @@ def _load_tokenizer(model_config: Any) -> Any:
 
 
 def _ensure_log_output() -> None:
-    """Give Goose's loggers a handler in vLLM's engine process, where only vLLM's own loggers have one."""
-    goose_logger = logging.getLogger("goose")
-    if not goose_logger.hasHandlers():
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-        goose_logger.addHandler(handler)
-        goose_logger.setLevel(logging.INFO)
+    """Give Goose's loggers and the proposer's a handler in vLLM's engine process, where only vLLM's own loggers have
+    one."""
+    for name in ("goose", logger.name):
+        named = logging.getLogger(name)
+        if not named.hasHandlers():
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+            named.addHandler(handler)
+            named.setLevel(logging.INFO)
 
 
-__all__ = ["CONFIG_ENV", "GooseProposer", "ProposerConfig", "RequestTable", "RowDrafter", "usable_sources"]
+__all__ = ["CONFIG_ENV", "Chain", "ChainCut", "GooseProposer", "ProposerConfig", "RequestTable", "RowDrafter",
+           "StepCost", "usable_sources"]
