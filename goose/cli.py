@@ -276,10 +276,10 @@ def _run_generate(args: argparse.Namespace) -> int:
     if baseline is not None:  # warm both up so the timed runs pay no one-off costs
         warm_up = {k: v for k, v in requests[0].items() if k in ("json_schema", "json_object")}
         baseline.generate(requests[0]["prompt"], 4, **warm_up)
-        session.submit(requests[0]["prompt"], 4, **warm_up)
+        session.submit(goose.request(requests[0]["prompt"], 4, **warm_up))
         list(session.run())
         session.pass_rows.clear()
-    ids = [session.submit(**item) for item in requests]
+    ids = [session.submit(goose.request(**item)) for item in requests]
     live = args.prompts is None and not args.json and baseline is None  # one prompt's text, as it is decoded
     results, started = {}, time.perf_counter()
     for chunk in session.run():

@@ -32,11 +32,13 @@ PINNED = {"cost_curve": CPU_CURVE, "pinned_costs": True}
 def decode_staggered(decoder, prompts, limits, max_batch, late, **options):
     """Submit all but the last ``late`` prompts, step twice, then submit the rest: each request's tokens."""
     session = decoder.batch(max_batch)
-    ids = [session.submit(p, n, **options) for p, n in zip(prompts[:-late], limits[:-late], strict=True)]
+    ids = [session.submit(decoder.request(p, n, **options))
+           for p, n in zip(prompts[:-late], limits[:-late], strict=True)]
     outputs, results = {}, {}
     for step in range(10_000):
         if step == 2:
-            ids += [session.submit(p, n, **options) for p, n in zip(prompts[-late:], limits[-late:], strict=True)]
+            ids += [session.submit(decoder.request(p, n, **options))
+                    for p, n in zip(prompts[-late:], limits[-late:], strict=True)]
         for event in session.step():
             outputs.setdefault(event.request_id, []).extend(event.token_ids)
             if event.finished:
@@ -83,8 +85,10 @@ def test_seeded_sampling_per_row(tiny, ar_reference) -> None:
     references = [ar_reference(model, tokenizer, p, 48, seed=seed, **options).new_token_ids
                   for p, seed in zip(prompts, (11, 12), strict=True)]
     # a fixed budget: at T=0.7 the tiny model leaves its loops, and the CPU curve prices its doubtful drafts out
-    session = GooseDecoder(model, tokenizer, GooseConfig(budget=8)).batch(2)
-    ids = [session.submit(p, 48, seed=seed, **options) for p, seed in zip(prompts, (11, 12), strict=True)]
+    decoder = GooseDecoder(model, tokenizer, GooseConfig(budget=8))
+    session = decoder.batch(2)
+    ids = [session.submit(decoder.request(p, 48, seed=seed, **options))
+           for p, seed in zip(prompts, (11, 12), strict=True)]
     results = {event.request_id: event.result for event in session.run() if event.finished}
     # drafted and tested; at T=0.7 the random-weight model's draws rarely follow a draft: acceptance not required
     assert_lossless([results[i] for i in ids], references, accepted=False)
@@ -94,10 +98,11 @@ def test_seeded_sampling_per_row(tiny, ar_reference) -> None:
 def test_a_cancelled_row_frees_its_slot_and_changes_no_other(tiny, ar_reference) -> None:
     model, tokenizer = tiny
     reference = ar_reference(model, tokenizer, PROMPTS[0], SMOLLM2_TOKENS).new_token_ids
-    session = GooseDecoder(model, tokenizer).batch(2)
-    kept = session.submit(PROMPTS[0], SMOLLM2_TOKENS)
-    gone = session.submit(PROMPTS[1], SMOLLM2_TOKENS)
-    waiting = session.submit(PROMPTS[2], 8)  # no slot: waits
+    decoder = GooseDecoder(model, tokenizer)
+    session = decoder.batch(2)
+    kept = session.submit(decoder.request(PROMPTS[0], SMOLLM2_TOKENS))
+    gone = session.submit(decoder.request(PROMPTS[1], SMOLLM2_TOKENS))
+    waiting = session.submit(decoder.request(PROMPTS[2], 8))  # no slot: waits
     tokens = []
     for _ in range(3):
         tokens += [t for event in session.step() if event.request_id == kept for t in event.token_ids]
@@ -147,17 +152,20 @@ def test_a_plugin_that_raises_in_one_row_changes_no_row(tiny, ar_reference, capl
     assert "raises_for_one" in caplog.text and "this row's plugin fails" in caplog.text
 
 
-def test_bad_requests_are_refused_at_submit(tiny) -> None:
+def test_bad_requests_are_refused_where_they_are_built(tiny) -> None:
     model, tokenizer = tiny
-    session = GooseDecoder(model, tokenizer).batch(2)
+    decoder = GooseDecoder(model, tokenizer)
+    session = decoder.batch(2)
     with pytest.raises(ValueError, match="empty prompt"):
-        session.submit("   ", 8)
+        decoder.request("   ", 8)
     with pytest.raises(ValueError, match="max_new_tokens"):
-        session.submit("hello", 0)
+        decoder.request("hello", 0)
     with pytest.raises(ValueError, match="temperature"):
-        session.submit("hello", 8, temperature=-1.0)
+        decoder.request("hello", 8, temperature=-1.0)
     with pytest.raises(ValueError, match="does not fit"):
-        session.submit(list(range(10)) * 1000, 8)
+        decoder.request(list(range(10)) * 1000, 8)
+    with pytest.raises(TypeError, match="unknown generation option"):
+        decoder.request("hello", 8, temprature=0.5)
     with pytest.raises(ValueError, match="max_batch"):
         GooseDecoder(model, tokenizer).batch(0)
     assert session.active == 0 and session.step() == []
@@ -173,10 +181,10 @@ def test_a_request_beyond_the_cache_budget_is_refused_and_nothing_else_changes(t
     longest = max(len(decoder.encode(p)) for p in PROMPTS[:2])
     share = longest + SMOLLM2_TOKENS  # the longest row ends exactly at its share
     session = decoder.batch(2, cache_positions=2 * share)
-    ids = [session.submit(p, SMOLLM2_TOKENS) for p in PROMPTS[:2]]
+    ids = [session.submit(decoder.request(p, SMOLLM2_TOKENS)) for p in PROMPTS[:2]]
     session.step()
     with pytest.raises(CacheBudgetError, match=f"does not fit a slot's share of the cache budget.*{share} positions"):
-        session.submit(PROMPTS[0], share - len(decoder.encode(PROMPTS[0])) + 1)
+        session.submit(decoder.request(PROMPTS[0], share - len(decoder.encode(PROMPTS[0])) + 1))
     assert session.active == 2
     results = {event.request_id: event.result for event in session.run() if event.finished}
     assert [results[i].new_token_ids for i in ids] == references
@@ -190,7 +198,7 @@ def test_rows_sharing_one_bigram_table_stay_exact(tiny, ar_reference) -> None:
     references = [ar_reference(model, tokenizer, p, SMOLLM2_TOKENS).new_token_ids for p in PROMPTS[:3]]
     decoder = GooseDecoder(model, tokenizer, GooseConfig(batch_shared_sources=["bigram_transition"]), **PINNED)
     session = decoder.batch(2)
-    ids = [session.submit(p, SMOLLM2_TOKENS) for p in PROMPTS[:3]]  # the third joins when a slot frees
+    ids = [session.submit(decoder.request(p, SMOLLM2_TOKENS)) for p in PROMPTS[:3]]  # the third joins when a slot frees
     results = {event.request_id: event.result for event in session.run() if event.finished}
     assert_lossless([results[i] for i in ids], references)
     slots = decoder.drafter.spare  # every row gave its sources back: the decoder's own set and one more

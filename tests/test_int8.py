@@ -148,8 +148,9 @@ def test_batched_rows_are_each_their_own_int8_loop(smollm2_int8, ar_reference) -
     model, tokenizer = smollm2_int8
     prompts, limits = [PROMPTS[0], PROMPTS[1], PROMPTS[4], PROMPTS[7]], [SMOLLM2_TOKENS, SMOLLM2_TOKENS, 40, 48]
     references = [ar_reference(model, tokenizer, p, n).new_token_ids for p, n in zip(prompts, limits, strict=True)]
-    session = GooseDecoder(model, tokenizer).batch(3)
-    ids = [session.submit(p, n) for p, n in zip(prompts, limits, strict=True)]
+    decoder = GooseDecoder(model, tokenizer)
+    session = decoder.batch(3)
+    ids = [session.submit(decoder.request(p, n)) for p, n in zip(prompts, limits, strict=True)]
     results = {chunk.request_id: chunk.result for chunk in session.run() if chunk.result is not None}
     for i, reference in zip(ids, references, strict=True):  # every row drafted and kept some of its drafts
         assert_lossless(results[i], reference, label=f"row {i}")
@@ -164,8 +165,9 @@ def test_sampled_is_the_seeded_int8_sampler_alone_and_batched(smollm2_int8, ar_r
                   for p, seed in zip(prompts, seeds, strict=True)]
     alone = GooseDecoder(model, tokenizer).generate(prompts[0], 40, seed=seeds[0], **options)
     assert_lossless(alone, references[0])
-    session = GooseDecoder(model, tokenizer).batch(len(prompts))
-    ids = [session.submit(p, 40, seed=seed, **options) for p, seed in zip(prompts, seeds, strict=True)]
+    decoder = GooseDecoder(model, tokenizer)
+    session = decoder.batch(len(prompts))
+    ids = [session.submit(decoder.request(p, 40, seed=seed, **options)) for p, seed in zip(prompts, seeds, strict=True)]
     results = {chunk.request_id: chunk.result for chunk in session.run() if chunk.result is not None}
     assert_lossless([results[i] for i in ids], references)
 

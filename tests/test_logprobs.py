@@ -38,7 +38,7 @@ def reference(decoders) -> GenerationResult:
 def batched(goose: GooseDecoder, requests: list[tuple[str, int, dict[str, Any]]]) -> list[GenerationResult]:
     """The results of ``requests`` (prompt, tokens, options) decoded together in one batch session."""
     session = goose.batch(len(requests))
-    ids = [session.submit(prompt, tokens, **options) for prompt, tokens, options in requests]
+    ids = [session.submit(goose.request(prompt, tokens, **options)) for prompt, tokens, options in requests]
     results = {event.request_id: event.result for event in session.run() if event.result is not None}
     return [results[request_id] for request_id in ids]
 

@@ -77,9 +77,11 @@ def test_json_schema_seeded_sampling_equals_the_constrained_sampler(smollm2, ar_
 def test_batched_json_schema_and_json_object(smollm2, reference) -> None:
     """Through BatchSession (the server's path): a constrained row equals the single-request reference, and a
     JSON-mode row next to it gives a JSON object."""
-    session = GooseDecoder(*smollm2, GooseConfig(budget=8)).batch(2)
-    schema_id = session.submit(PROMPT, MAX_NEW, json_schema=json.dumps(SCHEMA))
-    object_id = session.submit("Give a cat's name and color as a short JSON object.", 32, json_object=True)
+    decoder = GooseDecoder(*smollm2, GooseConfig(budget=8))
+    session = decoder.batch(2)
+    schema_id = session.submit(decoder.request(PROMPT, MAX_NEW, json_schema=json.dumps(SCHEMA)))
+    object_id = session.submit(decoder.request("Give a cat's name and color as a short JSON object.", 32,
+                                               json_object=True))
     results = {event.request_id: event.result for event in session.run() if event.result is not None}
     assert_lossless(results[schema_id], reference, accepted=False)
     assert results[schema_id].stats.grammar_cut_tokens > 0

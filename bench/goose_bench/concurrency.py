@@ -78,7 +78,7 @@ def closed_loop(decoder: Any, prompts: Sequence[list[int]], max_new_tokens: int,
 
     def submit_next() -> None:
         index, prompt = pending.popleft()
-        submitted[session.submit(prompt, max_new_tokens)] = (index, time.perf_counter())
+        submitted[session.submit(decoder.request(prompt, max_new_tokens))] = (index, time.perf_counter())
 
     for _ in range(min(concurrency, len(pending))):
         submit_next()

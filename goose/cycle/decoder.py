@@ -71,8 +71,9 @@ class _Decoding:
         most likely alternatives, on each chunk and on the result; the output is the same with or
         without it). Stopping the iteration ends the generation at the next cycle.
         """
-        session = Session(self.verifier, self._request, self.tokenizer, self.drafter)
-        request_id = session.submit(prompt, max_new_tokens, **options)
+        request = self.request(prompt, max_new_tokens, **options)
+        session = Session(self.verifier, self.tokenizer, self.drafter)
+        request_id = session.submit(request)
         result = None
         try:
             while session.active:
@@ -92,13 +93,12 @@ class _Decoding:
         return self.last_result
 
     def batch(self, max_batch: int, cache_positions: int | None = None) -> Session:
-        """A session decoding up to ``max_batch`` requests together (submit, step, cancel).
+        """A session decoding up to ``max_batch`` requests together (submit what :meth:`request` builds, step, cancel).
 
         ``cache_positions``: the KV cache's budget in positions over all slots (each request's prompt and
         output must fit a slot's equal share, or it is refused at submit); None: a slot holds the model's context.
         """
-        return Session(new_verifier(self.model, max_batch, cache_positions), self._request, self.tokenizer,
-                       self.drafter)
+        return Session(new_verifier(self.model, max_batch, cache_positions), self.tokenizer, self.drafter)
 
     def generate_batch(self, prompts: list[Prompt], max_new_tokens: int = 128, max_batch: int | None = None,
                        cache_positions: int | None = None, **options: Any) -> list[GenerationResult]:
@@ -108,7 +108,8 @@ class _Decoding:
         if not prompts:
             return []
         session = self.batch(max_batch or len(prompts), cache_positions)
-        ids = [session.submit(prompt, max_new_tokens, **options) for prompt in prompts]
+        requests = [self.request(prompt, max_new_tokens, **options) for prompt in prompts]
+        ids = [session.submit(request) for request in requests]
         results = {chunk.request_id: chunk.result for chunk in session.run() if chunk.result is not None}
         return [results[i] for i in ids]
 
@@ -125,7 +126,10 @@ class _Decoding:
             raise ValueError(f"prompt token ids must be ints in [0, {self.verifier.vocab_size})")
         return ids
 
-    def _request(self, prompt: Prompt, max_new_tokens: int, options: dict[str, Any]) -> Request:
+    def request(self, prompt: Prompt, max_new_tokens: int = 128, **options: Any) -> Request:
+        """A request for a session's :meth:`~goose.cycle.session.Session.submit` (``options`` as for :meth:`stream`).
+        Bad input raises here: ValueError (``ContextOverflowError`` for a prompt the context cannot hold), or
+        TypeError for an unknown option."""
         check_request(prompt, max_new_tokens)
         eos_token_ids: Iterable[int] | None = options.pop("eos_token_ids", None)
         prediction: str | list[int] | None = options.pop("prediction", None)

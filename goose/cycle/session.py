@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,10 +47,7 @@ from goose.cycle.detokenize import IncrementalText
 from goose.cycle.drafting import Drafter, RowCycle
 from goose.cycle.engine import Verifying
 from goose.cycle.logprobs import TokenLogprob
-from goose.cycle.request import GenerationResult, Prompt, Request
-
-# prompt, max_new_tokens, options -> the request (bad input raises here)
-Intake = Callable[[Prompt, int, dict[str, Any]], Request]
+from goose.cycle.request import GenerationResult, Request
 
 
 @dataclass(frozen=True)
@@ -89,14 +86,15 @@ class _Row:
 class Session:
     """Up to ``verifier.slots`` requests decoding together; more wait their turn in arrival order.
 
-    Feed it with :meth:`submit`, advance it with :meth:`step` (the chunks of every request that moved),
-    stop a request with :meth:`cancel`. Call all three from one thread.
+    Feed it with :meth:`submit` (a request its decoder built: ``GooseDecoder.request``), advance it with
+    :meth:`step` (the chunks of every request that moved), stop a request with :meth:`cancel`. Call all three
+    from one thread.
     """
 
-    def __init__(self, verifier: Verifying, intake: Intake, tokenizer: Any, drafter: Drafter | None) -> None:
+    def __init__(self, verifier: Verifying, tokenizer: Any, drafter: Drafter | None) -> None:
         self.verifier = verifier
         self.max_batch = verifier.slots
-        self.intake, self.tokenizer, self.drafter = intake, tokenizer, drafter
+        self.tokenizer, self.drafter = tokenizer, drafter
         self.rows: list[_Row] = []  # the decoding requests, row i in slot i
         self.waiting: deque[_Row] = deque()
         self._next_id = 0
@@ -107,11 +105,10 @@ class Session:
         """Requests decoding or waiting."""
         return len(self.rows) + len(self.waiting)
 
-    def submit(self, prompt: Prompt, max_new_tokens: int = 128, **options: Any) -> int:
-        """Queue a request (options as for ``GooseDecoder.stream``); returns its id. Bad input raises here, and so
-        does a request that would not fit a slot of the cache budget (``CacheBudgetError``)."""
-        request = self.intake(prompt, max_new_tokens, dict(options))
-        self.verifier.check_fits(len(request.prompt_ids) + max_new_tokens)
+    def submit(self, request: Request) -> int:
+        """Queue ``request`` (new, from the decoder's ``request``, where bad input raises); returns its id. A request
+        that would not fit a slot of the cache budget raises here (``CacheBudgetError``)."""
+        self.verifier.check_fits(len(request.prompt_ids) + request.max_new_tokens)
         row = _Row(self._next_id, request, IncrementalText(self.tokenizer))
         self._next_id += 1
         self.waiting.append(row)

@@ -243,7 +243,7 @@ class Engine:
             session = sessions.get(job.decoding)
             if session is None:
                 session = sessions[job.decoding] = self._session(job.decoding)
-            request_id = session.submit(job.prompt_ids, job.max_tokens, **job.decoder_options())
+            request_id = session.submit(decoder.request(job.prompt_ids, job.max_tokens, **job.decoder_options()))
         except (PluginError, ValueError) as error:
             job.deliver(Failed(rejection(error, job.endpoint, (job.sampling.get("temperature") or 0) > 0),
                                started=False))
