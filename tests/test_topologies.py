@@ -251,7 +251,8 @@ def test_no_context_match_gives_the_best_first_transition_tree() -> None:
         if tree.depths[node] >= config.max_depth:
             continue
         previous = int(tree.tokens[tree.parents[node]]) if node > 0 else PREVIOUS
-        candidates, conditional = table(np.array([previous]), np.array([int(tree.tokens[node])]), SpineOptions().branch_top_k)
+        candidates, conditional = table(np.array([previous]), np.array([int(tree.tokens[node])]),
+                                        SpineOptions().branch_top_k)
         laid = set(tree.tokens[tree.parents == node].tolist())
         for token, score in zip(candidates[0].tolist(), conditional[0].tolist(), strict=True):
             if token >= 0 and token not in laid and score >= config.min_score:
