@@ -89,19 +89,21 @@ def test_ar_on_the_engine_is_llama_cpps_own_greedy_decoding(gguf: tuple[LlamaMod
 def test_goose_on_the_gguf_file_is_llama_cpps_greedy_output(gguf: tuple[LlamaModel, Any]) -> None:
     """Every output is ar's (or parts from it at a near-tie), with the sources drafting and accepted."""
     model, tokenizer = gguf
-    ar, goose = AutoregressiveDecoder(model, tokenizer), _goose(gguf)
-    tested, accepted = {}, {}
+    # a fixed budget: every cycle lays a tree through the engine (on the engine's steep curve the automatic
+    # budget rightly lays few, and this test is about the rows of trees)
+    ar, goose = AutoregressiveDecoder(model, tokenizer), _goose(gguf, budget=8)
+    tested, accepted, results, references = {}, {}, [], []
     for prompt in PROMPTS:
-        reference = ar.generate(prompt, 96).new_token_ids
-        result = goose.generate(prompt, 96)
-        # one request: its rows round as one-token rows do (flash attention), so every token is ar's
-        assert_lossless(result, reference, accepted=False, label=prompt)
+        references.append(ar.generate(prompt, 96).new_token_ids)
+        results.append(result := goose.generate(prompt, 96))
         for name, count in result.stats.source_tested.items():
             tested[name] = tested.get(name, 0) + count
         for name, count in result.stats.source_accepted.items():
             accepted[name] = accepted.get(name, 0) + count
         if prompt == COPY_PROMPT:  # the digits repeat: context match copies them
             assert result.stats.tau > 1.5 and result.stats.source_accepted["context_match"] > 10
+    # one request: its rows round as one-token rows do (flash attention), so every token is ar's
+    assert_lossless(results, references)
     assert accepted["context_match"] > 0 and accepted["bigram_transition"] > 0, (tested, accepted)
 
 
