@@ -145,6 +145,17 @@ def test_the_live_curve_takes_medians_and_corrects_each_size_it_sees() -> None:
 LINEAR = _curve({1: 1.0, 2: 2.0, 128: 128.0})  # every row a full token: no tree can pay
 
 
+def test_a_row_more_where_the_kernels_make_it_cheaper() -> None:
+    """Budgets land on every size the curve was measured at: on a curve where 16 rows cost less than 15 (a kernel
+    that takes rows in blocks, as llama.cpp's here), a long trusted chain gets 15 draft nodes and the anchor."""
+    blocky = CostCurve(tuple(range(1, 21)), tuple(0.03 * r for r in (
+        1.0, 1.93, 2.54, 3.15, 3.84, 4.47, 5.14, 5.0, 5.97, 6.27, 6.92, 6.88, 7.69, 8.48, 9.03, 7.44, 8.91, 9.07,
+        10.13, 10.22)))
+    planner = BudgetPlanner(blocky, max_budget=19)
+    assert set(range(1, 20)) == set(planner.candidates)
+    assert planner.choose((0.98,), 40, 0.0) == 15
+
+
 def test_no_tree_where_none_pays() -> None:
     """Budget 0 (the anchor alone) is a candidate: where n rows cost n tokens no tree yields more tokens a
     second than plain decoding, however good the draft; where rows are cheap the same draft gets a tree."""
@@ -218,11 +229,12 @@ def test_expected_rate_is_yield_over_time() -> None:
 
 def test_the_chosen_budget_is_the_fastest_chain_worked_out_by_hand() -> None:
     # trees of up to 8 rows cost one token, then every 8 more rows cost another: for a chain at p = 0.9
-    # (no branches), budget 6 yields 5.22 tokens a pass in t, budget 8 yields 6.13 in 1.125 t (5.45 per t),
-    # budget 10 yields 6.86 in 1.375 t (4.99): 8 is the fastest
+    # (no branches), budget 6 yields 5.22 tokens a pass in t, budget 7 (8 rows with the anchor, a budget the
+    # planner has because the curve was measured at 8) 5.70 in t, budget 8 6.13 in 1.125 t (5.45 per t),
+    # budget 10 6.86 in 1.375 t (4.99): 7 is the fastest
     planner = BudgetPlanner(_curve({1: 1.0, 8: 1.0, 16: 2.0, 32: 4.0, 64: 8.0, 128: 16.0}))
     planner.overhead_s = 0.0
-    assert planner.choose(0.9, 20, 0.0) == 8
+    assert planner.choose(0.9, 20, 0.0) == 7
 
 
 def test_a_decoder_plans_with_a_given_curve(tiny, tmp_path) -> None:
@@ -281,15 +293,17 @@ def test_one_pass_over_the_budgets_equals_the_optimum_per_budget() -> None:
         p_s = tuple(on_grid.tolist()) if trial % 2 else float(on_grid[0])
         p_t = 0.0 if trial % 5 == 0 else round(float(generator.random()) * 30) / 50
         length = int(generator.integers(0, 140))
-        caps = tuple(min(length, int(c)) for c in generator.integers(0, 140, len(CANDIDATE_BUDGETS)))
+        budgets = planner.candidates  # CANDIDATE_BUDGETS and those landing on the curve's sizes (7, 15, 31, ...)
+        assert set(CANDIDATE_BUDGETS) <= set(budgets) and {7, 15, 31, 63, 127} <= set(budgets)
+        caps = tuple(min(length, int(c)) for c in generator.integers(0, 140, len(budgets)))
         max_depth = int(generator.integers(1, 8))
-        one_pass = spine_yields(p_s, p_t, CANDIDATE_BUDGETS, caps, max_depth)
+        one_pass = spine_yields(p_s, p_t, budgets, caps, max_depth)
         per_budget = [best_spine_tree(p_s, p_t, n, max_depth, max_spine=cap).expected_tau
-                      for n, cap in zip(CANDIDATE_BUDGETS, caps, strict=True)]
+                      for n, cap in zip(budgets, caps, strict=True)]
         np.testing.assert_allclose(one_pass, per_budget, rtol=0, atol=1e-12)
-        rates = [planner.expected_rate(n, p_s, cap, p_t) for n, cap in zip(CANDIDATE_BUDGETS, caps, strict=True)]
+        rates = [planner.expected_rate(n, p_s, cap, p_t) for n, cap in zip(budgets, caps, strict=True)]
         best = max(range(len(rates)), key=rates.__getitem__)
-        chosen = CANDIDATE_BUDGETS[best] if rates[best] > planner.expected_rate(0, p_s, length, p_t) else 0
+        chosen = budgets[best] if rates[best] > planner.expected_rate(0, p_s, length, p_t) else 0
         assert planner.choose(p_s, length, p_t, caps) == chosen
 
 

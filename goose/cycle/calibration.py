@@ -77,7 +77,10 @@ def measure(model: torch.nn.Module, sizes: tuple[int, ...] = DEFAULT_SIZES, roun
     meta = describe_measurement(model, batch=batch, context_length=context_length, rounds=rounds, load_average=load,
                                 raw_seconds=tuple(medians), spread=tuple(round(s, 4) for s in spreads),
                                 samples=tuple(tuple(round(x, 7) for x in t) for t in timings))
-    return CostCurve(tuple(batch * size for size in sizes), tuple(float(s) for s in monotone(medians)), meta)
+    # an engine's own sizes (every size to 32): its steps are its kernels', kept; a few sizes: made monotone,
+    # so that one slow sample of a small size cannot make the trees up to its cost look free
+    seconds = medians if getattr(model, "calibration_sizes", None) == tuple(sizes) else monotone(medians)
+    return CostCurve(tuple(batch * size for size in sizes), tuple(float(s) for s in seconds), meta)
 
 
 def load_or_measure(model: torch.nn.Module, cache_dir: Path | None = None, refresh: bool = False,
@@ -85,8 +88,9 @@ def load_or_measure(model: torch.nn.Module, cache_dir: Path | None = None, refre
     """The cached curve for this model/dtype/device/threads/CPU (of passes of ``batch`` requests), measured on first
     use, and measured again when it looks measured on a busy machine (:func:`goose.planning.cost.cached`)."""
     path, legacy = curve_path(model, cache_dir, batch), curve_path(model, cache_dir, batch, curve_format=6)
-    if batch == 1:
-        return cached(path, lambda: measure(model), refresh, legacy=legacy)
+    if batch == 1:  # an engine whose kernels take rows in blocks names every size to measure (goose.llama_model)
+        sizes = getattr(model, "calibration_sizes", DEFAULT_SIZES)
+        return cached(path, lambda: measure(model, sizes), refresh, legacy=legacy)
     return cached(path, lambda: measure(model, BATCH_WIDTHS, 3, batch=batch), refresh, legacy=legacy)
 
 

@@ -55,7 +55,10 @@ class BudgetPlanner:
         self._batch_curve = batch_curve  # batch size -> its calibrated curve (None: batches priced on ``curve``)
         self._batches: BatchCosts | None = None  # the batched passes' curves, made when a split first needs them
         self.max_depth = max_depth
-        self.candidates = tuple(n for n in CANDIDATE_BUDGETS if n <= max_budget) or (1,)
+        # the usual budgets, and those whose tree (with the anchor) is a size the curve was measured at: where an
+        # engine's kernels take rows in blocks its curve is measured at every size, and a row more may cost less
+        landing = {size - 1 for size in curve.sizes if size > 1}
+        self.candidates = tuple(sorted(n for n in {*CANDIDATE_BUDGETS, *landing} if n <= max_budget)) or (1,)
         self.overhead_s = 0.0005
         self._overhead_key = 0.0  # overhead_s in units of one token's verify, as the choice's cache key
         self.tree_rows = 1.0  # running means of the tree's rows and of the tokens a cycle yields

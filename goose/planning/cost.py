@@ -140,9 +140,10 @@ class LiveCurve:
     more takes the median of its last ``WINDOW``; the others take the median of the last ``WINDOW``
     passes of any size (the whole curve rescaled: its shape kept). Medians, so that a pass slowed by a
     page fault or a neighbour's burst moves nothing; the curve is kept non-decreasing
-    (:func:`monotone`). ``curve`` is replaced only when some size moved by more than ``MOVE`` from the
-    curve in use, so that a planner's cached choices (keyed on estimates, not on the curve) are
-    re-evaluated on a real change, not on every pass.
+    (:func:`monotone`), unless the calibration has steps (an engine measured at every size: a row more
+    may cost less, and that is what the planner shapes trees by). ``curve`` is replaced only when some
+    size moved by more than ``MOVE`` from the curve in use, so that a planner's cached choices (keyed on
+    estimates, not on the curve) are re-evaluated on a real change, not on every pass.
     """
 
     WINDOW = 32
@@ -158,6 +159,7 @@ class LiveCurve:
         self._base = np.asarray(calibrated.seconds, dtype=float)
         self._all: deque[float] = deque(maxlen=self.WINDOW)
         self._points: list[deque[float]] = [deque(maxlen=self.WINDOW) for _ in calibrated.sizes]
+        self._monotone = bool(np.all(np.diff(self._base) >= 0))
         self._own = np.full(len(calibrated.sizes), np.nan)  # each size's own median, once it has enough passes
         self.passes = 0
 
@@ -179,7 +181,9 @@ class LiveCurve:
         if len(point) >= self.MIN_SAMPLES:  # two medians a pass: the one size's and the whole curve's
             self._own[nearest] = np.median(point)
         corrections = np.where(np.isnan(self._own), self.scale, self._own)
-        seconds_now = monotone(list(self._base * corrections))
+        seconds_now = self._base * corrections
+        if self._monotone:  # a curve with steps (an engine's kernels, every size measured) keeps them
+            seconds_now = monotone(list(seconds_now))
         if np.max(np.abs(seconds_now / np.asarray(self.curve.seconds) - 1.0)) <= self.MOVE:
             return False
         self.curve = CostCurve(self.calibrated.sizes, tuple(float(s) for s in seconds_now),
