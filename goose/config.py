@@ -121,9 +121,8 @@ class GooseConfig(Sampling):
     prefill_harvest: int | Literal["auto"] | None = Field(
         default="auto",
         description="prompt positions (the last ones) whose top-k is harvested at prefill; None = all; 'auto': "
-        "as many as cost at most 3% of the prompt's forward or 32 prompt tokens' worth, whichever is more (each "
-        "costs one output-layer row, 262k wide on Gemma 3), at most 256; with a fixed budget (the paper's setting, "
-        "where no row is priced) every row",
+        "none with the automatic budget (each is an output-layer row computed before the first token, which is to "
+        "be no later than plain decoding's), every row with a fixed budget (the paper's setting)",
     )
     source_options: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per-source options, validated by each source's own model"

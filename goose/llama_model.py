@@ -210,10 +210,3 @@ class LlamaModel:
         parts = [ENGINE, self.path.stem[:60], file, f"threads{self.threads}", f"build{build}", "rows32",
                  f"tiled{os.environ.get(TILED_SWITCH, '')}", platform.machine(), cpu_name()]
         return "-".join(p.replace("/", "_").replace(" ", "_") for p in parts if p)
-
-    def output_layer_weight(self) -> float:
-        """One output-layer row's multiply-adds against one token's pass through the body (see
-        :func:`goose.planning.cost.output_layer_weight`), from the file's shapes: vocabulary x width against the
-        parameters less the input and output tables (tied or not, both counted out: the bound it gives is safe)."""
-        head = self.vocab_size * self.embedding
-        return head / max(1, self.parameters - 2 * head)

@@ -27,7 +27,7 @@ from goose.config import GooseConfig
 from goose.contract.tree import TreeBuilder
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.cycle.verifier import Verifier
-from goose.planning.cost import cache_key, output_layer_weight
+from goose.planning.cost import cache_key
 from goose.quantize import (
     INT8_DOT_PRODUCTS,
     Int8Linear,
@@ -99,7 +99,6 @@ def test_every_linear_is_int8_and_the_rest_is_float(smollm2_int8, smollm2) -> No
     assert isinstance(model.get_output_embeddings(), Int8Linear)  # the tied output layer got its own int8 copy
     assert model.get_input_embeddings().weight.dtype == torch.float32
     assert cache_key(model) != cache_key(smollm2[0]) and "int8" in cache_key(model)  # its own cost curve
-    assert output_layer_weight(model) == pytest.approx(output_layer_weight(smollm2[0]))  # same shapes, same weight
 
 
 # --- lossless -----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The prefill harvest: bounded by the output layer's price, lossless at any size, the first token out first."""
+"""The prefill harvest: none with the automatic budget (the first token waits for no row), lossless at any size."""
 
 from __future__ import annotations
 
@@ -7,33 +7,19 @@ import pytest
 
 from goose.config import GooseConfig
 from goose.cycle.decoder import GooseDecoder
-from goose.planning.cost import HARVEST_CAP, HARVEST_FLOOR, HARVEST_SHARE, harvest_rows, output_layer_weight
+from goose.planning.cost import harvest_rows
 from tests.helpers import dataset_prompts
 
 
 def test_harvest_rows_follow_the_setting():
-    assert harvest_rows(None, 300, 0.27) == 299  # all: every prompt position before the last
-    assert harvest_rows(40, 300, 0.27) == 40
-    assert harvest_rows(400, 300, 0.27) == 299  # never past the prompt
-    assert harvest_rows(0, 300, 0.27) == 0
-    assert harvest_rows("auto", 4096, 0.5) == int(HARVEST_SHARE * 4096 / 0.5)  # 3% of the prompt's forward
-    assert harvest_rows("auto", 300, 0.27) == int(HARVEST_FLOOR / 0.27)  # a short prompt: the floor's worth
-    assert harvest_rows("auto", 64, 0.27) == 63  # a prompt shorter than that: every row
-    assert harvest_rows("auto", 100_000, 0.25) == HARVEST_CAP
-    assert harvest_rows("auto", 1024, 1.7) < harvest_rows("auto", 1024, 0.25)  # a wider vocabulary harvests less
-    assert harvest_rows("auto", 1, 0.25) == 0
-    assert harvest_rows("auto", 4096, 0.5, priced=False) == 4095  # a fixed budget: every row, as the paper
+    assert harvest_rows(None, 300) == 299  # all: every prompt position before the last
+    assert harvest_rows(40, 300) == 40
+    assert harvest_rows(400, 300) == 299  # never past the prompt
+    assert harvest_rows(0, 300) == 0
+    assert harvest_rows("auto", 4096) == 0  # the automatic budget: the first token waits for no harvested row
+    assert harvest_rows("auto", 4096, priced=False) == 4095  # a fixed budget: every row, as the paper
     with pytest.raises(ValueError, match="prefill_harvest"):
         GooseConfig(prefill_harvest=-1)
-
-
-def test_output_layer_weight_counts_a_tied_table_once(smollm2):
-    model, _ = smollm2
-    head = model.get_output_embeddings().weight
-    assert head.data_ptr() == model.get_input_embeddings().weight.data_ptr()  # SmolLM2 ties them
-    body = sum(p.numel() for p in model.parameters()) - head.numel()
-    assert output_layer_weight(model) == pytest.approx(head.numel() / body)
-    assert 0.2 < output_layer_weight(model) < 0.35  # a 49k x 576 table against a ~106M-parameter body
 
 
 @pytest.mark.parametrize("harvest", [0, "auto", None])
@@ -62,17 +48,16 @@ def test_first_token_streams_before_the_sources_read_the_prompt(tiny):
     chunks.close()
 
 
-def test_a_short_prompt_harvests_every_row(smollm2):
-    """The automatic harvest's floor: every row of a short prompt but the last feeds the bigram table, so a
-    prompt token the output repeats has successors from the first cycle."""
-    model, tokenizer = smollm2
+def test_the_automatic_budget_harvests_no_prompt_row(tiny):
+    """With the automatic budget the prefill computes the last row's logits alone, as plain decoding's does: the
+    bigram table learns nothing from the prompt before the first cycle."""
+    model, tokenizer = tiny
     decoder = GooseDecoder(model, tokenizer, GooseConfig())
     prompt = dataset_prompts("mbpp", 1)[0]
     ids = decoder.encode(prompt)
-    assert harvest_rows("auto", len(ids), output_layer_weight(model)) == len(ids) - 1
-    decoder.generate(prompt, 2)
-    table = decoder.sources.instances["bigram_transition"].table
-    assert (table.unigram_tokens[np.asarray(ids[:-1])] >= 0).any(axis=1).all()
+    decoder.generate(prompt, 1)
+    table = decoder.sources.instances["bigram_transition"].table  # made when the first harvest comes
+    assert table is None or not (table.unigram_tokens[np.asarray(ids[:-1])] >= 0).any()
 
 
 def test_a_fixed_budget_harvests_every_prompt_row(tiny):
@@ -82,7 +67,7 @@ def test_a_fixed_budget_harvests_every_prompt_row(tiny):
     decoder = GooseDecoder(model, tokenizer, GooseConfig(budget=60))
     prompt = "\n".join(dataset_prompts("humaneval", 3))  # longer than the automatic harvest's floor
     ids = decoder.encode(prompt)
-    assert harvest_rows("auto", len(ids), output_layer_weight(model)) < len(ids) - 1  # priced: a share
+    assert harvest_rows("auto", len(ids)) == 0  # priced: none
     decoder.generate(prompt, 2)
     table = decoder.sources.instances["bigram_transition"].table
     assert (table.unigram_tokens[np.asarray(ids[:-1])] >= 0).any(axis=1).all()

@@ -27,7 +27,7 @@ from goose.cycle.sampling import Sampler
 from goose.cycle.stats import GenerationStats
 from goose.cycle.walker import walk, walk_sampled
 from goose.planning.budget import BudgetPlanner
-from goose.planning.cost import CostCurve, harvest_rows, output_layer_weight
+from goose.planning.cost import CostCurve, harvest_rows
 
 # A row the budget lays no tree for rests REST cycles (plain decoding steps: no source drafts or learns,
 # they catch up from the context when it drafts again), so that where no tree pays Goose costs about what
@@ -65,7 +65,6 @@ class Drafter:
         self.topology = TopologyPlanner(config.topology, config, vocab_size, faults=faults)
         self.profile = profile
         self.draw_all_rows = False  # sampled: draw every tree row in one batch on the CPU too (as on a GPU)
-        self.row_weight = output_layer_weight(model)  # prices the prefill harvest (prefill_harvest="auto")
         self._cost_curve = cost_curve
         self.pinned_costs = pinned_costs
         self._budget_planner: BudgetPlanner | None = None
@@ -189,11 +188,10 @@ class RowCycle:
         self.resting = 0  # plain steps left before the sources draft again
 
     def harvest_rows(self) -> int:
-        """Prompt rows whose logits the prefill keeps for the sources (``GooseConfig.prefill_harvest``); with a
-        fixed budget nothing is priced, and ``"auto"`` harvests them all."""
+        """Prompt rows whose logits the prefill keeps for the sources (``GooseConfig.prefill_harvest``): with the
+        automatic budget ``"auto"`` is none (the first token waits for no row), with a fixed one all of them."""
         config = self.drafter.config
-        return harvest_rows(config.prefill_harvest, len(self.request.prompt_ids), self.drafter.row_weight,
-                            priced=config.budget == "auto")
+        return harvest_rows(config.prefill_harvest, len(self.request.prompt_ids), priced=config.budget == "auto")
 
     def serve(self) -> None:
         """The plugins' faults from now on are this request's (``stats.faults``): rows of a session take turns."""
