@@ -142,7 +142,7 @@ def test_the_live_curve_takes_medians_and_corrects_each_size_it_sees() -> None:
     assert pinned.curve.seconds == _curve(shape).seconds
 
 
-LINEAR = _curve({1: 1.0, 2: 2.0, 128: 128.0})  # every row a full token: no tree can pay
+LINEAR = _curve({n: float(n) for n in (1, 2, 4, 8, 16, 32, 64, 128)})  # every row a full token: no tree can pay
 
 
 def test_a_row_more_where_the_kernels_make_it_cheaper() -> None:
@@ -158,7 +158,9 @@ def test_a_row_more_where_the_kernels_make_it_cheaper() -> None:
 
 def test_no_tree_where_none_pays() -> None:
     """Budget 0 (the anchor alone) is a candidate: where n rows cost n tokens no tree yields more tokens a
-    second than plain decoding, however good the draft; where rows are cheap the same draft gets a tree."""
+    second than plain decoding, however good the draft; where rows are cheap the same draft gets a tree. A
+    pinned planner (a study's) lays its best tree whatever it costs: it measures the sources."""
+    assert BudgetPlanner(LINEAR, pinned=True).choose(0.1, 40, 0.1) > 0
     planner = BudgetPlanner(LINEAR)
     assert planner.choose(0.95, 40, 0.5) == 0
     assert planner.choose((0.97, 0.9), 40, 0.0) == 0
@@ -195,17 +197,17 @@ def test_a_decoder_lays_no_tree_where_none_pays_rests_and_probes(tiny) -> None:
     registrations = goose.register(plugins.SourcePlugin("counting_copy", CountingCopy, initial_acceptance=0.9))
     try:
         CountingCopy.calls = 0
-        decoder = GooseDecoder(model, tokenizer, GooseConfig(sources=["counting_copy"]), cost_curve=LINEAR,
-                               pinned_costs=True)
+        decoder = GooseDecoder(model, tokenizer, GooseConfig(sources=["counting_copy"]), cost_curve=LINEAR)
         result = decoder.generate(prompt, 60)
     finally:
         plugins.unregister(registrations)
     assert result.new_token_ids == reference
     budgets = result.stats.row_budgets
-    assert set(budgets) <= {0, 1} and budgets.count(1) >= 1
+    assert budgets.count(0) > len(budgets) / 2 and budgets.count(1) >= 1  # plain steps, and probes
     assert sum(result.stats.source_tested.values()) >= budgets.count(1)  # the probes' nodes were tested
-    # a drafted cycle that lays no tree is followed by REST plain ones (a probe by none)
-    assert CountingCopy.calls <= (len(budgets) + REST) // (REST + 1) + budgets.count(1) + 1
+    # a drafted cycle that lays no tree is followed by REST plain ones: the source is not asked in those (the
+    # live curve, corrected by the tiny model's nearly flat passes, may come to lay a tree later: not counted)
+    assert CountingCopy.calls <= len(budgets) - REST * (budgets.count(0) // (2 * (REST + 1)))
     assert result.stats.verify_steps == len(budgets)
 
 

@@ -9,7 +9,7 @@ import pytest
 from goose.config import GooseConfig
 from goose.cycle.decoder import GooseDecoder
 from goose.sources.rest.corpus import build
-from tests.helpers import GEMMA3_TOKENS, SMOLLM2_TOKENS, assert_lossless, dataset_prompts, stdlib_sample
+from tests.helpers import CPU_CURVE, GEMMA3_TOKENS, SMOLLM2_TOKENS, assert_lossless, dataset_prompts, stdlib_sample
 
 ALL_SOURCES = ["context_match", "bigram_transition", "rest", "lookahead"]
 
@@ -28,7 +28,7 @@ def test_all_four_sources_under_multi_spine_are_lossless(model_name: str, reques
     chat = model_name == "smollm2"  # Gemma 3 270M is a base model: raw text
     config = four_source_config(tokenizer, tmp_path)
     prompts = dataset_prompts("humaneval", 1) + dataset_prompts("gsm8k", 1)
-    goose = GooseDecoder(model, tokenizer, config, chat=chat)
+    goose = GooseDecoder(model, tokenizer, config, chat=chat, cost_curve=CPU_CURVE, pinned_costs=True)
     tested = {name: 0 for name in ALL_SOURCES}
     tokens = SMOLLM2_TOKENS if model_name == "smollm2" else GEMMA3_TOKENS  # test_lossless's: shared AR runs
     for prompt in prompts:

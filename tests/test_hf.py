@@ -61,9 +61,9 @@ def stop_string(tokenizer, full: torch.Tensor, prompt_length: int) -> str:
     return tokenizer.decode(full[0, prompt_length + 8 : prompt_length + 9]).strip() or "\n"
 
 
-def hf_decoder(model):
-    """The decoder goose.hf made for the default config (kept on the model)."""
-    return next(d for d in model.__dict__["_goose_hf_state"].decoders.values() if d.config == GooseConfig())
+def hf_decoder(model, config: GooseConfig | None = None):
+    """The decoder goose.hf made for ``config`` (default: the default config), kept on the model."""
+    return next(d for d in model.__dict__["_goose_hf_state"].decoders.values() if d.config == (config or GooseConfig()))
 
 
 def test_chat_prompts_equal_plain_generate(tiny, cases):
@@ -85,9 +85,10 @@ def test_gemma3_raw_prompts_equal_plain_generate(gemma3):
         inputs = tokenizer(prompt, return_tensors="pt")
         plain = model.generate(**inputs, max_new_tokens=GEMMA3_TOKENS, do_sample=False)
         out = model.generate(**inputs, max_new_tokens=GEMMA3_TOKENS, do_sample=False,
-                             custom_generate=goose.hf.generate)
+                             custom_generate=goose.hf.generate, goose_config={"budget": 8})  # a tree every cycle
         assert torch.equal(out, plain)
-        assert_lossless(hf_decoder(model).last_result, plain[0, inputs["input_ids"].shape[1] :].tolist(),
+        assert_lossless(hf_decoder(model, GooseConfig(budget=8)).last_result,
+                        plain[0, inputs["input_ids"].shape[1] :].tolist(),
                         accepted=False)
 
 

@@ -38,7 +38,10 @@ from goose.quantize import (
     quantized,
 )
 from goose_bench.prompts import PACKAGED_DATA, load_samples
-from tests.helpers import REPO, SMOLLM2_TOKENS, assert_lossless, lossless_prompts
+from tests.helpers import CPU_CURVE, REPO, SMOLLM2_TOKENS, assert_lossless, lossless_prompts
+
+# a tree every cycle, whatever this CPU's curve (budget 0 and rests are decoding's, tested in test_budget)
+TREES = {"cost_curve": CPU_CURVE, "pinned_costs": True}
 
 
 def _refusal() -> str | None:
@@ -138,7 +141,7 @@ def test_every_topology_is_identical_to_the_int8_loop(smollm2_int8, ar_reference
     reference = ar_reference(model, tokenizer, prompt, SMOLLM2_TOKENS)
     others = [name for name in CONFIGS if name != "spine"]
     for name in ["spine", others[2 * index % len(others)], others[(2 * index + 1) % len(others)]]:
-        result = GooseDecoder(model, tokenizer, CONFIGS[name]).generate(prompt, SMOLLM2_TOKENS)
+        result = GooseDecoder(model, tokenizer, CONFIGS[name], **TREES).generate(prompt, SMOLLM2_TOKENS)
         assert_lossless(result, reference, label=name)
 
 
@@ -147,7 +150,7 @@ def test_batched_rows_are_each_their_own_int8_loop(smollm2_int8, ar_reference) -
     model, tokenizer = smollm2_int8
     prompts, limits = [PROMPTS[0], PROMPTS[1], PROMPTS[4], PROMPTS[7]], [SMOLLM2_TOKENS, SMOLLM2_TOKENS, 40, 48]
     references = [ar_reference(model, tokenizer, p, n).new_token_ids for p, n in zip(prompts, limits, strict=True)]
-    decoder = GooseDecoder(model, tokenizer)
+    decoder = GooseDecoder(model, tokenizer, **TREES)
     session = decoder.batch(3)
     ids = [session.submit(decoder.request(p, n)) for p, n in zip(prompts, limits, strict=True)]
     results = {chunk.request_id: chunk.result for chunk in session.run() if chunk.result is not None}

@@ -22,7 +22,7 @@ from goose.sources.rest.datastore import Datastore
 from goose.sources.rest.suffix_index import SEPARATOR, DatastoreError, SuffixIndex, suffix_array
 from goose.sources.toolkit import frequency_trie
 from goose_bench.methods import ALL_METHODS, method_named, with_datastore
-from tests.helpers import PACKAGED_DATA, SMALL_CORPUS, SMOLLM2_TOKENS, dataset_prompts, stdlib_sample
+from tests.helpers import CPU_CURVE, PACKAGED_DATA, SMALL_CORPUS, SMOLLM2_TOKENS, dataset_prompts, stdlib_sample
 
 BIG = 200_000  # token ids above 2**16: the datastore must not truncate them (Gemma 3 has 262k tokens)
 
@@ -327,7 +327,8 @@ def test_learn_outputs_retrieves_earlier_answers(small_store: Datastore, smollm2
     model, tokenizer = smollm2
     options = {"datastore": str(small_store.path), "learn_outputs": True}
     goose = GooseDecoder(model, tokenizer, GooseConfig(sources=["rest"], topology="chain",
-                                                       source_options={"rest": options}))
+                                                       source_options={"rest": options}),
+                         cost_curve=CPU_CURVE, pinned_costs=True)  # a tree every cycle, whatever this CPU's curve
     prompt = dataset_prompts("humaneval", 2)[1]
     first = goose.generate(prompt, 48)
     second = goose.generate(prompt, 48)  # the first answer is now in the side store

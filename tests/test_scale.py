@@ -17,7 +17,7 @@ import torch
 
 import goose
 from goose import AutoregressiveDecoder, GooseDecoder
-from tests.helpers import assert_lossless, dataset_prompts, free_port, start_server
+from tests.helpers import CPU_CURVE, assert_lossless, dataset_prompts, free_port, start_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("qwen")]
 
@@ -43,7 +43,8 @@ def test_seeded_sampling_equals_the_seeded_sampler(qwen15b, ar_reference) -> Non
     model, tokenizer = qwen15b
     sampling = {"temperature": 0.7, "top_p": 0.9, "seed": 11}
     reference = ar_reference(model, tokenizer, PROMPTS[1], 24, **sampling)
-    result = GooseDecoder(model, tokenizer).generate(PROMPTS[1], 24, **sampling)
+    goose_decoder = GooseDecoder(model, tokenizer, cost_curve=CPU_CURVE, pinned_costs=True)  # a tree every cycle
+    result = goose_decoder.generate(PROMPTS[1], 24, **sampling)
     assert_lossless(result, reference, accepted=False)  # drafted and tested; 24 sampled tokens may keep none
 
 
@@ -66,7 +67,8 @@ def test_json_schema_output_equals_constrained_autoregressive(qwen15b) -> None:
     model, tokenizer = qwen15b
     prompt = "Describe the function add(a, b) as JSON with its name and how many tests it needs."
     reference = AutoregressiveDecoder(model, tokenizer).generate(prompt, 40, json_schema=SCHEMA)
-    result = GooseDecoder(model, tokenizer).generate(prompt, 40, json_schema=SCHEMA)
+    result = GooseDecoder(model, tokenizer, cost_curve=CPU_CURVE, pinned_costs=True).generate(prompt, 40,
+                                                                                            json_schema=SCHEMA)
     assert_lossless(result, reference, accepted=False)
     document = json.loads(result.text)
     assert set(document) == {"name", "tests"} and isinstance(document["tests"], int)

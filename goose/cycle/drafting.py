@@ -123,6 +123,8 @@ class Drafter:
         drafted = [cycle for cycle in cycles if cycle.pool is not None]  # the others rest: the anchor alone
         budgets = iter(planner.split([cycle.pool for cycle in drafted], self.topology.spine_lengths,
                                      [cycle.riding for cycle in drafted]) if drafted else ())
+        if planner.pinned:  # a study's decoder lays its best trees: no rest, no probe
+            return list(budgets)
         alone = len(cycles) == 1  # a batched pass's 0 is the split's (rows priced together), not a loss to rest from
         return [cycle.probed(next(budgets), alone) if cycle.pool is not None else 0 for cycle in cycles]
 
@@ -189,9 +191,11 @@ class RowCycle:
 
     def harvest_rows(self) -> int:
         """Prompt rows whose logits the prefill keeps for the sources (``GooseConfig.prefill_harvest``): with the
-        automatic budget ``"auto"`` is none (the first token waits for no row), with a fixed one all of them."""
+        automatic budget ``"auto"`` is none (the first token waits for no row); with a fixed one, or a study's
+        pinned curve (the paper's setting: what the sources draft is measured), all of them."""
         config = self.drafter.config
-        return harvest_rows(config.prefill_harvest, len(self.request.prompt_ids), priced=config.budget == "auto")
+        priced = config.budget == "auto" and not self.drafter.pinned_costs
+        return harvest_rows(config.prefill_harvest, len(self.request.prompt_ids), priced=priced)
 
     def serve(self) -> None:
         """The plugins' faults from now on are this request's (``stats.faults``): rows of a session take turns."""

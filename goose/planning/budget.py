@@ -14,10 +14,12 @@ only when the context match is trusted.
 
 **No tree where none pays.** Budget 0, the anchor alone (a plain decoding step), is a candidate like
 any other: a cycle whose best tree's expected tokens per second do not beat one token per t(1 + a)
-lays none. So where the curve is steep (a compute-bound CPU: llama.cpp's pass over 16 tokens costs
-5.9 times one on the AVX2 EPYC) and the drafts are weak, Goose decodes as plainly as the engine does,
-paying only its drafting; the decoder still lays a one-node probe now and then
-(:meth:`goose.cycle.drafting.RowCycle.probed`), since an estimate moves only when a draft is tested.
+lays none (decoding's rule; a pinned planner, a study's, lays the best tree every cycle: a study
+measures what the sources draft, and a source never tested would show nothing). So where the curve
+is steep (a compute-bound CPU: llama.cpp's pass over 16 tokens costs 5.9 times one on the AVX2 EPYC)
+and the drafts are weak, Goose decodes as plainly as the engine does, paying only its drafting; the
+decoder still lays a one-node probe now and then (:meth:`goose.cycle.drafting.RowCycle.probed`), since
+an estimate moves only when a draft is tested.
 
 **Auxiliary rows** (a source's rows that ride in the pass without being drafted, such as
 Lookahead's Jacobi window) are priced by the same rule: they ride when the tokens per second of a
@@ -219,8 +221,10 @@ class BudgetPlanner:
         del overhead_bucket  # part of the cache key only: a new overhead level re-evaluates the choice
         taus = self._yields(spine_acceptance, spine_caps, branch_acceptance)
         rates = taus / (self.curve(np.asarray(self.candidates) + 1 + extra_rows) + self.overhead_s)
-        plain = 1.0 / (float(self.curve(1 + extra_rows)) + self.overhead_s)  # budget 0: the anchor, one token
         best = int(np.argmax(rates))  # the first of equal rates, the smallest budget
+        if self.pinned:  # a study's decoder: it lays the best tree every cycle, to measure what the sources draft
+            return self.candidates[best]
+        plain = 1.0 / (float(self.curve(1 + extra_rows)) + self.overhead_s)  # budget 0: the anchor, one token
         return self.candidates[best] if rates[best] > plain else 0
 
 
