@@ -77,9 +77,9 @@ def measure(model: torch.nn.Module, sizes: tuple[int, ...] = DEFAULT_SIZES, roun
     meta = describe_measurement(model, batch=batch, context_length=context_length, rounds=rounds, load_average=load,
                                 raw_seconds=tuple(medians), spread=tuple(round(s, 4) for s in spreads),
                                 samples=tuple(tuple(round(x, 7) for x in t) for t in timings))
-    # an engine's own sizes (every size to 32): its steps are its kernels', kept; a few sizes: made monotone,
-    # so that one slow sample of a small size cannot make the trees up to its cost look free
-    seconds = medians if getattr(model, "calibration_sizes", None) == tuple(sizes) else monotone(medians)
+    # an engine that names its sizes (every size to 32) has steps, its kernels': kept; a torch model's few
+    # sizes are made monotone, so that one slow sample of a small size cannot make the trees up to its cost look free
+    seconds = medians if hasattr(model, "calibration_sizes") else monotone(medians)
     return CostCurve(tuple(batch * size for size in sizes), tuple(float(s) for s in seconds), meta)
 
 

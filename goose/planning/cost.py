@@ -130,7 +130,6 @@ def monotone(seconds: list[float]) -> np.ndarray:
     return np.minimum.accumulate(np.asarray(seconds, dtype=float)[::-1])[::-1]
 
 
-
 class LiveCurve:
     """The calibrated curve corrected by the passes really run: what a decoder prices trees on.
 
@@ -161,6 +160,7 @@ class LiveCurve:
         self._points: list[deque[float]] = [deque(maxlen=self.WINDOW) for _ in calibrated.sizes]
         self._monotone = bool(np.all(np.diff(self._base) >= 0))
         self._own = np.full(len(calibrated.sizes), np.nan)  # each size's own median, once it has enough passes
+        self._in_use = self._base  # ``curve``'s seconds, as an array
         self.passes = 0
 
     @property
@@ -184,8 +184,9 @@ class LiveCurve:
         seconds_now = self._base * corrections
         if self._monotone:  # a curve with steps (an engine's kernels, every size measured) keeps them
             seconds_now = monotone(list(seconds_now))
-        if np.max(np.abs(seconds_now / np.asarray(self.curve.seconds) - 1.0)) <= self.MOVE:
+        if np.max(np.abs(seconds_now / self._in_use - 1.0)) <= self.MOVE:
             return False
+        self._in_use = seconds_now
         self.curve = CostCurve(self.calibrated.sizes, tuple(float(s) for s in seconds_now),
                                replace(self.calibrated.meta, note=f"corrected by {self.passes} live passes")
                                if self.calibrated.meta is not None else None)
@@ -196,7 +197,7 @@ class LiveCurve:
         size's cost moved by more than ``CONTRADICTION`` of it (a cached curve to correct on disk)."""
         if self.passes < self.CONTRADICTED_AFTER:
             return False
-        moved = np.asarray(self.curve.seconds) / self._base - 1.0
+        moved = self._in_use / self._base - 1.0
         return bool(np.max(np.abs(moved)) > self.CONTRADICTION)
 
 
@@ -437,23 +438,21 @@ class BatchCosts:
         self.measure = measure  # batch size -> its calibrated curve (cached on disk by the caller)
         self.measured: dict[int, CostCurve] = {1: single}
         self._bases: dict[int, CostCurve] = {1: single}  # calibrated (interpolated), before any correction
-        self._curves: dict[int, CostCurve] = {1: single}  # corrected by the passes observed
-        self._corrections: dict[int, np.ndarray] = {}  # per batch size: measured / calibrated, per curve point
+        self._live: dict[int, LiveCurve] = {}  # per batch size: its curve corrected by the passes observed
 
     def observe(self, batch: int, rows: int, seconds: float) -> None:
-        """Fold one real pass of ``batch`` requests and ``rows`` rows in all into the nearest point of its curve."""
-        base = self._base(batch)
-        point = int(np.argmin(np.abs(np.log(np.asarray(base.sizes)) - np.log(max(1, rows)))))
-        correction = self._corrections.setdefault(batch, np.ones(len(base.sizes)))
-        correction[point] += 0.2 * (seconds / float(base(rows)) - correction[point])
-        self._curves[batch] = CostCurve(base.sizes, tuple(float(x) for x in monotone(
-            list(np.asarray(base.seconds) * correction))))
+        """Fold one real pass of ``batch`` requests and ``rows`` rows in all into its curve, as a single
+        request's passes are (:class:`LiveCurve`: medians per calibrated size)."""
+        self._corrected(batch).observe(rows, seconds)
 
     def curve(self, batch: int) -> CostCurve:
         """The curve over total rows for a pass of ``batch`` requests (corrected by the passes observed)."""
-        if batch not in self._curves:
-            self._curves[batch] = self._base(batch)
-        return self._curves[batch]
+        return self._corrected(batch).curve
+
+    def _corrected(self, batch: int) -> LiveCurve:
+        if batch not in self._live:
+            self._live[batch] = LiveCurve(self._base(batch))
+        return self._live[batch]
 
     def _base(self, batch: int) -> CostCurve:
         """The calibrated curve for ``batch`` requests, before any correction."""
