@@ -70,11 +70,13 @@ Register = Callable[..., None]
 @hookspec
 def goose_register_sources(register: Register) -> None:
     """``register(name, factory, description="", initial_acceptance=0.3, shareable=False, options=None,
-    short_name="", beside={})`` per source: the estimate before any verification, in [0, 1]; ``shareable=True``: an
-    instance knows the model, not a request (one for all); ``options``: the pydantic model its ``source_options``
-    are validated through ("Options" above); ``short_name``: what a method name may call it (goose-bench's
-    ``cm+bt@spine``), unique; ``beside``: another source's name -> the options this one takes in a composed
-    method that drafts from both (goose-bench applies them; checked by ``options``)."""
+    short_name="", beside={}, needs_request="")`` per source: the estimate before any verification, in [0, 1];
+    ``shareable=True``: an instance knows the model, not a request (one for all); ``options``: the pydantic model its
+    ``source_options`` are validated through ("Options" above); ``short_name``: what a method name may call it
+    (goose-bench's ``cm+bt@spine``), unique; ``beside``: another source's name -> the options this one takes in a
+    composed method that drafts from both (goose-bench applies them; checked by ``options``); ``needs_request``: the
+    request input it drafts from alone (``"prediction"``: ``DecodeContext.prediction``), without which it drafts
+    nothing (goose-bench's suites leave it out of their default sources)."""
 
 
 @hookspec

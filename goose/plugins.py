@@ -31,6 +31,7 @@ HOOKS = {"registration": ("goose_register_sources", "goose_register_topologies",
          "source": ("goose_reset", "goose_prefill", "goose_propose", "goose_successors", "goose_auxiliary_rows",
                     "goose_observe"), "topology": ("goose_plan_tree", "goose_spine_lengths")}  # in the specs' order
 TABLES = {"source": "sources", "topology": "topologies", "command": "commands"}  # a kind -> its Registry table
+REQUEST_INPUTS = ("prediction",)  # what a request may bring for its sources (DecodeContext.prediction)
 _REGISTRY: Registry | None = None  # registry()'s, loaded on first use
 
 
@@ -85,13 +86,17 @@ class Registration:  # checked as it is made (PluginError): a class's shape, a s
     options: type[BaseModel] | None = None  # sources and topologies: the model their options are checked against
     short_name: str = ""  # sources: what a method name may call it (goose-bench's cm+bt@spine)
     beside: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, hash=False)  # sources: source -> options
+    needs_request: str = ""  # sources: the request input it drafts from alone ("prediction"); "": the context
 
     def __post_init__(self) -> None:
-        if self.kind != "source" and (self.short_name or self.beside):
-            raise PluginError(f"{self.kind} {self.name!r}: short_name and beside are for sources")
+        if self.kind != "source" and (self.short_name or self.beside or self.needs_request):
+            raise PluginError(f"{self.kind} {self.name!r}: short_name, beside and needs_request are for sources")
         if not isinstance(self.short_name, str) or not isinstance(self.beside, Mapping):
             raise PluginError(f"{self.kind} {self.name!r}: short_name must be a string, beside a mapping of source "
                               f"names to options")
+        if self.needs_request not in ("", *REQUEST_INPUTS):
+            raise PluginError(f"{self.kind} {self.name!r}: needs_request names a request input a source may draft "
+                              f"from ({', '.join(REQUEST_INPUTS)}) or is empty, got {self.needs_request!r}")
         for options in self.beside.values():
             self.checked_options(options)
         if not 0.0 <= self.initial_acceptance <= 1.0:
@@ -246,5 +251,5 @@ class SourcePlugin:
         register(*self.arguments, **self.options)
 
 
-__all__ = ["BUILTIN_ORIGIN", "ENTRY_POINT_GROUP", "OWN_DISTRIBUTION", "Manager", "PluginError", "Registration",
-           "Registry", "SourcePlugin", "register", "registry", "unregister"]
+__all__ = ["BUILTIN_ORIGIN", "ENTRY_POINT_GROUP", "OWN_DISTRIBUTION", "REQUEST_INPUTS", "Manager", "PluginError",
+           "Registration", "Registry", "SourcePlugin", "register", "registry", "unregister"]

@@ -161,4 +161,4 @@ class PredictionSource:
 @goose.hookimpl
 def goose_register_sources(register: Register) -> None:
     register(NAME, PredictionSource, description="the request's predicted output (OpenAI Predicted Outputs)",
-             initial_acceptance=0.9, options=PredictionOptions)
+             initial_acceptance=0.9, options=PredictionOptions, needs_request="prediction")

@@ -160,7 +160,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "isotropic at an equal budget: --budget, else 16), sweep (budget, depth, spine ratio, "
                             "rho around the default)")
     suite.add_argument("--sources", default=None, metavar="A,B,...",
-                       help="the sources the suite studies, built-in or installed (default: the built-in ones)")
+                       help="the sources the suite studies, built-in or installed (default: the built-in ones that "
+                            "draft from the context alone, GooseConfig's default sources first)")
     suite.add_argument("--disable", action="append", default=[], metavar="NAME",
                        help="leave this source out (repeatable)")
     suite.set_defaults(run=_run_study)

@@ -24,7 +24,15 @@ from pydantic import ValidationError
 
 from goose.config import GooseConfig, did_you_mean, first_error
 from goose.plugins import BUILTIN_ORIGIN, PluginError, registry
-from goose_bench.study import STUDY_BUDGET, STUDY_SOURCES, STUDY_TOPOLOGIES, full_name, label, study_fields
+from goose_bench.study import (
+    STUDY_BUDGET,
+    STUDY_TOPOLOGIES,
+    default_sources,
+    full_name,
+    label,
+    study_fields,
+    study_order,
+)
 
 Kind = Literal["ar", "goose", "hf"]
 
@@ -241,10 +249,13 @@ def read_study_file(path: Path, overrides: Overrides = NO_OVERRIDES) -> list[Met
 
 
 def builtin_sources() -> list[str]:
-    """The sources goose itself registers that any request can draft from (not ``prediction``, which needs one),
-    the study's order first (the default sources lead)."""
-    names = [name for name, r in registry().sources.items() if r.origin == BUILTIN_ORIGIN and name != "prediction"]
-    return sorted(names, key=lambda name: STUDY_SOURCES.index(name) if name in STUDY_SOURCES else len(STUDY_SOURCES))
+    """The sources goose itself registers that draft from the context alone (not one registered with
+    ``needs_request``, as the prediction source is: it drafts only from a request's predicted output), in the
+    suites' order (:func:`goose_bench.study.study_order`: GooseConfig's default sources lead). Which sources these
+    are and their order are the registry's and the config's word (origin, ``needs_request``, registration order),
+    never a source's name."""
+    return study_order(name for name, r in registry().sources.items()
+                       if r.origin == BUILTIN_ORIGIN and not r.needs_request)
 
 
 def suite_methods(suite: str, sources: Sequence[str] | None = None, disable: Sequence[str] = (),
@@ -268,7 +279,7 @@ def suite_methods(suite: str, sources: Sequence[str] | None = None, disable: Seq
     chosen = [s for s in (list(sources) if sources else builtin_sources()) if s not in set(disable)]
     if not chosen:
         raise ValueError("--disable switches off every source of the suite: keep at least one")
-    default = list(GooseConfig.model_fields["sources"].default_factory())  # type: ignore[misc]
+    default = default_sources()
     if suite == "sweep":
         base = overrides.apply({"sources": chosen} if sources or disable else {})
         return [ALL_METHODS["goose"], *(replace(m, fields={**base, **m.fields}) for m in SWEEP.values())]

@@ -23,9 +23,10 @@ from typing import Any
 from goose_bench.aggregate import ALL, Row, lookup
 from goose_bench.methods import TOPOLOGY_BASELINES
 from goose_bench.prompts import DATASET_TITLES
-from goose_bench.study import REFERENCE
+from goose_bench.study import REFERENCE, default_sources
 
-SPINE_SOURCE, BRANCH_SOURCE = "context_match", "bigram_transition"
+# the paper's p_s and p_t: the acceptance of the default Goose's spine source and of its branches' source
+SPINE_SOURCE, BRANCH_SOURCE = default_sources()[:2]
 PATH_KINDS = ("pure_spine", "spine_continuation", "pure_branch", "bonus_only")
 DASH = "–"
 

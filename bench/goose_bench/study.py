@@ -19,20 +19,34 @@ the same rows; auxiliary rows are priced as in every Goose run (``GooseConfig.pr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from statistics import fmean
 from typing import Any
 
+from goose.config import GooseConfig
 from goose.planning.cost import CostCurve
 from goose.plugins import registry
 from goose_bench.estimate import priced_seconds
 
 Record = dict[str, Any]  # one results.jsonl line (goose_bench.records)
 
-STUDY_SOURCES: tuple[str, ...] = ("context_match", "bigram_transition", "rest", "lookahead", "suffix_memory")
 STUDY_TOPOLOGIES: tuple[str, ...] = ("spine", "multi_spine", "isotropic")
 STUDY_BUDGET = 16
 REFERENCE = "cm+bt@spine"  # the paper's two-source spine, at the study's budget
+
+
+def default_sources() -> list[str]:
+    """GooseConfig's default sources, in its order (the paper's: the spine's source first, then the branches')."""
+    return list(GooseConfig.model_fields["sources"].default_factory())  # type: ignore[misc]
+
+
+def study_order(names: Iterable[str]) -> list[str]:
+    """``names`` in the order the suites take sources: GooseConfig's default sources first, in the default's order,
+    then the others in registration order (built-ins first, then other distributions', each group by entry-point
+    name, then run-time registrations), then any unregistered ones as given. Learnt from the config and the
+    registry, never from a source's name."""
+    ranks = {name: rank for rank, name in enumerate(dict.fromkeys([*default_sources(), *registry().sources]))}
+    return sorted(dict.fromkeys(names), key=lambda name: ranks.get(name, len(ranks)))
 
 
 def short(name: str) -> str:

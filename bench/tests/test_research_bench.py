@@ -15,12 +15,15 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from goose import plugins
 from goose.plugins import PluginError
-from goose_bench.methods import Overrides, composed, read_study_file, resolve_methods, suite_methods
+from goose_bench.methods import Overrides, builtin_sources, composed, read_study_file, resolve_methods, suite_methods
+from goose_bench.study import default_sources, study_order
 
 REPO = Path(__file__).resolve().parents[2]
 FREQ_NEXT = REPO / "plugins" / "goose-freq-next"
@@ -130,6 +133,40 @@ def test_suites_are_generated_from_the_registry() -> None:
         suite_methods("synergy", ["rest"], disable=["rest"])
     with pytest.raises(PluginError, match="unknown source 'nope'"):
         suite_methods("ablation", ["nope"])
+
+
+class Quiet:
+    """A source that drafts nothing (its registration is what these tests read)."""
+
+    def __init__(self, config) -> None:
+        pass
+
+
+def test_the_suites_sources_and_their_order_are_the_registrys_word(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default sources are the built-ins that draft from the context alone, GooseConfig's default first, then
+    registration order: facts of the config and the registry, never a source's name."""
+    known = plugins.registry().sources
+    assert known["prediction"].needs_request == "prediction"  # it drafts from the request's prediction alone
+    alone = [name for name, r in known.items() if r.origin == plugins.BUILTIN_ORIGIN and not r.needs_request]
+    assert builtin_sources() == [*default_sources(), *(n for n in alone if n not in default_sources())]
+    assert builtin_sources()[:2] == ["context_match", "bigram_transition"] and "prediction" not in builtin_sources()
+    # the same facts said of other sources: prediction drafting alone joins the suites, lookahead needing a request
+    # leaves them
+    monkeypatch.setitem(known, "prediction", replace(known["prediction"], needs_request=""))
+    monkeypatch.setitem(known, "lookahead", replace(known["lookahead"], needs_request="prediction"))
+    assert "prediction" in builtin_sources() and "lookahead" not in builtin_sources()
+    three = {m.name for m in suite_methods("three-source")}
+    assert "cm+bt+prediction@spine" in three and not any("la" in name.split("@")[0].split("+") for name in three)
+    monkeypatch.undo()
+    # a third-party source is ordered by the same rule: after the default sources, in registration order
+    registrations = plugins.register(plugins.SourcePlugin("aaa_quiet", Quiet), "tests")
+    try:
+        assert study_order(["aaa_quiet", "lookahead", "bigram_transition", "context_match"]) == [
+            "context_match", "bigram_transition", "lookahead", "aaa_quiet"]
+    finally:
+        plugins.unregister(registrations)
+    with pytest.raises(PluginError, match="needs_request names a request input"):
+        plugins.register(plugins.SourcePlugin("needy", Quiet, needs_request="tokens"), "tests")
 
 
 def test_composed_names_overrides_and_study_files(tmp_path: Path) -> None:
