@@ -104,6 +104,24 @@ def _first_turn_speed(record: Record) -> float | None:
     return tokens / seconds if seconds > 0 else None
 
 
+def _after_first(tokens: int, seconds: float, first: float | None) -> float | None:
+    """Tokens per second of the decoding after the first token (the prefill and its token excluded)."""
+    if first is None or tokens < 2 or seconds <= first:
+        return None
+    return (tokens - 1) / (seconds - first)
+
+
+def _first_turn_timing(record: Record) -> tuple[float | None, float | None]:
+    """Our (seconds to the first token, decoding tok/s after it) on a record's first turn."""
+    choice = record["choices"][0]
+    first = record.get("first_token_s")
+    return first, _after_first(choice["new_tokens"][0], choice["wall_time"][0], first)
+
+
+def _ratio(ours: float | None, theirs: float | None) -> float | None:
+    return ours / theirs if ours and theirs else None
+
+
 def _median(values: Sequence[float | None]) -> float | None:
     found = median_of(values)
     return round(found, 3) if found is not None else None
@@ -134,6 +152,10 @@ def llama_section(results: dict[str, Any], records: Sequence[Record], dtype: str
             continue
         speed = {method: _first_turn_speed(record) for method, record in mine.items()}
         speed |= {method: generation["tokens_per_s"] for method, generation in theirs[index].items()}
+        timing = {method: _first_turn_timing(record) for method, record in mine.items()}
+        timing |= {method: (g.get("first_token_s"), _after_first(len(g["output"]), g.get("wall_s") or 0.0,
+                                                                 g.get("first_token_s")))
+                   for method, g in theirs[index].items()}
         ar_ids = mine["ar"]["new_token_ids"][0] if "ar" in mine else None
         outputs = {method: generation["output"] for method, generation in theirs[index].items()}
         rows.append({
@@ -143,9 +165,15 @@ def llama_section(results: dict[str, Any], records: Sequence[Record], dtype: str
             "new_tokens": {method: len(record["new_token_ids"][0]) for method, record in mine.items()}
             | {method: len(output) for method, output in outputs.items()},
             "tokens_per_s": speed,
-            "ratios": {f"{reference}/{method}": (speed[reference] / speed[method]
-                                                  if speed.get(reference) and speed.get(method) else None)
+            "ratios": {f"{reference}/{method}": _ratio(speed.get(reference), speed.get(method))
                        for method in llama_methods},
+            # the decoding after the first token, and the first token's wait, apart (prefill is the same work)
+            "first_token_s": {method: first for method, (first, _) in timing.items()},
+            "decode_tokens_per_s": {method: after for method, (_, after) in timing.items()},
+            "decode_ratios": {f"{reference}/{method}": _ratio(timing[reference][1], timing[method][1])
+                              for method in llama_methods},
+            "first_token_ratios": {f"{reference}/{method}": _ratio(timing[reference][0], timing[method][0])
+                                   for method in llama_methods},
             "identical_to_ar": {method: output == ar_ids for method, output in outputs.items()},
             "identical_to_plain": {method: output == outputs[PLAIN] for method, output in outputs.items()
                                    if method != PLAIN and PLAIN in outputs},
@@ -168,6 +196,9 @@ def llama_section(results: dict[str, Any], records: Sequence[Record], dtype: str
                                 for method in [*our_methods, *llama_methods]},
         "median_ratios": {f"{reference}/{method}": _median([row["ratios"][f"{reference}/{method}"] for row in rows])
                           for method in llama_methods},
+        **{f"median_{key}": {ratio: _median([row[key][ratio] for row in rows]) for ratio in
+                             (f"{reference}/{method}" for method in llama_methods)}
+           for key in ("decode_ratios", "first_token_ratios")},
         "identical_to_ar": {method: sum(row["identical_to_ar"][method] for row in rows) for method in llama_methods},
         "identical_to_plain": {method: sum(row["identical_to_plain"][method] for row in rows)
                                for method in llama_methods if method != PLAIN and PLAIN in llama_methods},

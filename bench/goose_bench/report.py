@@ -327,6 +327,32 @@ def _llama_table(view: _View) -> str | None:
     return ("### llama.cpp on the same prompts (tok/s)\n\n" + " ".join(lines) + "\n\n" + _table(header, rows))
 
 
+def _llama_after_first_table(view: _View) -> str | None:
+    """llama.cpp beside ours, the first token and the decoding after it apart: the prefill is the same work on
+    both sides (same file, same kernels), so a copy-heavy prompt's long prefill does not hide the decoding."""
+    llama = view.summary.get("llama")
+    if not llama or not llama["prompts"] or "median_decode_ratios" not in llama:
+        return None
+    reference, theirs = llama["reference"], llama["llama_methods"]
+    methods, ratios = [*llama["our_methods"], *theirs], [f"{llama['reference']}/{m}" for m in theirs]
+    header = ["prompt", *(f"`{m}` first token s" for m in methods), *(f"`{m}` tok/s after" for m in methods),
+              *(f"`{r.replace('/', '` / `')}` after" for r in ratios),
+              *(f"`{r.replace('/', '` / `')}` first token" for r in ratios)]
+    rows = []
+    for row in llama["prompts"]:
+        name = str(row["question_id"])
+        rows.append([name if "/" in name else f"{_title(row['dataset'])} {name}",
+                     *(_f(row["first_token_s"].get(m), 2) for m in methods),
+                     *(_f(row["decode_tokens_per_s"].get(m), 1) for m in methods),
+                     *(_x(row["decode_ratios"][r]) for r in ratios), *(_x(row["first_token_ratios"][r]) for r in ratios)])
+    rows.append(["**median**", *([""] * (2 * len(methods))), *(_x(llama["median_decode_ratios"][r]) for r in ratios),
+                 *(_x(llama["median_first_token_ratios"][r]) for r in ratios)])
+    return ("### llama.cpp on the same prompts: the first token and the decoding after it\n\n"
+            f"Seconds from the call to the first new token (the prompt's prefill and its token), and tokens per second "
+            f"after it; `{reference}`'s over each llama.cpp method's (a first-token ratio at or below 1.00x: "
+            f"`{reference}`'s first token came no later).\n\n" + _table(header, rows))
+
+
 def _topology_table(view: _View) -> str | None:
     isos = view.present(TOPOLOGY_BASELINES)
     if "goose" not in view.methods or not isos:
@@ -545,7 +571,7 @@ def _differences_table(view: _View) -> str | None:
 
 SECTIONS: tuple[Callable[[_View], str | None], ...] = (
     _header, _main_table, _faults_table, _differences_table, _spread_table, _estimate_table, _peer_table, _lookup_table,
-    _first_token_table, _llama_table, _topology_table,
+    _first_token_table, _llama_table, _llama_after_first_table, _topology_table,
     _synergy_table, _acceptance_table, _path_table, _category_tables, _ablation_table, _sweep_table, _study_tables,
     _unavailable, _definitions,
 )

@@ -117,15 +117,17 @@ def test_gguf_path_is_the_shipped_file_or_one_assembled_once(tmp_path: Path, mon
 # --- llama.cpp's rows beside ours ------------------------------------------------------------------
 
 
-def _record(method: str, sample: Sample, ids: list[int], seconds: float) -> dict[str, Any]:
-    return build_record("smollm2-135m", method, sample, [TurnOutput(3, ids, "text", seconds, "max_new_tokens")])
+def _record(method: str, sample: Sample, ids: list[int], seconds: float, first: float | None = None
+            ) -> dict[str, Any]:
+    return build_record("smollm2-135m", method, sample,
+                        [TurnOutput(3, ids, "text", seconds, "max_new_tokens", first_token_s=first)])
 
 
 def test_llama_section_and_its_table(tmp_path: Path) -> None:
     """results.json as the llama.cpp runner writes it, joined with our records by prompt: tok/s per method, goose over
     each llama.cpp method, texts equal to ar's, medians; then the table in report.md."""
     samples = [Sample("humaneval", 0, ("a",)), Sample("humaneval", 1, ("b",))]
-    records = [_record("ar", samples[0], [7, 8], 1.0), _record("goose", samples[0], [7, 8], 0.5),
+    records = [_record("ar", samples[0], [7, 8], 1.0, 0.5), _record("goose", samples[0], [7, 8], 0.5, 0.25),
                _record("ar", samples[1], [9, 10], 2.0), _record("goose", samples[1], [9, 10], 0.5)]
     results = {
         "conditions": {"engine": "llama.cpp via llama-cpp-python 0.3.36", "gguf": "/x/model.gguf",
@@ -135,7 +137,8 @@ def test_llama_section_and_its_table(tmp_path: Path) -> None:
         "prompts": [{"dataset": "humaneval", "question_id": 0, "ids": [1, 2, 3]},
                     {"dataset": "humaneval", "question_id": 1, "ids": [4, 5, 6]}],
         "generations": [
-            {"method": "llama", "prompt": 0, "output": [7, 8], "tokens_per_s": 8.0},
+            {"method": "llama", "prompt": 0, "output": [7, 8], "tokens_per_s": 8.0, "wall_s": 0.25,
+             "first_token_s": 0.125},
             {"method": "llama_pld", "prompt": 0, "output": [7, 8], "tokens_per_s": 2.0},
             {"method": "llama", "prompt": 1, "output": [9, 11], "tokens_per_s": 2.0},
             {"method": "llama_pld", "prompt": 1, "output": [9, 11], "tokens_per_s": 4.0},
@@ -160,12 +163,20 @@ def test_llama_section_and_its_table(tmp_path: Path) -> None:
     assert section["identical_to_plain"] == {"llama_pld": 2, "llama_server_ngram": 1}
     assert section["drafts"] == {"llama_server_ngram": {"drafted": 48, "accepted": 12}}
     assert section["median_tokens_per_s"]["llama"] == 5.0 and section["median_ratios"]["goose/llama"] == 1.25
+    # the first token and the decoding after it, apart: 1 token after 0.25 s against llama's after 0.125 s
+    assert first["first_token_s"] == {"ar": 0.5, "goose": 0.25, "llama": 0.125, "llama_pld": None,
+                                      "llama_server_ngram": None}
+    assert first["decode_tokens_per_s"]["goose"] == 4.0 and first["decode_tokens_per_s"]["llama"] == 8.0
+    assert first["decode_ratios"]["goose/llama"] == 0.5 and first["first_token_ratios"]["goose/llama"] == 2.0
+    assert second["decode_ratios"]["goose/llama"] is None  # no first-token time measured: no ratio, not 0
+    assert section["median_decode_ratios"]["goose/llama"] == 0.5
 
     summary = {"model": "smollm2-135m", "device": "cpu", "dtype": "bfloat16", "settings": {},
                "results": [{"method": "ar", "dataset": "humaneval", "samples": 2}], "llama": section}
     write_outputs([summary], tmp_path)
     report = (tmp_path / "report.md").read_text()
     assert "### llama.cpp on the same prompts (tok/s)" in report
+    assert "| HumanEval 0 | 0.50 | 0.25 | 0.12 | – | – | 2.0 | 4.0 | 8.0 | – | – | 0.50x | – | – | 2.00x | – | – |" in report
     assert "| HumanEval 0 | 3 | 2.0 | 4.0 | 8.0 | 2.0 | 4.0 | 0.50x | 2.00x | 1.00x | yes | yes | yes |" in report
     assert "| **median** |  | 1.5 | 4.0 | 5.0 | 3.0 | 2.5 | 1.25x | 1.50x | 2.50x | 1/2 | 1/2 | 1/2 |" in report
     assert "about 25% of the weight bytes" in report and "`llama_pld`'s text equals `llama`'s on 2/2" in report
