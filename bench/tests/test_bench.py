@@ -12,10 +12,9 @@ import pytest
 
 import goose
 import goose_bench.prompts
-from goose import cli, models
+from goose import cli, models, plugins
 from goose.config import GooseConfig
 from goose.planning.cost import CostCurve
-from goose.topologies.spine import SpineOptions
 from goose_bench.aggregate import ALL, build_summary, lookup, summarize
 from goose_bench.concurrency import ConcurrencyRow, write_concurrency
 from goose_bench.conversation import turn_prompt_ids
@@ -37,7 +36,15 @@ from goose_bench.methods import (
 )
 from goose_bench.outputs import write_outputs
 from goose_bench.peers import vllm_runner
-from goose_bench.prompts import KNOWN_DATASETS, PAPER_DATASETS, DatasetError, Sample, default_data_dir, load_samples
+from goose_bench.prompts import (
+    KNOWN_DATASETS,
+    PACKAGED_DATA,
+    PAPER_DATASETS,
+    DatasetError,
+    Sample,
+    default_data_dir,
+    load_samples,
+)
 from goose_bench.records import build_record, compare
 from goose_bench.report import build_report
 from goose_bench.runner import describe, finished_cells
@@ -49,7 +56,6 @@ from goose_bench.vllm_peer import (
     vllm_peer,
     vllm_rows,
 )
-from tests.helpers import PACKAGED_DATA
 
 
 def _raw(name: str, limit: int) -> list[dict]:
@@ -187,7 +193,8 @@ def test_suites_ablations_and_sweeps_are_method_lists() -> None:
     assert SWEEP["B=16"].config().budget == 16
     assert SWEEP["D=4"].config().max_depth == 4
     assert SWEEP["rho=0.25"].config().options_for("spine") == {"branch_ratio": 0.25}
-    fixed = SpineOptions.model_validate(SWEEP["r=0.3"].config().options_for("spine"))
+    spine_options = plugins.registry().topology("spine").options  # the model the spine registered
+    fixed = spine_options.model_validate(SWEEP["r=0.3"].config().options_for("spine"))
     assert fixed.split == "tiers" and {fixed.ratio(p) for p in (0.0, 0.3, 0.9)} == {0.3}
     assert SWEEP["r=optimal"].config().options_for("spine") == {"split": "optimal"}
     for method in ALL_METHODS.values():  # every Goose method validates and its plugins are registered

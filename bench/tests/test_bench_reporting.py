@@ -19,10 +19,9 @@ from goose_bench import plots
 from goose_bench.aggregate import ALL, bootstrap_ci, build_summary, lookup
 from goose_bench.generators import TurnOutput
 from goose_bench.outputs import write_outputs
-from goose_bench.prompts import DATASET_TITLES, KNOWN_DATASETS, Sample, load_samples
+from goose_bench.prompts import DATASET_TITLES, KNOWN_DATASETS, PACKAGED_DATA, Sample, load_samples
 from goose_bench.records import build_record, compare
 from goose_bench.report import build_report
-from tests.helpers import PACKAGED_DATA
 
 
 def _turn(ids: list[int], wall: float, steps: list[int], stats: dict[str, Any] | None = None) -> TurnOutput:

@@ -11,8 +11,7 @@ import pytest
 
 from goose_bench import edit_set
 from goose_bench.edit_set import EXCLUDED, KINDS, MAX_LINES, MIN_LINES, PACKAGES, build, main
-from goose_bench.prompts import load_samples
-from tests.helpers import PACKAGED_DATA
+from goose_bench.prompts import PACKAGED_DATA, load_samples
 
 
 @pytest.fixture(scope="module")

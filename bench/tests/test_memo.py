@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from helpers import CPU_CURVE, first_turns
 
 from goose.config import GooseConfig
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose_bench.memo import MemoVerifier, TargetMemo, refusal
-from tests.helpers import CPU_CURVE, lossless_prompts
 
 PINNED = CPU_CURVE  # width costs: the automatic budget picks small trees, and long chains when trusted
 
@@ -159,9 +159,9 @@ def test_memo_exact_on_the_tiny_models(tiny, tiny_gemma3, tmp_path: Path) -> Non
     tokens cross its 32-token window). A score computed in a pass of another shape may differ in its last bits
     (the random models' near-flat rows show it most); every draft, path and count is the same regardless."""
     llama, gemma3 = tiny, tiny_gemma3
-    figures = check_memo_exact(*llama, lossless_prompts("smollm2")[:2], 40, tmp_path / "llama")
+    figures = check_memo_exact(*llama, first_turns("humaneval", 2), 40, tmp_path / "llama")
     print(f"tiny llama: {figures}")
-    prompt = gemma3[1].decode(gemma3[1].encode(lossless_prompts("smollm2")[0], add_special_tokens=False)[:24])
+    prompt = gemma3[1].decode(gemma3[1].encode(first_turns("humaneval", 1)[0], add_special_tokens=False)[:24])
     figures = check_memo_exact(*gemma3, [prompt], 40, tmp_path / "gemma3")
     print(f"tiny gemma3: {figures}")
 
@@ -169,7 +169,7 @@ def test_memo_exact_on_the_tiny_models(tiny, tiny_gemma3, tmp_path: Path) -> Non
 @pytest.mark.slow
 def test_memo_exact_on_smollm2(smollm2, tmp_path: Path) -> None:
     model, tokenizer = smollm2
-    figures = check_memo_exact(model, tokenizer, lossless_prompts("smollm2")[:2], 40, tmp_path)
+    figures = check_memo_exact(model, tokenizer, first_turns("humaneval", 2), 40, tmp_path)
     print(f"SmolLM2: {figures}")  # scores that moved in their last bits, rows computed and read on the first run
 
 

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import CPU_CURVE
 
 from goose import cli
-from tests.helpers import CPU_CURVE
 
 
 def _bench(out: Path, *flags: str) -> list[dict]:
