@@ -344,7 +344,8 @@ def _llama_after_first_table(view: _View) -> str | None:
         rows.append([name if "/" in name else f"{_title(row['dataset'])} {name}",
                      *(_f(row["first_token_s"].get(m), 2) for m in methods),
                      *(_f(row["decode_tokens_per_s"].get(m), 1) for m in methods),
-                     *(_x(row["decode_ratios"][r]) for r in ratios), *(_x(row["first_token_ratios"][r]) for r in ratios)])
+                     *(_x(row["decode_ratios"][r]) for r in ratios),
+                     *(_x(row["first_token_ratios"][r]) for r in ratios)])
     rows.append(["**median**", *([""] * (2 * len(methods))), *(_x(llama["median_decode_ratios"][r]) for r in ratios),
                  *(_x(llama["median_first_token_ratios"][r]) for r in ratios)])
     return ("### llama.cpp on the same prompts: the first token and the decoding after it\n\n"
