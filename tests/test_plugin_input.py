@@ -24,6 +24,7 @@ from goose.config import GooseConfig, first_error
 from goose.contract.candidates import DecodeContext, Draft
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose_bench.methods import resolve_methods
+from tests.helpers import assert_lossless
 
 GOOSE = Path(sys.executable).with_name("goose")
 PROMPT = "List the numbers from 1 to 20, separated by commas."
@@ -247,3 +248,41 @@ def test_goose_generate_says_did_you_mean() -> None:
                          timeout=120)
     assert ran.returncode == 2 and ran.stderr.strip() == (
         "goose: error: budjet: unknown GooseConfig field (did you mean 'budget'?)"), ran.stderr
+
+
+# --- a source that drafts from a request's prediction: known by its registration, not by its name ---
+
+class EchoPrediction:
+    """Drafts the request's prediction from where the output stands in it (the test passes the reference output);
+    counts the predictions it was shown."""
+
+    shown: ClassVar[int] = 0
+
+    def __init__(self, config: GooseConfig) -> None:
+        pass
+
+    @goose.hookimpl
+    def goose_propose(self, context: DecodeContext) -> Draft | None:
+        EchoPrediction.shown += context.prediction is not None
+        done = context.tokens.shape[0] - context.prompt_length
+        ahead = context.prediction[done:done + 4] if context.prediction is not None else ()
+        return Draft.chain(np.asarray(ahead, dtype=np.int64)) if len(ahead) else None
+
+
+def test_a_third_party_source_that_needs_a_prediction_joins_requests_that_carry_one(tiny) -> None:
+    model, tokenizer = tiny
+    reference = AutoregressiveDecoder(model, tokenizer).generate(PROMPT, NEW_TOKENS)
+    registrations = plugins.register(plugins.SourcePlugin("echo_prediction", EchoPrediction, initial_acceptance=0.9,
+                                                          needs_request="prediction"), "tests")
+    try:
+        decoder = GooseDecoder(model, tokenizer, GooseConfig(sources=["context_match"], topology="chain", budget=4))
+        assert decoder.source_names(with_prediction=False) == ("context_match",)
+        assert set(decoder.source_names(with_prediction=True)) == {"prediction", "echo_prediction", "context_match"}
+        result = decoder.generate(PROMPT, NEW_TOKENS, prediction=reference.new_token_ids)
+        assert_lossless(result, reference)
+        assert EchoPrediction.shown > 0 and result.stats.source_accepted["prediction"] > 0
+        shown = EchoPrediction.shown
+        plain = decoder.generate(PROMPT, NEW_TOKENS)  # no prediction: the decoder's own sources alone
+        assert "echo_prediction" not in plain.stats.source_tested and EchoPrediction.shown == shown
+    finally:
+        plugins.unregister(registrations)

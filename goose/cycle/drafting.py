@@ -89,11 +89,9 @@ class Drafter:
         return self._budget_planner
 
     def source_names(self, with_prediction: bool) -> tuple[str, ...]:
-        """The sources a request drafts from: the decoder's, with the prediction source in front for a request
-        that carries a prediction (unless the decoder's own sources already include it)."""
-        if with_prediction and "prediction" not in self.sources.names:
-            return ("prediction", *self.sources.names)
-        return self.sources.names
+        """The sources a request drafts from: the decoder's, with the sources that draft from a prediction in front
+        for a request that carries one (:func:`prediction_first`)."""
+        return prediction_first(self.sources.names) if with_prediction else self.sources.names
 
     def take_sources(self) -> SourceSlot:
         """Sources for one request, in a session of any size: a spare slot (the decoder's own first, so a
@@ -131,8 +129,7 @@ class Drafter:
     def _shared_instances(self, drafting: tuple[str, ...], faults: FaultLog) -> dict[str, Any]:
         """One instance of each source in ``batch_shared_sources``, for every slot's set to hold."""
         names = self.config.batch_shared_sources
-        if "prediction" not in drafting:
-            drafting = ("prediction", *drafting)
+        drafting = prediction_first(drafting)
         if names == "auto":
             sources = plugins.registry().sources
             names = [name for name in drafting if name in sources and sources[name].shareable]
@@ -141,6 +138,13 @@ class Drafter:
             raise ValueError(f"batch_shared_sources names {', '.join(sorted(unused))}, which this decoder does not "
                              f"draft from (its sources: {', '.join(self.config.sources)})")
         return dict(SourceSet(names, self.config, self.vocab_size, faults=faults).instances) if names else {}
+
+
+def prediction_first(names: tuple[str, ...]) -> tuple[str, ...]:
+    """``names`` with every registered source that drafts from a request's prediction (``needs_request=
+    "prediction"``: the built-in ``prediction`` and any plugin's) in front, unless already among them."""
+    sources = plugins.registry().sources
+    return (*(name for name, r in sources.items() if r.needs_request == "prediction" and name not in names), *names)
 
 
 class SourceSlot:
@@ -157,12 +161,13 @@ class SourceSlot:
         self.predicting: SourceSet | None = None
 
     def drafting(self, drafter: Drafter, with_prediction: bool) -> SourceSet:
-        """The set a request drafts from: with the prediction source for a request that carries a prediction
-        (unless the decoder's own sources include it)."""
-        if not with_prediction or "prediction" in drafter.sources.names:
+        """The set a request drafts from: with the sources that draft from a prediction (:func:`prediction_first`)
+        for a request that carries one."""
+        names = prediction_first(self.sources.names) if with_prediction else self.sources.names
+        if names == self.sources.names:
             return self.sources
         if self.predicting is None:
-            self.predicting = SourceSet(("prediction", *self.sources.names), drafter.config, drafter.vocab_size,
+            self.predicting = SourceSet(names, drafter.config, drafter.vocab_size,
                                         faults=self.sources.faults, estimates=self.sources.estimates,
                                         instances=self.sources.instances, strict=False)
         return self.predicting
