@@ -273,6 +273,15 @@ class Usage(BaseModel):
     completion_tokens_details: CompletionTokensDetails | None = None
 
 
+class PluginFault(BaseModel):
+    """A plugin whose hooks raised or answered malformed while serving the request: skipped, so the output is unchanged
+    but its drafts were lost (the server's log has the first fault of each hook)."""
+
+    kind: str = Field(description="source or topology")
+    count: int = Field(description="its faults during this request")
+    first: str = Field(description="the first one, as '<hook>: <problem>'")
+
+
 class GooseStats(BaseModel):
     """The request's Goose statistics (the extra ``goose`` field of every response and of the last chunk)."""
 
@@ -295,6 +304,8 @@ class GooseStats(BaseModel):
     rejected_prediction_tokens: int = Field(default=0, description="Predicted Outputs: prediction tokens refused")
     seed: int | None = Field(default=None, description="the seed a sampled request used")
     partial: bool = Field(default=False, description="true when only token and step counts could be measured")
+    faults: dict[str, PluginFault] = Field(default_factory=dict, description=(
+        "per plugin that faulted while serving the request (empty when none): kind, count and first fault"))
     grammar_cut_tokens: int | None = Field(
         default=None, description="response_format: drafted tokens the grammar forbade, cut before verification")
     grammar_s: float | None = Field(default=None, description="response_format: seconds spent in the grammar")
