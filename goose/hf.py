@@ -58,9 +58,9 @@ from transformers.generation import (
 from transformers.generation.streamers import BaseStreamer
 
 from goose.config import GooseConfig
-from goose.cycle.decoder import GooseDecoder
+from goose.cycle.decoder import GenerationResult, GooseDecoder
 
-__all__ = ["FOLDER", "generate", "generate_from_folder"]
+__all__ = ["FOLDER", "generate", "generate_from_folder", "last_result"]
 
 # The custom_generate folder: model.generate(..., custom_generate=goose.hf.FOLDER, trust_remote_code=True).
 FOLDER = str(Path(__file__).with_name("hf_folder"))
@@ -139,11 +139,13 @@ def generate(
         state = _model_state(model)
         with state.lock:  # a decoder (its KV cache, its sources) serves one generation at a time
             decoder = _decoder_for(model, state, config, goose_tokenizer if goose_tokenizer is not None else tokenizer)
+            state.last_result = None
             try:
                 sequence = _decode(decoder, input_ids, max_length - input_ids.shape[1], _eos_ids(generation_config),
                                    sampling, stopping_criteria, stream_to)
             finally:
                 decoder.verifier.reset()  # drop the KV cache between calls
+            state.last_result = decoder.last_result
     finally:  # each streamer ended once, also on errors, so a thread reading one never hangs
         for to_end in {id(s): s for s in (streamer, goose_streamer) if s is not None}.values():
             to_end.end()
@@ -151,6 +153,13 @@ def generate(
         # no cache comes back: Goose's cache is its own (tree rows, full history), not one generate can resume
         return GenerateDecoderOnlyOutput(sequences=sequence)
     return sequence
+
+
+def last_result(model: PreTrainedModel) -> GenerationResult | None:
+    """The Goose run behind ``model``'s latest ``generate`` through either door: its tokens and ``stats`` (tau, each
+    source's tested and accepted drafts, the plugins' ``faults``); None before one, or after a call that failed."""
+    state = model.__dict__.get(_STATE_ATTRIBUTE)
+    return state.last_result if state is not None else None
 
 
 def generate_from_folder(
@@ -350,6 +359,7 @@ class _ModelState:
         self.tokenizer: PreTrainedTokenizerBase | None = None
         self.tokenizer_looked_up = False
         self.decoders: dict[tuple[str, str, str], GooseDecoder] = {}
+        self.last_result: GenerationResult | None = None  # the latest generate's, for last_result()
         self.lock = threading.Lock()
 
     def __reduce__(self) -> tuple[type, tuple]:
