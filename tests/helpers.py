@@ -116,21 +116,73 @@ def assert_lossless(result: Any, reference: Any, *, accepted: bool = True, label
     name = f"{label}: " if label != "" else ""
     for i, (row, expected) in enumerate(zip(rows, references, strict=True)):
         at = f"{name}row {i}: " if batch else name
-        want, got = list(getattr(expected, "new_token_ids", expected)), list(row.new_token_ids)
-        if got != want and (near_tie is None or not near_tie(got)):
-            index = next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
-            where = (f"first differing token at {index}: {got[index]} for {want[index]}" if index is not None else
-                     f"{len(got)} tokens for {len(want)}")
-            raise AssertionError(f"{at}not the reference's output: {where}")
-        assert not row.stats.faults, f"{at}plugin fault while serving the request: " + "; ".join(
-            f"{plugin} ({entry['kind']}) {entry['count']}x, first {entry['first']}"
-            for plugin, entry in row.stats.faults.items())
+        _assert_output(list(row.new_token_ids), list(getattr(expected, "new_token_ids", expected)), at, near_tie)
+        _assert_no_faults(row.stats.faults, at)
     stats = [row.stats for row in rows]
     # every pass's tree holds the anchor; a constrained request's grammar cut some drafted nodes before the pass
     drafted = sum(sum(s.tree_sizes) - len(s.tree_sizes) + s.grammar_cut_tokens for s in stats)
-    assert drafted > 0, f"{name}no source drafted a token in {sum(s.verify_steps for s in stats)} passes"
-    tested = sum(sum(s.source_tested.values()) for s in stats)
-    kept = sum(sum(s.source_accepted.values()) for s in stats)
+    return _assert_drafting(name, drafted, sum(s.verify_steps for s in stats),
+                            [(s.source_tested, s.source_accepted) for s in stats], accepted)
+
+
+def assert_served_lossless(served: Any, text: str | Sequence[Any], reference: Any, *, accepted: bool = True,
+                           label: object = "") -> tuple[int, int]:
+    """assert_lossless over the wire, for goose serve's answers: the answer's ``text`` is ``reference``'s (a string, or
+    a run with ``text``), and its ``goose`` statistics report no plugin fault, drafts laid and tested, and
+    (``accepted``) some kept. ``served``: a response or last chunk (the openai client's object or the JSON body),
+    or its ``goose`` field itself (``goose generate --json``'s report has the same fields: its token ids then
+    stand for the text). Lists of texts and references take the answer's ``goose_choices`` (n choices) or a list
+    of answers' statistics: every row's text and faults, the drafting over the rows together. Returns (draft tokens
+    tested, accepted).
+
+    The wire carries the mean tree size rounded to 2 decimals: the drafted count is exact up to 100 passes.
+    """
+    body = served.model_dump() if hasattr(served, "model_dump") else served
+    batch = not isinstance(text, str) and all(isinstance(row, str) for row in text)
+    if isinstance(body, list) or "sources" in body:  # the statistics themselves
+        stats = list(body) if batch else [body]
+    else:
+        stats = body.get("goose_choices") if batch else [body.get("goose")]
+        assert stats and None not in stats, f"no Goose statistics in the answer: {served}"
+    texts, references = (list(text), list(reference)) if batch else ([text], [reference])
+    assert len(texts) == len(references) == len(stats), (
+        f"{len(texts)} texts, {len(stats)} statistics, {len(references)} references")
+    name = f"{label}: " if label != "" else ""
+    for i, (got, expected, entry) in enumerate(zip(texts, references, stats, strict=True)):
+        at = f"{name}row {i}: " if batch else name
+        _assert_output(got, expected if isinstance(expected, str | list) else expected.text, at)
+        assert not entry.get("partial"), f"{at}partial statistics: the request's result was lost"
+        assert "faults" in entry, f"{at}the server reports no plugin faults: {entry}"
+        _assert_no_faults(entry["faults"], at)
+    # as assert_lossless counts them: the nodes beyond each pass's anchor, and those the grammar cut
+    drafted = sum(round(s["mean_tree_size"] * s["verify_steps"]) - s["verify_steps"]
+                  + (s.get("grammar_cut_tokens") or 0) for s in stats)
+    return _assert_drafting(name, drafted, sum(s["verify_steps"] for s in stats),
+                            [(s["source_tested"], s["source_accepted"]) for s in stats], accepted)
+
+
+def _assert_output(got: Sequence[Any], want: Sequence[Any], at: str,
+                   near_tie: Callable[[list[int]], bool] | None = None) -> None:
+    """The output (tokens or text) is the reference's, or parts from it at a near tie; else where they part."""
+    if got != want and (near_tie is None or not near_tie(list(got))):
+        index = next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+        where = (f"first difference at {index}: {got[index]!r} for {want[index]!r}" if index is not None else
+                 f"{len(got)} long for {len(want)}")
+        raise AssertionError(f"{at}not the reference's output: {where}")
+
+
+def _assert_no_faults(faults: dict[str, dict[str, Any]], at: str) -> None:
+    assert not faults, f"{at}plugin fault while serving the request: " + "; ".join(
+        f"{plugin} ({entry['kind']}) {entry['count']}x, first {entry['first']}" for plugin, entry in faults.items())
+
+
+def _assert_drafting(name: str, drafted: int, steps: int, counts: list[tuple[dict[str, int], dict[str, int]]],
+                     accepted: bool) -> tuple[int, int]:
+    """Some source drafted, the target tested its tokens and (``accepted``) kept some; (tested, kept) summed over
+    ``counts``' (source_tested, source_accepted) pairs."""
+    assert drafted > 0, f"{name}no source drafted a token in {steps} passes"
+    tested = sum(sum(tried.values()) for tried, _ in counts)
+    kept = sum(sum(took.values()) for _, took in counts)
     assert tested > 0, f"{name}{drafted} draft tokens laid, none tested"
     assert kept > 0 or not accepted, f"{name}no draft token accepted of {tested} tested"
     return tested, kept

@@ -4,8 +4,8 @@ A source that raises is skipped by the plugin boundary and a plain step is lossl
 tokens only stays green with a broken source. Here a source registered through goose's public plugin API drafts
 (copies what followed the anchor's latest earlier occurrence) for a few cycles and then raises on every call, or
 drafts nothing at all, inside each family's real code path (greedy, sampled, batched, structured, scale, int8,
-llama.cpp); the output still equals the reference, and ``assert_lossless`` must fail, naming the fault or the
-missing drafts.
+llama.cpp, goose serve's app, Hugging Face's generate); the output still equals the reference, and
+``assert_lossless`` (over the wire: ``assert_served_lossless``) must fail, naming the fault or the missing drafts.
 """
 
 from __future__ import annotations
@@ -16,12 +16,18 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
+from starlette.testclient import TestClient
 
 import goose
+import goose.hf
 from goose import cpu, llama_model, models, plugins
 from goose.config import GooseConfig
 from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
-from tests.helpers import CPU_CURVE, SCHEMA, assert_lossless, lossless_prompts
+from goose.models import encode_prompt
+from goose.serve.app import create_app
+from goose.serve.engine import Engine
+from tests.helpers import CPU_CURVE, SCHEMA, assert_lossless, assert_served_lossless, lossless_prompts
 
 TOKENS = 24
 DRAFTING_CYCLES = 3  # the faulty source drafts this many times, then raises on every call
@@ -127,3 +133,42 @@ def test_a_source_that_drafts_nothing_fails_the_lossless_assertion(request, ar_r
         assert not result.stats.faults
         with pytest.raises(AssertionError, match="no source drafted a token"):
             assert_lossless(result, reference, accepted=False)
+
+
+# each source, and what the lossless assertion must say of a run it drafted (or did not)
+BROKEN = [("faulty_copy", r"plugin fault .*faulty_copy .*the faulty source broke"),
+          ("dead", "no source drafted a token")]
+
+
+@pytest.mark.parametrize(("source", "message"), BROKEN)
+def test_a_served_request_with_a_broken_source_fails_the_wire_check(tiny, ar_reference, source: str,
+                                                                     message: str) -> None:
+    """goose serve's app and engine in this process (where the two sources are registered), a greedy completion: its
+    text is the reference's, and only the ``goose`` statistics' faults or drafting can tell."""
+    model, tokenizer = tiny
+    prompt = lossless_prompts("smollm2")[0]
+    reference = ar_reference(model, tokenizer, encode_prompt(tokenizer, prompt, chat=False), TOKENS, chat=False)
+    engine = Engine(model, tokenizer, GooseConfig(sources=[source], budget=8))  # a tree every cycle
+    with TestClient(create_app(engine, "tiny"), base_url="http://127.0.0.1:8000") as client:  # starts, stops it
+        response = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": TOKENS})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["choices"][0]["text"] == reference.text
+    assert (body["goose"]["faults"].get(source, {}).get("count", 0) > 0) == (source == "faulty_copy")
+    with pytest.raises(AssertionError, match=message):
+        assert_served_lossless(body, body["choices"][0]["text"], reference, accepted=False)
+
+
+@pytest.mark.parametrize(("source", "message"), BROKEN)
+def test_a_hugging_face_generate_with_a_broken_source_fails_the_lossless_assertion(tiny, ar_reference, source: str,
+                                                                                   message: str) -> None:
+    """``model.generate(custom_generate=goose.hf.generate)``: its output is plain decoding's, and only the run that
+    ``goose.hf.last_result`` hands back can tell."""
+    model, tokenizer = tiny
+    reference = ar_reference(model, tokenizer, lossless_prompts("smollm2")[0], TOKENS)
+    ids = torch.tensor([reference.prompt_ids])
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=TOKENS, do_sample=False,
+                         custom_generate=goose.hf.generate, goose_config={"sources": [source], "budget": 8})
+    assert out[0, ids.shape[1] :].tolist() == reference.new_token_ids
+    with pytest.raises(AssertionError, match=message):
+        assert_lossless(goose.hf.last_result(model), reference, accepted=False)

@@ -21,7 +21,7 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogit
 from goose.config import GooseConfig
 from goose.cycle.decoder import GooseDecoder
 from goose.cycle.sampling import Sampler, SamplingParams, inverse_cdf, uniform
-from tests.helpers import CPU_CURVE, assert_lossless, dataset_prompts
+from tests.helpers import CPU_CURVE, assert_lossless, assert_served_lossless, dataset_prompts
 
 TEMPERATURES = (0.3, 0.7, 1.0)
 CUTS = ((0.9, 0), (1.0, 50))  # (top_p, top_k): nucleus sampling, or top-k; prompts alternate between them
@@ -176,10 +176,11 @@ def test_every_topology_meets_every_prompt_temperature_and_cut_of_each_model() -
 
 
 def assert_sampled_goose_equals_ar(ar_reference, model, tokenizer, prompt: str, chat: bool, seed: int,
-                                   index: int, new_tokens: int = SAMPLED_TOKENS) -> None:
+                                   index: int, new_tokens: int = SAMPLED_TOKENS) -> int:
     """Every temperature with the prompt's cut (top-p 0.9 or top-k 50), the topologies in turn; one seeded
     AR reference per temperature. The lossless assertion over the prompt's runs: each run's tokens and no fault, the
-    drafting of the three together (16 sampled tokens of a run may give context match nothing to copy)."""
+    drafting of the three together (16 sampled tokens of a run may give context match nothing to copy). Returns the
+    draft tokens the target accepted, for the check over the model's prompts together."""
     top_p, top_k = CUTS[index % 2]
     results, references = [], []
     for t, temperature in enumerate(TEMPERATURES):
@@ -193,29 +194,30 @@ def assert_sampled_goose_equals_ar(ar_reference, model, tokenizer, prompt: str, 
         results.append(decoder.generate(prompt, new_tokens, **options))
         references.append(reference)
     # drafted and tested, not necessarily kept: three of the ten prompts had 1-2 draft tokens tested and none kept in
-    # their 48 sampled tokens (measured, pinned curve); acceptance under sampling is test_batch's and test_int8's
-    assert_lossless(results, references, accepted=False, label=f"temperatures {TEMPERATURES}")
+    # their 48 sampled tokens (measured, pinned curve); the model's prompts together keep some
+    return assert_lossless(results, references, accepted=False, label=f"prompt {index}, temperatures {TEMPERATURES}")[1]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("index", range(len(SMOLLM2_PROMPTS)))
-def test_smollm2_sampled_goose_equals_the_seeded_sampler(smollm2, ar_reference, index: int) -> None:
+def test_smollm2_sampled_goose_equals_the_seeded_sampler(smollm2, ar_reference) -> None:
     model, tokenizer = smollm2
-    assert_sampled_goose_equals_ar(ar_reference, model, tokenizer, SMOLLM2_PROMPTS[index], chat=True,
-                                   seed=1000 + index, index=index)
+    kept = sum(assert_sampled_goose_equals_ar(ar_reference, model, tokenizer, prompt, chat=True, seed=1000 + index,
+                                              index=index) for index, prompt in enumerate(SMOLLM2_PROMPTS))
+    assert kept > 0, "no draft token accepted in any sampled run"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("index", range(len(GEMMA3_PROMPTS)))
-def test_gemma3_sampled_goose_equals_the_seeded_sampler(gemma3, ar_reference, index: int) -> None:
+def test_gemma3_sampled_goose_equals_the_seeded_sampler(gemma3, ar_reference) -> None:
     model, tokenizer = gemma3
-    assert_sampled_goose_equals_ar(ar_reference, model, tokenizer, GEMMA3_PROMPTS[index], chat=False,
-                                   seed=2000 + index, index=index)
+    kept = sum(assert_sampled_goose_equals_ar(ar_reference, model, tokenizer, prompt, chat=False, seed=2000 + index,
+                                              index=index) for index, prompt in enumerate(GEMMA3_PROMPTS))
+    assert kept > 0, "no draft token accepted in any sampled run"
 
 
 def test_seeds_replay_and_a_missing_seed_is_picked_and_reported(tiny, ar_reference) -> None:
     model, tokenizer = tiny
-    decoder = GooseDecoder(model, tokenizer, GooseConfig(temperature=0.8))  # sampling set in the config
+    # sampling set in the config; budgeted on the CPU-like curve: the greedy run drafts on any machine
+    decoder = GooseDecoder(model, tokenizer, GooseConfig(temperature=0.8), cost_curve=CPU_CURVE, pinned_costs=True)
     prompt = "Write a short poem about the sea."
     first = decoder.generate(prompt, NEW_TOKENS)
     assert first.seed is not None and first.to_dict()["seed"] == first.seed
@@ -224,15 +226,17 @@ def test_seeds_replay_and_a_missing_seed_is_picked_and_reported(tiny, ar_referen
     assert other.new_token_ids != first.new_token_ids  # another seed, another text (24 tokens at T=0.8)
     greedy = decoder.generate(prompt, NEW_TOKENS, temperature=0.0)  # a call overrides the config
     assert greedy.seed is None
-    assert greedy.new_token_ids == ar_reference(model, tokenizer, prompt, NEW_TOKENS).new_token_ids
+    assert_lossless(greedy, ar_reference(model, tokenizer, prompt, NEW_TOKENS))
 
 
 def test_temperature_zero_is_the_greedy_path(tiny, ar_reference) -> None:
     model, tokenizer = tiny
     prompt = dataset_prompts("gsm8k", 1)[0]
     reference = ar_reference(model, tokenizer, prompt, 32).new_token_ids
-    explicit = GooseDecoder(model, tokenizer).generate(prompt, 32, temperature=0.0, top_p=0.5, seed=4)
-    assert explicit.new_token_ids == reference and explicit.seed is None
+    decoder = GooseDecoder(model, tokenizer, cost_curve=CPU_CURVE, pinned_costs=True)  # drafts on any machine
+    explicit = decoder.generate(prompt, 32, temperature=0.0, top_p=0.5, seed=4)
+    assert_lossless(explicit, reference)
+    assert explicit.seed is None
 
 
 def test_bad_sampling_values_are_refused_by_the_decoder(tiny) -> None:
@@ -247,11 +251,14 @@ def test_bad_sampling_values_are_refused_by_the_decoder(tiny) -> None:
 
 @pytest.mark.slow
 def test_cli_sampled_run_is_identical_to_the_seeded_sampler() -> None:
-    """The contract: --temperature 0.7 --top-p 0.9 --seed 3 --compare-ar --json reports identical_to_ar and seed 3."""
+    """The contract: --temperature 0.7 --top-p 0.9 --seed 3 --compare-ar --json reports identical_to_ar and seed 3;
+    its statistics show drafts tested and no plugin fault (--budget 8: a tree every cycle, whatever this machine's
+    cost curve)."""
     run = subprocess.run(
         [sys.executable, "-m", "goose", "generate", "Write a haiku about geese.", "--temperature", "0.7",
-         "--top-p", "0.9", "--seed", "3", "--dtype", "float32", "--compare-ar", "--json", "--max-new-tokens", "32"],
-        capture_output=True, text=True, timeout=600)
+         "--top-p", "0.9", "--seed", "3", "--dtype", "float32", "--compare-ar", "--json", "--max-new-tokens", "32",
+         "--budget", "8"], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert report["identical_to_ar"] is True and report["seed"] == 3 and report["temperature"] == 0.7
+    assert_served_lossless(report, report["new_token_ids"], report["ar_new_token_ids"])

@@ -17,7 +17,14 @@ import torch
 
 import goose
 from goose import AutoregressiveDecoder, GooseDecoder
-from tests.helpers import CPU_CURVE, assert_lossless, dataset_prompts, free_port, start_server
+from tests.helpers import (
+    CPU_CURVE,
+    assert_lossless,
+    assert_served_lossless,
+    dataset_prompts,
+    free_port,
+    start_server,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("qwen")]
 
@@ -42,10 +49,13 @@ def test_greedy_goose_equals_autoregressive(qwen15b, ar_reference, index: int) -
 def test_seeded_sampling_equals_the_seeded_sampler(qwen15b, ar_reference) -> None:
     model, tokenizer = qwen15b
     sampling = {"temperature": 0.7, "top_p": 0.9, "seed": 11}
-    reference = ar_reference(model, tokenizer, PROMPTS[1], 24, **sampling)
     goose_decoder = GooseDecoder(model, tokenizer, cost_curve=CPU_CURVE, pinned_costs=True)  # a tree every cycle
-    result = goose_decoder.generate(PROMPTS[1], 24, **sampling)
-    assert_lossless(result, reference, accepted=False)  # drafted and tested; 24 sampled tokens may keep none
+    kept = 0
+    for index, prompt in enumerate(PROMPTS):  # the mbpp prompt alone kept 1 of its 4 tested draft tokens (measured)
+        reference = ar_reference(model, tokenizer, prompt, 24, **sampling)
+        result = goose_decoder.generate(prompt, 24, **sampling)
+        kept += assert_lossless(result, reference, accepted=False, label=f"prompt {index}")[1]  # drafted, tested
+    assert kept > 0, "no draft token accepted in either sampled run"
 
 
 def test_batch_rows_equal_their_own_runs(qwen15b, ar_reference) -> None:
@@ -61,6 +71,7 @@ def test_hugging_face_generate_door(qwen15b, ar_reference) -> None:
     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
                          custom_generate=goose.hf.generate)
     assert out[0, len(reference.prompt_ids) :].tolist() == reference.new_token_ids
+    assert_lossless(goose.hf.last_result(model), reference)  # the Goose run behind it: drafted, tested, no fault
 
 
 def test_json_schema_output_equals_constrained_autoregressive(qwen15b) -> None:
@@ -95,6 +106,6 @@ def test_goose_serve_answers_as_the_decoder_does(qwen15b, ar_reference, tmp_path
             "model": "qwen2.5-coder-1.5b", "max_tokens": 24, "temperature": 0,
             "messages": [{"role": "user", "content": PROMPTS[1]}]})
         assert response.status_code == 200, response.text
-        assert response.json()["choices"][0]["message"]["content"] == reference.text
+        assert_served_lossless(response.json(), response.json()["choices"][0]["message"]["content"], reference)
     finally:
         server.stop()
