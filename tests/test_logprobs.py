@@ -16,7 +16,7 @@ import pytest
 from goose import cli
 from goose.cycle.decoder import AutoregressiveDecoder, GenerationResult, GooseDecoder
 from goose.cycle.logprobs import TokenLogprob
-from tests.helpers import assert_same_logprobs
+from tests.helpers import CPU_CURVE, assert_lossless, assert_same_logprobs
 
 PROMPT = "Repeat exactly: the quick brown fox jumps over the lazy dog near the river bank, then runs home."
 OTHER = "Name three rivers."
@@ -26,7 +26,9 @@ TOKENS = 20
 @pytest.fixture(scope="module")
 def decoders(tiny) -> tuple[AutoregressiveDecoder, GooseDecoder]:
     model, tokenizer = tiny
-    return AutoregressiveDecoder(model, tokenizer), GooseDecoder(model, tokenizer)
+    # the CPU-like curve, pinned: trees are laid whatever this machine measured, so the drafting is checked too
+    return AutoregressiveDecoder(model, tokenizer), GooseDecoder(model, tokenizer, cost_curve=CPU_CURVE,
+                                                                 pinned_costs=True)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +54,8 @@ def test_goose_and_batched_logprobs_equal_the_autoregressive_loops_greedy(decode
     # a prediction of the output makes Goose accept long paths: the anchor's, the nodes' and the bonus rows all count
     chunks = list(goose.stream(PROMPT, TOKENS, logprobs=3, prediction=list(reference.new_token_ids)))
     result = goose.last_result
-    assert result is not None and result.new_token_ids == reference.new_token_ids
+    assert result is not None
+    assert_lossless(result, reference)
     assert max(result.stats.accepted_lengths) > 2  # paths of several tokens were verified in one pass
     assert_same_logprobs(result.logprobs, reference.logprobs)
     assert [len(chunk.logprobs) for chunk in chunks] == [len(chunk.token_ids) for chunk in chunks]
@@ -70,11 +73,12 @@ def test_goose_and_batched_logprobs_equal_the_autoregressive_loops_sampled(decod
     sampling = {"temperature": 0.8, "seed": 11}
     expected = ar.generate(PROMPT, 12, logprobs=0, **sampling)
     result = goose.generate(PROMPT, 12, logprobs=0, **sampling)
-    assert result.new_token_ids == expected.new_token_ids
+    # tokens and no fault: 12 tokens sampled from the tiny model's flat distribution draft nothing to test
+    assert result.new_token_ids == expected.new_token_ids and not result.stats.faults
     assert all(entry.top == () for entry in result.logprobs)
     assert_same_logprobs(result.logprobs, expected.logprobs)
     together = batched(goose, [(PROMPT, 12, {"logprobs": 0, **sampling}), (OTHER, 4, {"logprobs": 0, **sampling})])
-    assert together[0].new_token_ids == expected.new_token_ids
+    assert together[0].new_token_ids == expected.new_token_ids and not together[0].stats.faults
     assert_same_logprobs(together[0].logprobs, expected.logprobs)
 
 
