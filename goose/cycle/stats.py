@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from goose import plugins
 from goose.contract.outcome import PathKind
 
 
@@ -61,6 +62,7 @@ class GenerationStats:
         }
 
     def to_dict(self) -> dict[str, Any]:
+        predicting = [name for name, r in plugins.registry().sources.items() if r.needs_request == "prediction"]
         return {
             "new_tokens": self.new_tokens,
             "verify_steps": self.verify_steps,
@@ -73,10 +75,11 @@ class GenerationStats:
             "source_acceptance": {k: round(v, 4) for k, v in self.source_acceptance.items()},
             "source_tested": dict(self.source_tested),
             "source_accepted": dict(self.source_accepted),
-            # OpenAI's Predicted Outputs counters: prediction tokens the target checked and kept / refused
-            "accepted_prediction_tokens": self.source_accepted.get("prediction", 0),
-            "rejected_prediction_tokens": self.source_tested.get("prediction", 0) - self.source_accepted.get(
-                "prediction", 0),
+            # OpenAI's Predicted Outputs counters: prediction tokens the target checked and kept / refused, over
+            # every source that drafts from the prediction (registered needs_request="prediction")
+            "accepted_prediction_tokens": sum(self.source_accepted.get(name, 0) for name in predicting),
+            "rejected_prediction_tokens": sum(self.source_tested.get(name, 0) - self.source_accepted.get(name, 0)
+                                              for name in predicting),
             "path_kinds": {kind.value: self.path_kinds.get(kind.value, 0) for kind in PathKind},
             "accepted_lengths": list(self.accepted_lengths),
             "faults": {name: {**entry, "hooks": dict(entry["hooks"])} for name, entry in self.faults.items()},
