@@ -152,6 +152,11 @@ class Registry:
     commands: dict[str, Registration] = field(default_factory=dict)
     load_errors: list[str] = field(default_factory=list)
 
+    def needing(self, request_input: str) -> tuple[str, ...]:
+        """The sources that draft from ``request_input`` alone (registered ``needs_request=request_input``), in
+        registration order."""
+        return tuple(name for name, r in self.sources.items() if r.needs_request == request_input)
+
     def add_plugin(self, plugin: object, origin: str, strict: bool = True) -> list[Registration]:
         """What one registration plugin registers; a bad one raises if ``strict``, else goes to ``load_errors``."""
         hooks = Manager(plugin, "registration", getattr(plugin, "__name__", type(plugin).__name__)).hook

@@ -143,8 +143,7 @@ class Drafter:
 def prediction_first(names: tuple[str, ...]) -> tuple[str, ...]:
     """``names`` with every registered source that drafts from a request's prediction (``needs_request=
     "prediction"``: the built-in ``prediction`` and any plugin's) in front, unless already among them."""
-    sources = plugins.registry().sources
-    return (*(name for name, r in sources.items() if r.needs_request == "prediction" and name not in names), *names)
+    return (*(name for name in plugins.registry().needing("prediction") if name not in names), *names)
 
 
 class SourceSlot:

@@ -62,7 +62,7 @@ class GenerationStats:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        predicting = [name for name, r in plugins.registry().sources.items() if r.needs_request == "prediction"]
+        predicting = plugins.registry().needing("prediction")
         return {
             "new_tokens": self.new_tokens,
             "verify_steps": self.verify_steps,
