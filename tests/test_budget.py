@@ -16,6 +16,7 @@ from goose.cycle.decoder import AutoregressiveDecoder, GooseDecoder
 from goose.planning import cost
 from goose.planning.budget import BudgetPlanner
 from goose.planning.cost import CostCurve
+from tests.helpers import assert_lossless
 
 
 def test_monotone_lowers_a_slow_small_size_instead_of_raising_the_rest() -> None:
@@ -209,6 +210,48 @@ def test_a_decoder_lays_no_tree_where_none_pays_rests_and_probes(tiny) -> None:
     # live curve, corrected by the tiny model's nearly flat passes, may come to lay a tree later: not counted)
     assert CountingCopy.calls <= len(budgets) - REST * (budgets.count(0) // (2 * (REST + 1)))
     assert result.stats.verify_steps == len(budgets)
+
+
+class Overclaiming:
+    """Drafts 8 tokens the target never says, each "0.95 likely" by the draft's own word (``depth_acceptance``)."""
+
+    wrong = 0
+
+    def __init__(self, config: goose.GooseConfig) -> None:
+        pass
+
+    @goose.hookimpl
+    def goose_propose(self, context: goose.DecodeContext) -> goose.Draft | None:
+        return goose.Draft.chain(np.full(8, Overclaiming.wrong), depth_acceptance=(0.95,))
+
+
+def test_a_source_whose_trees_keep_losing_is_trusted_as_far_as_they_give(tiny) -> None:
+    """A draft's estimate is its source's word; the planner sets every tree it laid against what the tree kept. On a
+    curve where a 0.95 promise pays for a tree, a source that says 0.95 and is never right gets its first trees,
+    then only the probes: its trust falls to what its trees give (none), and the row decodes as plainly as the
+    engine. Taken at its word it would have laid a tree every step. Lossless either way."""
+    model, tokenizer = tiny
+    prompt = "Repeat after me: one two three four five six seven. One two three four five six seven."
+    reference = AutoregressiveDecoder(model, tokenizer).generate(prompt, 60)
+    Overclaiming.wrong = next(t for t in range(model.config.vocab_size - 1, 0, -1) if t not in reference.new_token_ids)
+    assert BudgetPlanner(STEEP).choose((0.95,), 8, 0.0) > 0  # at its word, a tree pays on this curve
+    registrations = goose.register(plugins.SourcePlugin("overclaiming", Overclaiming, initial_acceptance=0.95))
+    try:
+        decoder = GooseDecoder(model, tokenizer, GooseConfig(sources=["overclaiming"]), cost_curve=STEEP)
+        result = decoder.generate(prompt, 60)
+    finally:
+        plugins.unregister(registrations)
+    assert_lossless(result, reference, accepted=False)
+    stats = result.stats
+    assert stats.trees_kept == stats.trees_laid  # each tree kept the bonus token alone
+    budgets = stats.row_budgets
+    # its first trees, a few one-node probes, and trees as small as the live curve (the tiny model's nearly flat
+    # passes) makes worth even a small share of its word; at its word, a tree every step
+    assert 1 <= stats.trees_laid <= len(budgets) // 4, budgets
+    assert 0 in budgets[:8], budgets
+    assert stats.to_dict()["trees"] == {"laid": stats.trees_laid, "kept_tau": 1.0,
+                                        "promised_tau": round(stats.trees_promised / stats.trees_laid, 3)}
+    assert decoder.budget_planner.trust["overclaiming"].scale < 0.2
 
 
 def test_chain_rate_is_accepted_over_tested() -> None:

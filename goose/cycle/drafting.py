@@ -26,7 +26,7 @@ from goose.cycle.request import Request
 from goose.cycle.sampling import Sampler
 from goose.cycle.stats import GenerationStats
 from goose.cycle.walker import walk, walk_sampled
-from goose.planning.budget import BudgetPlanner
+from goose.planning.budget import BudgetPlanner, lead
 from goose.planning.cost import CostCurve, harvest_rows
 
 # A row the budget lays no tree for rests REST cycles (plain decoding steps: no source drafts or learns,
@@ -119,12 +119,15 @@ class Drafter:
         if self.config.budget != "auto" or planner is None:
             return [self.config.fixed_budget()] * len(cycles)
         drafted = [cycle for cycle in cycles if cycle.pool is not None]  # the others rest: the anchor alone
-        budgets = iter(planner.split([cycle.pool for cycle in drafted], self.topology.spine_lengths,
-                                     [cycle.riding for cycle in drafted]) if drafted else ())
-        if planner.pinned:  # a study's decoder lays its best trees: no rest, no probe
-            return list(budgets)
-        alone = len(cycles) == 1  # a batched pass's 0 is the split's (rows priced together), not a loss to rest from
-        return [cycle.probed(next(budgets), alone) if cycle.pool is not None else 0 for cycle in cycles]
+        chosen = planner.split([cycle.pool for cycle in drafted], self.topology.spine_lengths,
+                               [cycle.riding for cycle in drafted]) if drafted else []
+        if not planner.pinned:  # a study's decoder lays its best trees: no rest, no probe
+            alone = len(cycles) == 1  # a batched pass's 0 is the split's (rows priced together), not a loss to rest
+            chosen = [cycle.probed(budget, alone) for cycle, budget in zip(drafted, chosen, strict=True)]
+        for row, (cycle, budget) in enumerate(zip(drafted, chosen, strict=True)):  # what each tree is expected to give
+            cycle.promised = planner.promise(row, budget) if budget > 0 else None
+        budgets = iter(chosen)
+        return [next(budgets) if cycle.pool is not None else 0 for cycle in cycles]
 
     def _shared_instances(self, drafting: tuple[str, ...], faults: FaultLog) -> dict[str, Any]:
         """One instance of each source in ``batch_shared_sources``, for every slot's set to hold."""
@@ -192,6 +195,7 @@ class RowCycle:
         self.probe_wait = PROBE_FIRST  # such cycles before the next one-node probe
         self.probing = False
         self.resting = 0  # plain steps left before the sources draft again
+        self.promised: float | None = None  # the E[tau] the automatic budget planned for this cycle's tree
 
     def harvest_rows(self) -> int:
         """Prompt rows whose logits the prefill keeps for the sources (``GooseConfig.prefill_harvest``): with the
@@ -306,6 +310,13 @@ class RowCycle:
         outcome = walked.outcome(kept, Harvest.of_tree(tree, pool.previous, readout.top_tokens, readout.top_scores))
         counts = self.sources.observe(outcome, _split_auxiliary(self.auxiliary, readout.predictions[tree.size :]))
         self.stats.record_step(len(kept), tree.size, walked.kind, counts, self.riding)
+        planner = self.drafter.budget_planner
+        if self.promised is not None and planner is not None and tree.size > 1:  # what it was to give, what it gave
+            planner.observe_tree(lead(pool) or "", self.promised, len(kept))
+            self.stats.trees_laid += 1
+            self.stats.trees_promised += self.promised
+            self.stats.trees_kept += len(kept)
+        self.promised = None
         if self.probing:  # a probe that found an agreed token starts the waits over
             self.probing = False
             self.probe_wait = PROBE_FIRST if len(kept) > 1 else min(2 * self.probe_wait, PROBE_LAST)

@@ -30,6 +30,10 @@ class GenerationStats:
     constrained: bool = False  # a structured output: its output followed a grammar
     grammar_cut_tokens: int = 0  # drafted tokens the grammar forbade, cut before verification
     grammar_s: float = 0.0  # the grammar's own time: masks, cuts, masking the rows, advancing the matcher
+    # the trees the automatic budget laid: how many, the E[tau] it expected of them as planned, the tokens they kept
+    trees_laid: int = 0
+    trees_promised: float = 0.0
+    trees_kept: int = 0
     # per plugin whose hooks faulted for this request: {"kind", "count", "hooks": {hook: count}, "first"}
     faults: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -86,6 +90,8 @@ class GenerationStats:
             **({"profile_s": {k: round(v, 4) for k, v in self.profile.items()}} if self.profile else {}),
             **({"mean_batch_rows": round(sum(self.batch_rows) / len(self.batch_rows), 2)} if self.batch_rows else {}),
             **({"row_budgets": list(self.row_budgets)} if self.row_budgets else {}),
+            **({"trees": {"laid": self.trees_laid, "promised_tau": round(self.trees_promised / self.trees_laid, 3),
+                          "kept_tau": round(self.trees_kept / self.trees_laid, 3)}} if self.trees_laid else {}),
             **({"grammar_cut_tokens": self.grammar_cut_tokens, "grammar_s": round(self.grammar_s, 4)}
                if self.constrained else {}),
         }

@@ -21,7 +21,16 @@ and the drafts are weak, Goose decodes as plainly as the engine does, paying onl
 decoder still lays a one-node probe now and then (:meth:`goose.cycle.drafting.RowCycle.probed`), since
 an estimate moves only when a draft is tested.
 
-**Auxiliary rows** (a source's rows that ride in the pass without being drafted, such as
+**Promises kept.** A source's estimates may promise more than its drafts give (a draft's own
+``depth_acceptance`` is the source's word, and context matching's copy-depth estimates carry over
+from earlier requests of another kind). So every tree's expected yield, as planned, is set against
+the tokens it really gave, per the source that led it (its spine, else its branches):
+:class:`Trust`, the ratio of the two over the recent trees, scales the extra tokens the planner
+expects of that source's next trees (never above what the source says). A source whose trees keep
+losing gets none where they would not pay at its real yield; its probes keep measuring it. A pinned
+planner trusts every estimate as given (a study's figures follow from the drafts alone).
+
+**Auxiliary rows** (a source rows that ride in the pass without being drafted, such as
 Lookahead's Jacobi window) are priced by the same rule: they ride when the tokens per second of a
 pass with them, counting the source's measured contribution (its accepted tokens per cycle), beat
 the tokens per second without them. A source whose rows do not pay still drafts from what it has,
@@ -40,10 +49,29 @@ from goose.contract.candidates import CandidatePool, without_trailing_repeats
 from goose.planning.cost import BatchCosts, CostCurve, LiveCurve
 from goose.planning.spine_tree import best_spine_tree, spine_yields
 
+TRUST_RATE = 0.2  # the EMA step of Trust's sums: about a source's last five trees count
+TRUST_STEP = 0.05  # the cache grid of Trust.scale
 CANDIDATE_BUDGETS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128)
 
 # (pool, candidate budgets) -> the spine the topology lays for each budget, or None (the best split)
 SpineLengths = Callable[[CandidatePool, tuple[int, ...]], tuple[int, ...] | None]
+
+
+class Trust:
+    """How far a source's trees keep their promise: the tokens beyond the anchor's that the trees it led gave,
+    over those the planner expected of them (running sums, one step a tree), capped at 1."""
+
+    def __init__(self) -> None:
+        self.promised = self.delivered = 1.0  # a source starts trusted as it says
+
+    def observe(self, promised: float, delivered: float) -> None:
+        """One tree: ``promised`` extra tokens expected of it (E[tau] - 1, as planned), ``delivered`` kept (tau - 1)."""
+        self.promised += TRUST_RATE * (promised - self.promised)
+        self.delivered += TRUST_RATE * (delivered - self.delivered)
+
+    @property
+    def scale(self) -> float:
+        return min(1.0, self.delivered / self.promised) if self.promised > 0 else 1.0
 
 
 class BudgetPlanner:
@@ -67,6 +95,8 @@ class BudgetPlanner:
         self.tokens = 1.0
         self._choose = lru_cache(maxsize=4096)(self._best)
         self._yields = lru_cache(maxsize=4096)(self._spine_yields)
+        self.trust: dict[str, Trust] = {}  # per source that led a tree: how far its promises held
+        self.promises: list[np.ndarray] = []  # the last split's pools: each one's E[tau] per candidate, as planned
 
     def observe_overhead(self, seconds: float) -> None:
         """Fold one cycle's non-verify time into the running mean (pinned: kept at its starting value)."""
@@ -109,6 +139,22 @@ class BudgetPlanner:
         self.tree_rows += 0.1 * (tree_rows - self.tree_rows)
         self.tokens += 0.1 * (tokens - self.tokens)
 
+    def observe_tree(self, source: str, promised: float, kept: int) -> None:
+        """One tree that ``source``'s draft led: ``promised`` its E[tau] as planned (:meth:`promise`), ``kept`` the
+        tokens it gave, bonus included. A pinned planner keeps no account: it trusts every estimate as given."""
+        if not self.pinned:
+            self.trust.setdefault(source, Trust()).observe(promised - 1.0, kept - 1.0)
+
+    def trusted(self, pool: CandidatePool) -> float:
+        """How far the extra tokens expected of ``pool``'s trees are believed: its lead's :class:`Trust` scale,
+        on the cache grid (1 for a source that has led no tree yet, and always for a pinned planner)."""
+        trust = self.trust.get(lead(pool) or "")
+        return 1.0 if trust is None or self.pinned else quantize(trust.scale, TRUST_STEP)
+
+    def promise(self, row: int, budget: int) -> float:
+        """The E[tau] the last :meth:`split` expected of row ``row``'s tree at ``budget`` (> 0), as planned."""
+        return float(self.promises[row][self.candidates.index(budget)])
+
     def rows_pay(self, rows: int, contribution: float, other_rows: int = 0) -> bool:
         """Whether ``rows`` auxiliary rows that bring ``contribution`` tokens a cycle are worth their time.
 
@@ -133,12 +179,14 @@ class BudgetPlanner:
         needed, corrected by :meth:`observe_pass`).
         """
         keys = [self._pool_key(pool, spine_lengths) for pool in pools]
+        trusts = [self.trusted(pool) for pool in pools]
+        self.promises = [self._yields(*self._key(*key)) for key in keys]
         if len(keys) == 1:
-            return [self.choose(*keys[0], extra_rows=extra_rows[0])]
+            return [self.choose(*keys[0], extra_rows=extra_rows[0], trust=trusts[0])]
         if self._batches is None and self._batch_curve is not None:
             self._batches = BatchCosts(self.curve, self._batch_curve)
-        return self.divide([self._yields(*self._key(*key)) for key in keys], extra_rows,
-                           self._batches.curve(len(keys)) if self._batches is not None else None)
+        return self.divide([1.0 + trust * (taus - 1.0) for taus, trust in zip(self.promises, trusts, strict=True)],
+                           extra_rows, self._batches.curve(len(keys)) if self._batches is not None else None)
 
     def divide(self, yields: Sequence[np.ndarray], extra_rows: Sequence[int], curve: CostCurve | None = None
                ) -> list[int]:
@@ -183,18 +231,19 @@ class BudgetPlanner:
         return spine.spine_acceptance, len(spine.draft), branch_acceptance, spine_lengths(pool, self.candidates)
 
     def choose(self, spine_acceptance: float | Sequence[float], spine_length: int, branch_acceptance: float,
-               spine_caps: tuple[int, ...] | None = None, extra_rows: int = 0) -> int:
+               spine_caps: tuple[int, ...] | None = None, extra_rows: int = 0, trust: float = 1.0) -> int:
         """Budget for a cycle whose best draft has ``spine_length`` tokens (0: no draft).
 
         ``spine_acceptance``: one rate, or per spine depth (the last value repeats).
         ``spine_caps``: per candidate budget, the spine length the topology will really lay (its
-        ``goose_spine_lengths`` hook); without them each budget's best split is assumed.
+        ``goose_spine_lengths`` hook); without them each budget's best split is assumed. ``trust``: the share of
+        the extra tokens expected that is believed (:meth:`trusted`).
         """
         overhead = self.overhead_s / self.curve.seconds[0]
         if abs(overhead - self._overhead_key) > 0.1:  # re-key on a real move, not on noise around a grid line
             self._overhead_key = round(overhead, 1)
         return self._choose(*self._key(spine_acceptance, spine_length, branch_acceptance, spine_caps),
-                            self._overhead_key, extra_rows)
+                            self._overhead_key, extra_rows, trust)
 
     def _key(self, spine_acceptance: float | Sequence[float], spine_length: int, branch_acceptance: float,
              spine_caps: tuple[int, ...] | None) -> tuple[tuple[float, ...], tuple[int, ...], float]:
@@ -217,15 +266,22 @@ class BudgetPlanner:
         return spine_yields(spine_acceptance, branch_acceptance, self.candidates, spine_caps, self.max_depth)
 
     def _best(self, spine_acceptance: tuple[float, ...], spine_caps: tuple[int, ...], branch_acceptance: float,
-              overhead_bucket: float, extra_rows: int) -> int:
+              overhead_bucket: float, extra_rows: int, trust: float) -> int:
         del overhead_bucket  # part of the cache key only: a new overhead level re-evaluates the choice
-        taus = self._yields(spine_acceptance, spine_caps, branch_acceptance)
+        taus = 1.0 + trust * (self._yields(spine_acceptance, spine_caps, branch_acceptance) - 1.0)
         rates = taus / (self.curve(np.asarray(self.candidates) + 1 + extra_rows) + self.overhead_s)
         best = int(np.argmax(rates))  # the first of equal rates, the smallest budget
         if self.pinned:  # a study's decoder: it lays the best tree every cycle, to measure what the sources draft
             return self.candidates[best]
         plain = 1.0 / (float(self.curve(1 + extra_rows)) + self.overhead_s)  # budget 0: the anchor, one token
         return self.candidates[best] if rates[best] > plain else 0
+
+
+def lead(pool: CandidatePool) -> str | None:
+    """The source a pool's tree is led by: the most trusted one with a draft (the spine), else the most trusted
+    brancher; None when no source drafts."""
+    leading = pool.drafting or pool.branching
+    return leading[0].name if leading else None
 
 
 def _bucket(value: float) -> float:
