@@ -5,6 +5,7 @@ Each mode a subcommand with its own flags, the ones they share from parent parse
 - ``run``: our methods x the prompts, one request at a time (the study); ``suite NAME``: the same with methods
   generated from the registry; ``llama``: the same, greedy, then llama.cpp's peers on the same prompts;
 - ``load``: many requests at once, closed-loop clients at each concurrency; ``vllm``: the same, then vLLM;
+- ``layouts``: a GGUF file re-quantized, measured beside the shipped one (cost curve, perplexity);
 - ``methods``: every method and whether it can run.
 
 Registered through goose-bench's ``goose`` entry point (:func:`goose_register_commands`); importing this
@@ -192,6 +193,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "when there are several")
     vllm.add_argument("--vllm-methods", default=None, metavar="M1,M2,...",
                       help="the vLLM runner's methods (default none,ngram,goose; none is kept as its reference)")
+    from goose_bench import layouts as written  # the standard library only, as this module
+
+    layouts = mode("layouts", [],
+                   "write a GGUF file re-quantized into layouts whose every tensor has a batched x86 kernel, and "
+                   "measure each beside the file as shipped: t(n) / t(1) of llama.cpp's verify passes and perplexity "
+                   "on the standard library's argparse and difflib sources; writes layouts.json and layouts.png")
+    layouts.add_argument("--model", default=written.DEFAULT_MODEL,
+                         help="an embedded model with a GGUF file or a .gguf path: the file as shipped, which is "
+                              f"re-quantized and measured first (default {written.DEFAULT_MODEL})")
+    layouts.add_argument("--layouts", default="iq4_nl", metavar="L1,L2,...",
+                         help="comma-separated, from q4_0 (every tensor Q4_0), iq4_nl (every tensor IQ4_NL) and "
+                              "q4_k-q8_0-head (Q4_K, the head and embedding Q8_0) (default iq4_nl)")
+    layouts.add_argument("--out", default=written.DEFAULT_OUT,
+                         help="folder of the written files, layouts.json and layouts.png; a file already there is "
+                              f"kept, not written again (default ./{written.DEFAULT_OUT})")
+    layouts.add_argument("--threads", type=int, default=None,
+                         help="llama.cpp's threads, writing and measuring (default: the CPUs this process may use)")
+    layouts.add_argument("--rounds", type=int, default=5,
+                         help="rounds of the cost measurement, every file once a round (default 5)")
+    layouts.add_argument("--windows", type=int, default=written.WINDOWS,
+                         help=f"perplexity: windows of the text, each from an empty cache (default {written.WINDOWS})")
+    layouts.add_argument("--window-tokens", type=int, default=written.WINDOW_TOKENS,
+                         help=f"perplexity: tokens a window (default {written.WINDOW_TOKENS})")
+    layouts.add_argument("--no-progress", action="store_true", help="no progress lines")
+    layouts.set_defaults(run=_run_layouts)
     modes.add_parser("methods", help="print every method and whether it can run",
                      description="Print every method and whether it can run.").set_defaults(run=_list_methods)
 
@@ -545,6 +571,31 @@ def _run_load(args: argparse.Namespace) -> int:
             written = write_concurrency(rows, out, notes)
     print((out / "concurrency.md").read_text())
     print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def _run_layouts(args: argparse.Namespace) -> int:
+    """``goose bench layouts``: re-quantized GGUF files beside the shipped one, their cost curves and perplexity."""
+    from goose_bench.layouts import (
+        LAYOUTS_FILE,
+        PLOT_FILE,
+        check_model,
+        layout_names,
+        layouts_table,
+        run_layouts,
+        threads_phrase,
+    )
+
+    layouts = layout_names(args.layouts)  # every check before anything loads
+    check_model(args.model)
+    out = Path(args.out).expanduser()
+    document = run_layouts(args.model, layouts, out, threads=args.threads, rounds=args.rounds, windows=args.windows,
+                           window_tokens=args.window_tokens, progress=not args.no_progress)
+    conditions = document["conditions"]
+    print(f"{threads_phrase(conditions['threads'])}, {conditions['cpu']}; t(n) / t(1) median of {conditions['rounds']} "
+          f"rounds; perplexity on {conditions['text']['scored_tokens']} tokens of argparse and difflib\n")
+    print(layouts_table(document))
+    print("\nwrote " + ", ".join(str(out / name) for name in (LAYOUTS_FILE, PLOT_FILE) if (out / name).is_file()))
     return 0
 
 

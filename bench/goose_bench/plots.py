@@ -7,7 +7,8 @@
   source of the method none of whose nodes was tested is a hatched "not tested" bar (or "faulted"
   where the boundary skipped its hooks), not a 0;
 - ``sweep*.png``: mean tau and speedup against each swept parameter;
-- ``study*.png``: the three-source study's tau and its one speedup estimate per configuration.
+- ``study*.png``: the three-source study's tau and its one speedup estimate per configuration;
+- ``layouts.png`` (``goose bench layouts``): every GGUF file's t(n) / t(1) against n.
 
 Legends sit outside the axes, so no bar hides behind one.
 
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from goose_bench.aggregate import ALL, Row, lookup
+from goose_bench.layouts import threads_phrase
 from goose_bench.methods import BASELINE, TOPOLOGY_BASELINES
 from goose_bench.prompts import DATASET_TITLES
 
@@ -204,6 +206,29 @@ def _study(plt: Any, summary: dict[str, Any], path: Path) -> bool:
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return True
+
+
+def layouts_plot(document: dict[str, Any], path: Path) -> None:
+    """``goose bench layouts``' curves: t(n) / t(1) of every file against n, beside n itself (every row at one row's
+    cost: no batched kernel at all)."""
+    plt = _pyplot()
+    sizes = document["conditions"]["sizes"]
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    axes.plot(sizes, sizes, color="grey", linewidth=0.8, linestyle="--", label="n (each row at one row's cost)")
+    for entry in document["files"]:
+        label = (f"{entry['layout'] or 'as shipped'}: perplexity {entry['perplexity']:.3f}, "
+                 f"t(1) {entry['seconds'][0] * 1e3:.1f} ms")
+        axes.plot(sizes, entry["ratios"], marker="o", markersize=3, label=label)
+    axes.set_xlabel("rows in the pass (n)")
+    axes.set_ylabel("t(n) / t(1)")
+    conditions = document["conditions"]
+    axes.set_title(f"{Path(document['files'][0]['file']).stem}: {threads_phrase(conditions['threads'])}, "
+                   f"{conditions['cpu']}", fontsize="medium")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(figure)
 
 
 PLOTS = (("speedup", _speedup), ("tau_topology", _topology), ("acceptance", _acceptance), ("sweep", _sweep),
