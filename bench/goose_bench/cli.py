@@ -375,9 +375,16 @@ def _run_study(args: argparse.Namespace) -> int:
             llama_sections = _run_llama(llama, bench, settings)
     finally:  # an interrupted run (or a failed llama.cpp one) still leaves the summary and report of what it measured
         summaries = [s for s in bench.summaries() if s["results"]]
+        files = None
+        if len(llama_sections) > 1:
+            from goose_bench.llama_peer import across_files
+
+            files = across_files(llama_sections)
         for summary in summaries:
             if summary["model"] in llama_sections:
                 summary["llama"] = llama_sections[summary["model"]]
+            if files and summary["model"] == files["first"]:  # the first file's plain llama.cpp is the yardstick
+                summary["llama_files"] = files
         if summaries:
             written = write_outputs(summaries, out)
             for summary in summaries:

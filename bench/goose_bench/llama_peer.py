@@ -209,6 +209,34 @@ def llama_section(results: dict[str, Any], records: Sequence[Record], dtype: str
     }
 
 
+def across_files(sections: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """Several GGUF files in one run (``--model A.gguf,B.gguf``), their ``llama`` sections in ``--model`` order: per
+    file our reference method's and llama.cpp plain decoding's median tok/s, and each over the first file's plain
+    decoding on the same prompt (median over the prompts both ran), whole and after the first token. None with
+    fewer than two files or without plain decoding."""
+    if len(sections) < 2 or not all(PLAIN in section["llama_methods"] for section in sections.values()):
+        return None
+    first = next(iter(sections.values()))
+
+    def speeds(section: dict[str, Any], key: str) -> dict[tuple[str, Any], dict[str, float | None]]:
+        return {(row["dataset"], row["question_id"]): row[key] for row in section["prompts"]}
+
+    yardstick = {key: speeds(first, key) for key in ("tokens_per_s", "decode_tokens_per_s")}
+    files = []
+    for model, section in sections.items():
+        methods = (section["reference"], PLAIN)
+        over = {key: {method: _median([_ratio(row.get(method), yardstick[key][prompt].get(PLAIN))
+                                       for prompt, row in speeds(section, key).items() if prompt in yardstick[key]])
+                      for method in methods}
+                for key in yardstick}
+        files.append({"model": model, "gguf": section["conditions"]["gguf"],
+                      "gguf_bytes": section["conditions"]["gguf_bytes"], "reference": section["reference"],
+                      "median_tokens_per_s": {method: section["median_tokens_per_s"].get(method) for method in methods},
+                      "over_first_plain": over["tokens_per_s"],
+                      "over_first_plain_after_first": over["decode_tokens_per_s"]})
+    return {"first": next(iter(sections)), "plain": PLAIN, "files": files}
+
+
 def measure_llama(peer: PeerScript, model: str, samples: Sequence[Sample], first_turn_ids: Sequence[list[int]],
                   eos_ids: Sequence[int], records: Sequence[Record], dtype: str, quantize: str | None,
                   max_new_tokens: int, threads: int, repeats: int, folder: Path, progress: bool = True,

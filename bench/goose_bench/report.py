@@ -3,7 +3,8 @@
 Tables appear only when their methods ran: speedup / tau per dataset (every method, with the
 bootstrap interval of the mean speedup over prompts), the plugins that faulted (the source, its
 fault count and first message), speedup over Hugging Face greedy (the peers' yardstick), llama.cpp's
-tok/s beside ours (``goose bench llama``), topology (spine vs Iso(3)/Iso(5) at equal sources and
+tok/s beside ours (``goose bench llama``; with several GGUF files, each beside the first file's plain
+llama.cpp), topology (spine vs Iso(3)/Iso(5) at equal sources and
 budget), synergy (Goose over the best standalone source), per-source acceptance with the
 heterogeneity ratio p_s/p_t, accepted-path kinds, ablations, sweeps; then what did not run and the
 exact configuration of every method.
@@ -354,6 +355,27 @@ def _llama_after_first_table(view: _View) -> str | None:
             f"`{reference}`'s first token came no later).\n\n" + _table(header, rows))
 
 
+def _llama_files_table(view: _View) -> str | None:
+    """Several GGUF files in one ``goose bench llama`` run: each file's ours and llama.cpp plain tok/s, and each over
+    the first file's plain llama.cpp: is ours on a re-quantized file faster than plain llama.cpp on the shipped one?"""
+    files = view.summary.get("llama_files")
+    if not files:
+        return None
+    plain, entries = files["plain"], files["files"]
+    ours = entries[0]["reference"]
+    rows = [[f"`{entry['gguf'].rsplit('/', 1)[-1]}`", f"{entry['gguf_bytes'] / 1e6:.0f}",
+             *(_f(entry["median_tokens_per_s"].get(m), 1) for m in (ours, plain)),
+             *(_x(entry[key].get(m)) for key in ("over_first_plain", "over_first_plain_after_first")
+               for m in (ours, plain))] for entry in entries]
+    first = f"the first file's `{plain}`"
+    header = ["file", "MB", f"`{ours}` tok/s", f"`{plain}` tok/s", f"`{ours}` / {first}", f"`{plain}` / {first}",
+              f"`{ours}` / {first}, after the first token", f"`{plain}` / {first}, after the first token"]
+    return ("### The GGUF files of this run side by side\n\nMedians over the prompts: each file's tok/s, and per "
+            f"prompt its tok/s over `{plain}`'s (llama.cpp's plain decoding) on the first file, "
+            f"`{entries[0]['gguf'].rsplit('/', 1)[-1]}`, on the same prompt, whole and after the first token.\n\n"
+            + _table(header, rows))
+
+
 def _topology_table(view: _View) -> str | None:
     isos = view.present(TOPOLOGY_BASELINES)
     if "goose" not in view.methods or not isos:
@@ -572,7 +594,7 @@ def _differences_table(view: _View) -> str | None:
 
 SECTIONS: tuple[Callable[[_View], str | None], ...] = (
     _header, _main_table, _faults_table, _differences_table, _spread_table, _estimate_table, _peer_table, _lookup_table,
-    _first_token_table, _llama_table, _llama_after_first_table, _topology_table,
+    _first_token_table, _llama_table, _llama_after_first_table, _llama_files_table, _topology_table,
     _synergy_table, _acceptance_table, _path_table, _category_tables, _ablation_table, _sweep_table, _study_tables,
     _unavailable, _definitions,
 )

@@ -15,7 +15,7 @@ import pytest
 
 from goose import cli, models
 from goose_bench.generators import TurnOutput
-from goose_bench.llama_peer import LlamaBenchError, llama_peer, llama_section, run_llama_bench
+from goose_bench.llama_peer import LlamaBenchError, across_files, llama_peer, llama_section, run_llama_bench
 from goose_bench.outputs import write_outputs
 from goose_bench.peers import llama_runner
 from goose_bench.prompts import Sample
@@ -183,6 +183,42 @@ def test_llama_section_and_its_table(tmp_path: Path) -> None:
     assert "about 25% of the weight bytes" in report and "`llama_pld`'s text equals `llama`'s on 2/2" in report
     assert "`llama_server_ngram`'s text equals `llama`'s on 1/2" in report
     assert "`llama_server_ngram` drafted 48 tokens, 12 accepted (25%)" in report
+
+
+def test_gguf_files_side_by_side(tmp_path: Path) -> None:
+    """Two GGUF files in one run: each file's llama section, then per prompt ours and plain llama.cpp over the first
+    file's plain llama.cpp; the table in the first file's report section."""
+    samples = [Sample("humaneval", 0, ("a",)), Sample("humaneval", 1, ("b",))]
+    prompts = [{"dataset": "humaneval", "question_id": i, "ids": [1, 2, 3]} for i in (0, 1)]
+    sections = {}
+    # (model, bytes, our goose's seconds per prompt, llama.cpp plain's tok/s per prompt): 2 tokens each
+    for model, size, ours, plain in (("a.gguf", 120e6, (1.0, 0.5), (2.0, 4.0)),
+                                     ("b.gguf", 100e6, (0.25, 0.5), (4.0, 4.0))):
+        records = [_record(method, sample, [7, 8], seconds, seconds / 2)
+                   for sample, seconds in zip(samples, ours, strict=True) for method in ("ar", "goose")]
+        generations = [{"method": "llama", "prompt": i, "output": [7, 8], "tokens_per_s": speed, "wall_s": 2 / speed,
+                        "first_token_s": 1 / speed} for i, speed in enumerate(plain)]
+        conditions = {"engine": "llama.cpp", "gguf": f"/x/{model}", "gguf_bytes": size, "n_params": size, "threads": 2,
+                      "max_ngram_size": 2, "num_pred_tokens": 10}
+        results = {"conditions": conditions, "methods": ["llama"], "prompts": prompts, "generations": generations}
+        sections[model] = llama_section(results, records, "gguf") | {"engine": "llama.cpp"}
+    files = across_files(sections)
+    assert files is not None and files["first"] == "a.gguf" and across_files({"a.gguf": sections["a.gguf"]}) is None
+    first, second = files["files"]
+    assert first["median_tokens_per_s"] == {"goose": 3.0, "llama": 3.0}
+    assert first["over_first_plain"] == {"goose": 1.0, "llama": 1.0}  # prompts: goose 2 / 2, 4 / 4
+    assert second["median_tokens_per_s"] == {"goose": 6.0, "llama": 4.0}
+    assert second["over_first_plain"] == {"goose": 2.5, "llama": 1.5}  # goose 8 / 2 and 4 / 4; llama 4 / 2 and 4 / 4
+    assert second["over_first_plain_after_first"]["goose"] == 2.5  # ours after the first token: 1 / 0.125 and 1 / 0.25
+
+    summary = {"model": "a.gguf", "device": "cpu", "dtype": "gguf", "settings": {},
+               "results": [{"method": "ar", "dataset": "humaneval", "samples": 2}], "llama": sections["a.gguf"],
+               "llama_files": files}
+    write_outputs([summary, {**summary, "model": "b.gguf", "llama": sections["b.gguf"], "llama_files": None}], tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert report.count("### The GGUF files of this run side by side") == 1
+    assert "| `b.gguf` | 100 | 6.0 | 4.0 | 2.50x | 1.50x | 2.50x | 1.50x |" in report
+    assert json.loads((tmp_path / "summary.json").read_text())[0]["llama_files"] == files
 
 
 # --- the real thing, where `make llama-setup` has built it ----------------------------------------
