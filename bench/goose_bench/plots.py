@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from goose_bench.aggregate import ALL, Row, lookup
-from goose_bench.layouts import threads_phrase
 from goose_bench.methods import BASELINE, TOPOLOGY_BASELINES
 from goose_bench.prompts import DATASET_TITLES
 
@@ -222,7 +221,8 @@ def layouts_plot(document: dict[str, Any], path: Path) -> None:
     axes.set_xlabel("rows in the pass (n)")
     axes.set_ylabel("t(n) / t(1)")
     conditions = document["conditions"]
-    axes.set_title(f"{Path(document['files'][0]['file']).stem}: {threads_phrase(conditions['threads'])}, "
+    threads = conditions["threads"]
+    axes.set_title(f"{Path(document['files'][0]['file']).stem}: {threads} thread{'s' if threads != 1 else ''}, "
                    f"{conditions['cpu']}", fontsize="medium")
     axes.grid(alpha=0.3)
     axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
