@@ -187,8 +187,10 @@ def decode_beside_ar(model_and_tokenizer, config: GooseConfig, prompt: str, max_
 
 
 def test_faulty_plugins_are_skipped_and_output_is_unchanged(smollm2, caplog, faulty_plugins) -> None:
+    # a fixed budget lays a tree every cycle, so every source is asked every cycle (the automatic one may rest
+    # a row where no tree pays, and which cycles do follows the machine's curve and the trust in each source)
     config = GooseConfig(sources=["raising", "context_match", "garbage", "bigram_transition", "wrong_type",
-                                  "bad_estimate"])
+                                  "bad_estimate"], budget=8)
     decoder, result, warnings = decode_beside_ar(
         smollm2, config, "List the numbers from 1 to 20, separated by commas.", 48, caplog)
     assert decoder.sources.instances["raising"].calls == result.stats.verify_steps  # asked every cycle
