@@ -30,7 +30,7 @@ expects of that source's next trees (never above what the source says). A source
 losing gets none where they would not pay at its real yield; its probes keep measuring it. A pinned
 planner trusts every estimate as given (a study's figures follow from the drafts alone).
 
-**Auxiliary rows** (a source rows that ride in the pass without being drafted, such as
+**Auxiliary rows** (a source's rows that ride in the pass without being drafted, such as
 Lookahead's Jacobi window) are priced by the same rule: they ride when the tokens per second of a
 pass with them, counting the source's measured contribution (its accepted tokens per cycle), beat
 the tokens per second without them. A source whose rows do not pay still drafts from what it has,
@@ -178,11 +178,11 @@ class BudgetPlanner:
         curve of a pass of that many requests (:class:`goose.planning.cost.BatchCosts`: measured when first
         needed, corrected by :meth:`observe_pass`).
         """
-        keys = [self._pool_key(pool, spine_lengths) for pool in pools]
+        keys = [self._key(*self._pool_key(pool, spine_lengths)) for pool in pools]
         trusts = [self.trusted(pool) for pool in pools]
-        self.promises = [self._yields(*self._key(*key)) for key in keys]
+        self.promises = [self._yields(*key) for key in keys]
         if len(keys) == 1:
-            return [self.choose(*keys[0], extra_rows=extra_rows[0], trust=trusts[0])]
+            return [self._decide(keys[0], extra_rows[0], trusts[0])]
         if self._batches is None and self._batch_curve is not None:
             self._batches = BatchCosts(self.curve, self._batch_curve)
         return self.divide([1.0 + trust * (taus - 1.0) for taus, trust in zip(self.promises, trusts, strict=True)],
@@ -239,11 +239,14 @@ class BudgetPlanner:
         ``goose_spine_lengths`` hook); without them each budget's best split is assumed. ``trust``: the share of
         the extra tokens expected that is believed (:meth:`trusted`).
         """
+        return self._decide(self._key(spine_acceptance, spine_length, branch_acceptance, spine_caps), extra_rows, trust)
+
+    def _decide(self, key: tuple[tuple[float, ...], tuple[int, ...], float], extra_rows: int, trust: float) -> int:
+        """:meth:`choose` on a cache key (:meth:`_key`) already made."""
         overhead = self.overhead_s / self.curve.seconds[0]
         if abs(overhead - self._overhead_key) > 0.1:  # re-key on a real move, not on noise around a grid line
             self._overhead_key = round(overhead, 1)
-        return self._choose(*self._key(spine_acceptance, spine_length, branch_acceptance, spine_caps),
-                            self._overhead_key, extra_rows, trust)
+        return self._choose(*key, self._overhead_key, extra_rows, trust)
 
     def _key(self, spine_acceptance: float | Sequence[float], spine_length: int, branch_acceptance: float,
              spine_caps: tuple[int, ...] | None) -> tuple[tuple[float, ...], tuple[int, ...], float]:
