@@ -3,7 +3,7 @@
 Each mode a subcommand with its own flags, the ones they share from parent parsers:
 
 - ``run``: our methods x the prompts, one request at a time (the study); ``suite NAME``: the same with methods
-  generated from the registry; ``llama``: the same, greedy, then llama.cpp's peers on the same prompts;
+  generated from the registry; ``llama``: the same, greedy, llama.cpp's peers taking turns with ours per prompt;
 - ``load``: many requests at once, closed-loop clients at each concurrency; ``vllm``: the same, then vLLM;
 - ``layouts``: a GGUF file re-quantized, measured beside the shipped one (cost curve, perplexity);
 - ``methods``: every method and whether it can run.
@@ -30,8 +30,9 @@ from goose.cli import (
 from goose.hookspecs import Register, hookimpl
 
 if TYPE_CHECKING:
+    from goose_bench.llama_peer import LlamaAlongside
     from goose_bench.peer_script import PeerScript
-    from goose_bench.runner import Bench, BenchSettings
+    from goose_bench.runner import BenchSettings
 
 QUICK_LIMIT = 2
 QUICK_MAX_NEW_TOKENS = 64
@@ -167,10 +168,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="leave this source out (repeatable)")
     suite.set_defaults(run=_run_study)
     llama = mode("llama", [common, study],
-                 "the study run, greedy, then llama.cpp on the same prompts (first turns), one request at a time: "
-                 "plain (llama), its prompt lookup (llama_pld) and its server's ngram-mod (llama_server_ngram), "
-                 "reading the model's GGUF file as shipped; tok/s side by side with ours in report.md and "
-                 "summary.json")
+                 "the study run, greedy, with llama.cpp on the same prompts (first turns), one request at a time, "
+                 "the two sides taking turns prompt by prompt: plain (llama), its prompt lookup (llama_pld) and its "
+                 "server's ngram-mod (llama_server_ngram), reading the model's GGUF file as shipped; tok/s side by "
+                 "side with ours in report.md and summary.json")
     llama.add_argument("--python", default=sys.executable, metavar="PATH",
                        help="the llama.cpp environment's interpreter, which runs goose_bench/peers/llama_runner.py "
                             "(default: this one, e.g. .venv/bin/python after `make llama-setup`); its files go to "
@@ -329,7 +330,7 @@ def _prompts(args: argparse.Namespace) -> _Prompts:
 
 def _run_study(args: argparse.Namespace) -> int:
     """``goose bench run``, ``suite NAME`` and ``llama``: methods x prompts, one request at a time (and llama.cpp's
-    peers after them, in ``llama``)."""
+    peers taking turns with them, in ``llama``)."""
     from goose.config import SamplingParams
 
     prompts = _prompts(args)
@@ -367,12 +368,13 @@ def _run_study(args: argparse.Namespace) -> int:
                "suite_sources": (_names(args.sources) or None) if suite else None,
                "disabled": (args.disable or None) if suite else None},
     )
-    bench = Bench(settings)  # reads the datasets: a missing file fails before any model is loaded
-    llama_sections: dict[str, dict] = {}
+    alongside = _llama_alongside(llama, settings) if llama is not None else None
+    bench = Bench(settings, alongside)  # reads the datasets: a missing file fails before any model is loaded
+    llama_sections: dict[str, dict] = alongside.sections if alongside is not None else {}
     try:
         bench.run()
-        if llama is not None:
-            llama_sections = _run_llama(llama, bench, settings)
+        if alongside is not None and alongside.failure is not None:
+            raise alongside.failure
     finally:  # an interrupted run (or a failed llama.cpp one) still leaves the summary and report of what it measured
         summaries = [s for s in bench.summaries() if s["results"]]
         files = None
@@ -484,23 +486,18 @@ def _dry_run(args: argparse.Namespace, prompts: _Prompts, methods: list[Any] | N
     return 0
 
 
-def _run_llama(peer: PeerScript, bench: Bench, settings: BenchSettings) -> dict[str, dict]:
-    """llama.cpp after our methods, model by model, on the samples and first-turn ids our run used."""
+def _llama_alongside(peer: PeerScript, settings: BenchSettings) -> LlamaAlongside:
+    """llama.cpp taking turns with our methods on the samples and first-turn ids our run encodes, model by model."""
     import torch
 
     from goose.planning import machine
-    from goose_bench.llama_peer import measure_llama
+    from goose_bench.llama_peer import LlamaAlongside
 
-    # the threads our side ran with: torch's, or the llama.cpp engine's (the CPU count unless --threads)
+    # the threads our side runs with: torch's, or the llama.cpp engine's (the CPU count unless --threads)
     threads = settings.threads or (machine.cpu_count() if settings.engine == "llama.cpp" else torch.get_num_threads())
-    sections = {}
-    for run in bench.runs:
-        folder = settings.out / "llama" if len(bench.runs) == 1 else settings.out / "llama" / _safe_name(run.model)
-        sections[run.model] = measure_llama(
-            peer, run.model, bench.samples, run.first_turn_ids, run.eos_ids, run.records, settings.dtype,
-            settings.quantize, settings.max_new_tokens, threads, settings.repeats, folder,
-            progress=settings.progress, engine=settings.engine)
-    return sections
+    return LlamaAlongside(peer, settings.out, len(settings.models) > 1, settings.dtype, settings.quantize,
+                          settings.max_new_tokens, threads, settings.repeats, progress=settings.progress,
+                          engine=settings.engine)
 
 
 def _load_methods(args: argparse.Namespace) -> list[str]:
@@ -520,6 +517,7 @@ def _load_methods(args: argparse.Namespace) -> list[str]:
 def _run_load(args: argparse.Namespace) -> int:
     """``goose bench load`` and ``vllm``: closed-loop clients at each concurrency (and vLLM after ours, in ``vllm``)."""
     from goose_bench.concurrency import run_concurrency, write_concurrency
+    from goose_bench.peer_script import peer_folder
     from goose_bench.prompts import load_samples
     from goose_bench.vllm_peer import run_vllm_bench, vllm_command, vllm_peer, vllm_rows
 
@@ -567,7 +565,7 @@ def _run_load(args: argparse.Namespace) -> int:
         vllm_limit = limit or max(len(found) for found in samples_per_dataset)
         notes: dict[str, list[str]] = {}
         for model_name, (prompt_ids, reference) in measured.items():
-            folder = out / "vllm" if len(model_names) == 1 else out / "vllm" / _safe_name(model_name)
+            folder = peer_folder(out, "vllm", model_name, len(model_names) > 1)
             command = vllm_command(peer, pretrained_location(model_name), datasets, data_dir, vllm_limit,
                                    max_new_tokens, vllm_dtype, concurrencies, folder)
             print(f"{model_name}: vLLM {', '.join(peer.methods)} at concurrency {', '.join(map(str, concurrencies))}"
@@ -604,11 +602,6 @@ def _run_layouts(args: argparse.Namespace) -> int:
     print(layouts_table(document))
     print("\nwrote " + ", ".join(str(out / name) for name in (LAYOUTS_FILE, PLOT_FILE) if (out / name).is_file()))
     return 0
-
-
-def _safe_name(model_name: str) -> str:
-    """A model name (maybe a Hugging Face id or a path) as one folder name."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in model_name.strip("/"))
 
 
 @hookimpl

@@ -1,10 +1,13 @@
 """``goose bench llama --python PATH``: llama.cpp measured in the same run, on the same prompts.
 
 llama-cpp-python is compiled from source into its own environment (``make llama-setup``), so it
-runs in another interpreter: after our methods, :mod:`goose_bench.peers.llama_runner` runs there, by
-its path, on the GGUF
-file the model ships as (:func:`goose.models.gguf_path`), with the token ids our run encoded for
-each sample's first turn, our EOS ids, the same max new tokens, threads and repeats. Its methods
+runs in another interpreter: :mod:`goose_bench.peers.llama_runner` runs there, by its path, on the
+GGUF file the model ships as (:func:`goose.models.gguf_path`), with the token ids our run encoded
+for each sample's first turn, our EOS ids, the same max new tokens, threads and repeats. It takes
+turns with our methods (:class:`LlamaAlongside`): loaded once per model, it runs each sample's turn
+between our methods' runs of that sample, before them and after them in turn, so that a VM whose
+speed drifts over minutes moves both sides alike (run after ours, minutes later, our plain decoding
+and llama.cpp's, the same work, differed by up to 8%). Its methods
 (``llama``: greedy; ``llama_pld``: llama-cpp-python's prompt lookup drafting; ``llama_server_ngram``:
 llama.cpp's server with ``--spec-type ngram-mod``, where ``make llama-server`` has built it) become
 the summary's ``llama`` section: tokens per second per prompt beside our methods' on the same first
@@ -28,7 +31,14 @@ from typing import Any
 
 from goose.store.cache_dir import default_cache_dir
 from goose_bench.medians import median_of
-from goose_bench.peer_script import PeerBenchError, PeerScript, peer_interpreter, peer_methods, run_peer_script
+from goose_bench.peer_script import (
+    PeerBenchError,
+    PeerScript,
+    PeerSession,
+    peer_folder,
+    peer_interpreter,
+    peer_methods,
+)
 from goose_bench.peers import llama_runner
 from goose_bench.prompts import Sample
 from goose_bench.records import Record
@@ -89,12 +99,6 @@ def llama_command(peer: PeerScript, gguf: Path, prompts_file: Path, max_new_toke
             "--max-tokens", str(max_new_tokens), "--methods", ",".join(peer.methods), "--threads", str(threads),
             "--repeats", str(repeats), "--out", str(out), *(["--engine-attention"] if engine == "llama.cpp" else []),
             *(["--server", str(llama_server_binary())] if SERVER_NGRAM in peer.methods else [])]
-
-
-def run_llama_bench(command: Sequence[str], out: Path, progress: bool = True) -> dict[str, Any]:
-    """Run ``command`` (a llama.cpp runner command writing into ``out``), echo its stdout, return its results.json."""
-    return run_peer_script(command, out, name="llama", log_name=STDERR_LOG, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                           error=LlamaBenchError, progress=progress)
 
 
 def _first_turn_speed(record: Record) -> float | None:
@@ -237,20 +241,65 @@ def across_files(sections: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     return {"first": next(iter(sections)), "plain": PLAIN, "files": files}
 
 
-def measure_llama(peer: PeerScript, model: str, samples: Sequence[Sample], first_turn_ids: Sequence[list[int]],
-                  eos_ids: Sequence[int], records: Sequence[Record], dtype: str, quantize: str | None,
-                  max_new_tokens: int, threads: int, repeats: int, folder: Path, progress: bool = True,
-                  engine: str = "torch") -> dict[str, Any]:
-    """llama.cpp on ``model``'s GGUF file and our run's prompts, into ``folder``; the summary's ``llama`` section."""
-    from goose.models import gguf_path
+class LlamaAlongside:
+    """llama.cpp taking turns with our methods, model by model (:class:`goose_bench.runner.Alongside`): a runner
+    started once our side has encoded a model's first turns (written to ``prompts.json``: every sample's), handed
+    each sample's turn by the bench, and its results joined to our records as that model's ``llama`` section
+    (``sections``) when the model is done. A runner that fails is stopped and its error kept (``failure``, raised by
+    ``goose bench`` once our methods are done): our methods go on without it."""
 
-    measured = {(record["dataset"], record["question_id"]) for record in records}
-    kept = [(sample, ids) for sample, ids in zip(samples, first_turn_ids, strict=True)
-            if (sample.dataset, sample.question_id) in measured]  # not the samples our run skipped (too long)
-    folder.mkdir(parents=True, exist_ok=True)
-    prompts_file = folder / PROMPTS_FILE
-    prompts_file.write_text(json.dumps(prompts_document([s for s, _ in kept], [i for _, i in kept], eos_ids)) + "\n")
-    command = llama_command(peer, gguf_path(model), prompts_file, max_new_tokens, threads, repeats, folder, engine)
-    print(f"{model}: llama.cpp {', '.join(peer.methods)} on {len(kept)} first turns ({peer.script.name}, "
-          f"into {folder})", flush=True)
-    return llama_section(run_llama_bench(command, folder, progress), records, dtype, quantize) | {"engine": engine}
+    def __init__(self, peer: PeerScript, out: Path, several_models: bool, dtype: str, quantize: str | None,
+                 max_new_tokens: int, threads: int, repeats: int, progress: bool = True, engine: str = "torch"
+                 ) -> None:
+        self.peer, self.out, self.several_models = peer, out, several_models
+        self.dtype, self.quantize, self.engine, self.progress = dtype, quantize, engine, progress
+        self.max_new_tokens, self.threads, self.repeats = max_new_tokens, threads, repeats
+        self.sections: dict[str, dict[str, Any]] = {}
+        self.failure: LlamaBenchError | None = None
+        self.session: PeerSession | None = None
+
+    def begin(self, model: str, samples: Sequence[Sample], first_turn_ids: Sequence[list[int]],
+              eos_ids: Sequence[int]) -> None:
+        from goose.models import gguf_path
+
+        folder = peer_folder(self.out, "llama", model, self.several_models)
+        folder.mkdir(parents=True, exist_ok=True)
+        prompts_file = folder / PROMPTS_FILE
+        prompts_file.write_text(json.dumps(prompts_document(samples, first_turn_ids, eos_ids)) + "\n")
+        command = [*llama_command(self.peer, gguf_path(model), prompts_file, self.max_new_tokens, self.threads,
+                                  self.repeats, folder, self.engine), "--turns"]
+        print(f"{model}: llama.cpp {', '.join(self.peer.methods)} on {len(samples)} first turns, in turns with ours "
+              f"({self.peer.script.name}, into {folder})", flush=True)
+        self._guarded(lambda: setattr(self, "session", start_llama_session(command, folder, self.progress)))
+
+    def turn(self, index: int, repeat: int) -> None:
+        if self.session is not None:
+            self._guarded(lambda: self.session.turn(f"{index} {repeat}"))  # type: ignore[union-attr]
+
+    def end(self, model: str, records: Sequence[Record], finished: bool) -> None:
+        session, self.session = self.session, None
+        if session is None:
+            return
+        if not finished:
+            session.stop()
+            return
+        results: dict[str, Any] = {}
+        self._guarded(lambda: results.update(session.finish()))
+        if results:
+            self.sections[model] = llama_section(results, records, self.dtype, self.quantize) | {"engine": self.engine}
+
+    def _guarded(self, step: Any) -> None:
+        try:
+            step()
+        except LlamaBenchError as error:
+            if self.session is not None:
+                self.session.stop()
+                self.session = None
+            self.failure = self.failure or error
+            print(f"llama.cpp stopped; our methods go on without it: {error}", file=sys.stderr, flush=True)
+
+
+def start_llama_session(command: Sequence[str], out: Path, progress: bool = True) -> PeerSession:
+    """The llama.cpp runner's ``command`` (with ``--turns``) started and warm, writing into ``out``."""
+    return PeerSession(command, out, name="llama", log_name=STDERR_LOG, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                       error=LlamaBenchError, ready=llama_runner.READY, done=llama_runner.DONE, progress=progress)

@@ -2,8 +2,10 @@
 
 Each peer pins its own environment, so ``goose bench`` checks the interpreter before any model
 loads, runs the runner (a module of :mod:`goose_bench.peers`, run by its path as a script: it ships
-in the wheel) after our methods, echoes its stdout as progress, keeps its stderr in a log beside the
-results, and reads back the ``results.json`` it writes.
+in the wheel), echoes its stdout as progress, keeps its stderr in a log beside the results, and reads
+back the ``results.json`` it writes: after our methods (:func:`run_peer_script`), or kept alive beside
+them and handed one turn at a time (:class:`PeerSession`), so that both sides are timed in the same
+minutes.
 """
 
 from __future__ import annotations
@@ -51,6 +53,14 @@ def peer_methods(flag: str, text: str | None, known: Sequence[str]) -> tuple[str
     return named
 
 
+def peer_folder(out: Path, peer: str, model: str, several_models: bool) -> Path:
+    """Where a peer's files go: ``out/PEER``, or ``out/PEER/MODEL`` (the model's name or path as one folder name)
+    where the run has several models."""
+    if not several_models:
+        return out / peer
+    return out / peer / "".join(c if c.isalnum() or c in "-_." else "_" for c in model.strip("/"))
+
+
 def run_peer_script(command: Sequence[str], out: Path, *, name: str, log_name: str, env: Mapping[str, str],
                     error: type[PeerBenchError], progress: bool = True) -> dict[str, Any]:
     """Run ``command`` (a runner writing ``results.json`` into ``out``), echo its stdout, return the results."""
@@ -63,7 +73,75 @@ def run_peer_script(command: Sequence[str], out: Path, *, name: str, log_name: s
             if progress:
                 print(f"  {name} | {line.rstrip()}", flush=True)
     if process.returncode != 0:
-        last = log.read_text(errors="replace").splitlines()[-STDERR_LINES_SHOWN:]
-        raise error(f"the {name} benchmark failed (exit status {process.returncode}): {shlex.join(command)}\n"
-                    f"its last stderr lines (all of them in {log}):\n" + "\n".join(last))
+        raise _failure(command, process.returncode, log, name, error)
     return json.loads((out / "results.json").read_text())
+
+
+def _failure(command: Sequence[str], status: int, log: Path, name: str, error: type[PeerBenchError]
+             ) -> PeerBenchError:
+    last = log.read_text(errors="replace").splitlines()[-STDERR_LINES_SHOWN:]
+    return error(f"the {name} benchmark failed (exit status {status}): {shlex.join(command)}\n"
+                 f"its last stderr lines (all of them in {log}):\n" + "\n".join(last))
+
+
+class PeerSession:
+    """A runner kept alive beside our run and handed one turn at a time: ``command`` prints ``ready`` once loaded
+    and warm, then runs each stdin line it is given and prints ``done`` and the line after it; at the end of its
+    stdin it writes ``results.json`` into ``out`` and exits. Starting returns once it is ready (its loading overlaps
+    none of our timed work); every other stdout line is echoed as progress; a runner that exits early is an
+    ``error`` naming the command and its last stderr lines."""
+
+    def __init__(self, command: Sequence[str], out: Path, *, name: str, log_name: str, env: Mapping[str, str],
+                 error: type[PeerBenchError], ready: str, done: str, progress: bool = True) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        self.command, self.out, self.name, self.error, self.done, self.progress = \
+            list(command), out, name, error, done, progress
+        self.log = out / log_name
+        self._stderr = self.log.open("w")
+        self.process = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=self._stderr, text=True, env=dict(env))
+        try:
+            self._echo_until(ready)
+        except BaseException:
+            self.stop()  # an interrupted or failed start leaves no runner behind
+            raise
+
+    def turn(self, line: str) -> None:
+        """Hand the runner ``line`` and wait until it says that turn is done."""
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write(line + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            pass  # it exited: reading its stdout to the end says how
+        self._echo_until(f"{self.done} {line}")
+
+    def finish(self) -> dict[str, Any]:
+        """End the runner's stdin, wait for it to write its results, and return them."""
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self._echo_until(None)
+        return json.loads((self.out / "results.json").read_text())
+
+    def stop(self) -> None:
+        """Kill the runner where it still runs (our run stopped or failed); its log is kept."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout, self._stderr):
+            if stream is not None:
+                stream.close()
+
+    def _echo_until(self, marker: str | None) -> None:
+        """Echo the runner's stdout up to the line ``marker``; ``None``: to its end, where it must exit cleanly."""
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if marker is not None and line.rstrip("\n") == marker:
+                return
+            if self.progress:
+                print(f"  {self.name} | {line.rstrip()}", flush=True)
+        status = self.process.wait()
+        self.process.stdout.close()
+        self._stderr.close()
+        if marker is not None or status != 0:
+            raise _failure(self.command, status, self.log, self.name, self.error)

@@ -50,7 +50,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import numpy as np
 import torch
@@ -146,6 +146,22 @@ class ModelRun:
     memo: dict[str, Any] = field(default_factory=dict)  # where the memo was and what it did, or why it was off
 
 
+class Alongside(Protocol):
+    """Another engine taking turns with our methods on the same samples (``goose bench llama``'s llama.cpp): started
+    once a model's first turns are encoded, it runs each sample's turn (every repeat) before or after our methods'
+    runs of it, alternately, so that a machine's drift hits both sides alike."""
+
+    def begin(self, model: str, samples: Sequence[Sample], first_turn_ids: Sequence[list[int]],
+              eos_ids: Sequence[int]) -> None:
+        """Load and warm up on ``model``, whose samples' first turns our run encoded as ``first_turn_ids``."""
+
+    def turn(self, index: int, repeat: int) -> None:
+        """Run sample ``index`` (its first turn) once more: repeat ``repeat``."""
+
+    def end(self, model: str, records: Sequence[Record], finished: bool) -> None:
+        """``model`` is done (``finished``: every sample ran; else the run stopped): collect against ``records``."""
+
+
 def _set_seed(seed: int) -> None:
     # pins whatever a plugin might randomise; sampled decoding draws by its own per-sample seed
     random.seed(seed)
@@ -236,13 +252,14 @@ def _rotated(names: Sequence[str], shift: int) -> list[str]:
 class Bench:
     """Runs the settings' methods on the settings' samples, model after model."""
 
-    def __init__(self, settings: BenchSettings) -> None:
+    def __init__(self, settings: BenchSettings, alongside: Alongside | None = None) -> None:
         if settings.repeats < 1:
             raise ValueError(f"--repeats must be at least 1, got {settings.repeats}")
         if settings.repeats > 1 and settings.warm_sources:
             raise ValueError("--repeats times the same work again, which warm sources do not do (each run would "
                              "start from what the last one learned); leave out --warm-sources or --repeats")
         self.settings = settings
+        self.alongside = alongside
         self.memo_off = memo_off(settings)
         if settings.resume and settings.warm_sources:
             raise ValueError("--resume starts the missing samples with what warm sources would have learned from "
@@ -302,6 +319,26 @@ class Bench:
         run.first_turn_ids = [turn_prompt_ids(tokenizer, s.turns[:1], [], chat=settings.chat) for s in self.samples]
         run.eos_ids = sorted(generators[BASELINE].decoder.eos_ids)  # type: ignore[attr-defined]
         self._warm_up(run, generators, tokenizer, bar)
+        if self.alongside is None:
+            self._samples(run, generators, model, tokenizer, bar, study, results)
+        else:
+            finished = False
+            try:
+                self.alongside.begin(name, self.samples, run.first_turn_ids, run.eos_ids)
+                self._samples(run, generators, model, tokenizer, bar, study, results)
+                finished = True
+            finally:
+                self.alongside.end(name, run.records, finished)
+        if study.memo is not None:
+            study.memo.flush()
+            run.memo["totals"] = memo_totals(run.records)
+        del generators, model, tokenizer
+        gc.collect()
+
+    def _samples(self, run: ModelRun, generators: dict[str, Generator], model: Any, tokenizer: Any, bar: tqdm,
+                 study: Study, results: TextIO) -> None:
+        """Every sample through every method (and the alongside engine's turns), records appended as they finish."""
+        settings, name, alongside = self.settings, run.model, self.alongside
         order = [m.name for m in self.methods if m.name in generators]
         for index, sample in enumerate(self.samples):
             runs: dict[str, list[Record]] = {}
@@ -310,6 +347,8 @@ class Bench:
                     for method in order if (name, sample.dataset, str(sample.question_id), method) in self.done}
             if len(kept) == len(order):  # --resume: every cell of this sample is done
                 run.records.extend(kept[method] for method in order)
+                for repeat in range(settings.repeats if alongside is not None else 0):
+                    alongside.turn(index, repeat)  # type: ignore[union-attr]
                 continue
             # sampled runs: one seed per sample, the same for every method (settings.seed + sample index)
             sampling = None if settings.sampling.greedy else settings.sampling.model_copy(
@@ -317,6 +356,10 @@ class Bench:
             for repeat in range(settings.repeats):
                 if not settings.warm_sources:
                     self._fresh_decoders(run, generators, model, tokenizer, index, bar, study)
+                # the alongside engine runs before our methods on every other turn, after them on the rest
+                before = alongside is not None and (index + repeat) % 2 == 1
+                if before:
+                    alongside.turn(index, repeat)  # type: ignore[union-attr]
                 for method in _rotated([m for m in order if m in generators and m not in kept], index + repeat):
                     bar.set_postfix_str(f"{name} {sample.dataset}:{sample.question_id} {method}", refresh=False)
                     try:
@@ -341,6 +384,8 @@ class Bench:
                     bar.update(1)
                 if skipped:
                     break
+                if alongside is not None and not before:
+                    alongside.turn(index, repeat)
             if skipped:  # its slots are spent
                 bar.update(sum(1 for m in order if m in generators) * settings.repeats
                            - sum(len(r) for r in runs.values()))
@@ -364,11 +409,6 @@ class Bench:
                         results.write(json.dumps(measured[method]) + "\n")
                     run.records.append(measured[method])
             results.flush()
-        if study.memo is not None:
-            study.memo.flush()
-            run.memo["totals"] = memo_totals(run.records)
-        del generators, model, tokenizer
-        gc.collect()
 
     def _explain(self, measured: dict[str, Record], sample: Sample, generators: dict[str, Generator],
                  tokenizer: Any) -> None:

@@ -15,7 +15,13 @@ import pytest
 
 from goose import cli, models
 from goose_bench.generators import TurnOutput
-from goose_bench.llama_peer import LlamaBenchError, across_files, llama_peer, llama_section, run_llama_bench
+from goose_bench.llama_peer import (
+    LlamaBenchError,
+    across_files,
+    llama_peer,
+    llama_section,
+    start_llama_session,
+)
 from goose_bench.outputs import write_outputs
 from goose_bench.peers import llama_runner
 from goose_bench.prompts import Sample
@@ -53,7 +59,7 @@ def test_a_failing_llama_bench_names_the_command_and_its_stderr(tmp_path: Path) 
     command = [sys.executable, str(LLAMA_RUNNER), "--gguf", str(tmp_path / "none.gguf"), "--prompts", "p.json",
                "--out", str(tmp_path)]
     with pytest.raises(LlamaBenchError) as failure:
-        run_llama_bench(command, tmp_path, progress=False)
+        start_llama_session(command, tmp_path, progress=False)
     assert "exit status 2" in str(failure.value) and "none.gguf: no such file" in str(failure.value)
 
 
@@ -78,7 +84,7 @@ def test_the_runner_refuses_a_build_for_another_cpu_before_it_imports_llama_cpp(
     command = [sys.executable, str(LLAMA_RUNNER), "--gguf", str(tmp_path / "model.gguf"), "--prompts",
                str(tmp_path / "p.json"), "--methods", "llama", "--out", str(tmp_path / "out")]
     with pytest.raises(LlamaBenchError) as failure:
-        run_llama_bench(command, tmp_path, progress=False)
+        start_llama_session(command, tmp_path, progress=False)
     assert f"exit status {llama_runner.REFUSED_STATUS}" in str(failure.value)
     assert "this CPU lacks: no_cpu_has_this" in str(failure.value) and not (tmp_path / "out").exists()
 
@@ -224,12 +230,17 @@ def test_gguf_files_side_by_side(tmp_path: Path) -> None:
 # --- the real thing, where `make llama-setup` has built it ----------------------------------------
 
 
+def prompts_ids(prompts: dict) -> list:
+    return [prompt["question_id"] for prompt in prompts["prompts"]]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not LLAMA_BUILT or FOREIGN is not None,
                     reason=FOREIGN or "llama-cpp-python is not installed (`make llama-setup` builds it)")
 def test_goose_bench_with_llama_cpp_on_smollm2(tmp_path: Path) -> None:
-    """Two HumanEval prompts x 16 tokens: our ar and goose, then llama.cpp plain and with prompt lookup on SmolLM2's
-    Q4_1 file, joined in summary.json and report.md."""
+    """Two HumanEval prompts x 16 tokens: our ar and goose, and llama.cpp plain and with prompt lookup on SmolLM2's
+    Q4_1 file taking turns with them (after ours on the first prompt, before ours on the second), joined in
+    summary.json and report.md."""
     status = cli.main(["bench", "llama", "--model", "smollm2-135m", "--datasets", "humaneval", "--limit", "2",
                        "--max-new-tokens", "16", "--methods", "goose", "--dtype", "float32", "--threads", "1",
                        "--python", sys.executable, "--llama-methods", "llama,llama_pld", "--out", str(tmp_path),
@@ -252,6 +263,13 @@ def test_goose_bench_with_llama_cpp_on_smollm2(tmp_path: Path) -> None:
         assert len(output) == 16 or output[-1] in prompts["eos_ids"]
         by_method.setdefault(generation["method"], []).append(output)
     assert set(by_method) == {"llama", "llama_pld"} and len(by_method["llama"]) == 2
+    # the two sides took turns: our first prompt, llama.cpp's first and second, our second (records' tstamp: when
+    # each run ended)
+    ours_ended = [max(r["tstamp"] for r in records if r["question_id"] == q) for q in prompts_ids(prompts)]
+    ours_started = [min(r["tstamp"] - r["wall_s"] for r in records if r["question_id"] == q)
+                    for q in prompts_ids(prompts)]
+    theirs = [max(g["tstamp"] for g in results["generations"] if g["prompt"] == i) for i in (0, 1)]
+    assert ours_ended[0] < theirs[0] < theirs[1] < ours_started[1]
     # llama.cpp's prompt lookup keeps a draft token only where it is the greedy choice, so its text is its plain
     # run's, as long as a batch of rows rounds as one row does (it does on these prompts; its CPU arithmetic is
     # deterministic, so this does not flake)
@@ -260,3 +278,43 @@ def test_goose_bench_with_llama_cpp_on_smollm2(tmp_path: Path) -> None:
     assert section["compared"] == 2 and section["identical_to_plain"]["llama_pld"] == 2
     assert all(row["ratios"]["goose/llama"] > 0 for row in section["prompts"])
     assert "### llama.cpp on the same prompts (tok/s)" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.skipif(not LLAMA_BUILT or FOREIGN is not None,
+                    reason=FOREIGN or "llama-cpp-python is not installed (`make llama-setup` builds it)")
+def test_the_runner_takes_turns_and_a_bad_turn_stops_it_with_its_reason(tmp_path: Path) -> None:
+    """The runner with --turns on SmolLM2's Q4_1 file: ready once warm, one turn run and said done, then a turn for a
+    prompt it was not given: an error naming the line (its stderr's last lines), and no runner left behind."""
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps({"eos_ids": [0], "prompts": [{"dataset": "d", "question_id": 0,
+                                                                "ids": [1, 504, 3158, 314]}]}))
+    command = [sys.executable, str(LLAMA_RUNNER), "--gguf", str(models.gguf_path("smollm2-135m")), "--prompts",
+               str(prompts), "--methods", "llama", "--max-tokens", "4", "--threads", "1", "--out",
+               str(tmp_path / "out"), "--turns"]
+    session = start_llama_session(command, tmp_path / "out", progress=False)
+    session.turn("0 0")
+    with pytest.raises(LlamaBenchError, match=r"turn '3 0': not 'INDEX REPEAT' with INDEX < 1"):
+        session.turn("3 0")
+    assert session.process.poll() is not None and not (tmp_path / "out" / "results.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not LLAMA_BUILT, reason="llama-cpp-python is not installed (`make llama-setup` builds it)")
+def test_a_llama_runner_that_fails_leaves_our_methods_measured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The runner refuses its build (a recorded instruction no CPU has): our methods still run every prompt and are
+    written; the run then ends with the runner's error (exit status 2), the summary without a llama section."""
+    record = tmp_path / "goose-llama-cpu-flags"
+    record.write_text("avx2 no_cpu_has_this\n")
+    monkeypatch.setenv(llama_runner.CPU_FLAGS_VARIABLE, str(record))  # the runner inherits our environment
+    status = cli.main(["bench", "llama", "--model", "smollm2-135m", "--datasets", "humaneval", "--limit", "2",
+                       "--max-new-tokens", "8", "--methods", "goose", "--dtype", "float32", "--threads", "1",
+                       "--python", sys.executable, "--llama-methods", "llama", "--out", str(tmp_path / "run"),
+                       "--no-progress"])
+    assert status == 2
+    err = capsys.readouterr().err
+    assert "llama.cpp stopped; our methods go on without it" in err and "this CPU lacks: no_cpu_has_this" in err
+    assert "llama" not in json.loads((tmp_path / "run" / "summary.json").read_text())
+    records = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+    assert sorted((r["method"], r["question_id"]) for r in records) == [
+        ("ar", "HumanEval/0"), ("ar", "HumanEval/1"), ("goose", "HumanEval/0"), ("goose", "HumanEval/1")]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from goose import cli, models
-from goose_bench.llama_peer import LlamaBenchError, llama_peer, llama_server_binary, run_llama_bench
+from goose_bench.llama_peer import LlamaBenchError, llama_peer, llama_server_binary, start_llama_session
 from goose_bench.peers import llama_runner
 from goose_bench.peers.llama_runner import SERVER_LOG
 from goose_bench.peers.llama_server import LlamaServer, LlamaServerError, missing_instructions
@@ -71,7 +71,7 @@ def test_the_runner_refuses_llama_server_ngram_without_a_binary(tmp_path: Path) 
     command = [sys.executable, str(Path(llama_runner.__file__)), "--gguf", str(gguf), "--prompts", "p.json",
                "--methods", "llama_server_ngram", "--server", str(tmp_path / "none"), "--out", str(tmp_path)]
     with pytest.raises(LlamaBenchError, match="`make llama-server` builds it"):
-        run_llama_bench(command, tmp_path, progress=False)
+        start_llama_session(command, tmp_path, progress=False)
 
 
 def test_a_server_that_cannot_start_or_exits_at_once_is_an_error_naming_its_log(tmp_path: Path) -> None:

@@ -1,9 +1,15 @@
 """llama.cpp on Goose's benchmark prompts: plain greedy decoding, its prompt lookup and its server's ngram-mod.
 
 Run with the llama.cpp environment (``make llama-setup`` builds it); ``goose bench llama --python
-.venv/bin/python`` runs it after its own methods, on the same prompts::
+.venv/bin/python`` runs it beside its own methods, on the same prompts, taking turns with them::
 
     .venv/bin/python bench/goose_bench/peers/llama_runner.py --gguf FILE.gguf --prompts prompts.json --out DIR
+
+Alone it runs every prompt, ``--repeats`` times, and exits. With ``--turns`` it loads, warms up,
+prints ``@ready`` and then runs one turn per line of stdin, ``INDEX REPEAT``: every method once on
+that prompt, then ``@done INDEX REPEAT``; at the end of stdin it writes results.json. ``goose bench``
+hands it each prompt between its own methods' runs of that prompt, so the two sides are timed
+minutes apart no more: a VM's clock drifts by more than the ratios they are compared by.
 
 ``--prompts`` is a JSON object ``{"eos_ids": [...], "prompts": [{"dataset", "question_id", "ids"}, ...]}``:
 the token ids Goose's side encoded (chat template applied there), so that both engines decode the
@@ -60,6 +66,7 @@ WARMUP_TOKENS = 8
 # llama.cpp's docs/speculative.md for ngram-mod (its defaults too): lookup length, shortest and longest draft
 NGRAM_MOD = {"n_match": 24, "n_min": 48, "n_max": 64}
 SERVER_LOG = "llama_server.log"
+READY, DONE = "@ready", "@done"  # --turns: stdout's lines that say it is ready for a turn, and that one is done
 CPUINFO = Path("/proc/cpuinfo")
 # where `make llama-setup` records the instruction sets of the llama-cpp-python it installed (goose.llama_model's)
 CPU_FLAGS_VARIABLE = "GOOSE_LLAMA_CPU_FLAGS"
@@ -78,6 +85,7 @@ class Generation:
     first_token_s: float
     wall_s_runs: list[float]
     repeats_identical: bool
+    tstamp: float  # the kept run's end, in seconds since the epoch (as goose bench's records' tstamp)
     drafted: int | None = None  # llama_server_ngram: tokens drafted and accepted in the kept run (the server's count)
     accepted: int | None = None
 
@@ -110,6 +118,9 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=1, help="runs of every method on every prompt; the median "
                         "by wall time is kept")
     parser.add_argument("--out", required=True, help="folder for results.json")
+    parser.add_argument("--turns", action="store_true", help=f"print {READY} once warm, then run one turn per stdin "
+                        f"line 'INDEX REPEAT' (every method once on that prompt; {DONE} INDEX REPEAT after it) until "
+                        "stdin ends")
     args = parser.parse_args(argv)
     args.methods = [m for m in args.methods.split(",") if m]
     unknown = sorted(set(args.methods) - set(METHODS))
@@ -232,25 +243,45 @@ def run(args: argparse.Namespace, prompts: list[dict[str, Any]], eos_ids: frozen
             serve_and_generate(args, n_ctx, threads, ids, limit), eos_ids)
     for llm in engines.values():  # warm-up on the first prompt, as Goose's bench warms up its own
         generate(llm, prompts[0]["ids"], WARMUP_TOKENS, eos_ids)
-    generations = []
-    for index, prompt in enumerate(prompts):
-        runs: dict[str, list[Run]] = {m: [] for m in args.methods}
-        for repeat in range(args.repeats):
-            # the order rotates per prompt and repeat, as Goose's own methods' does
-            shift = (index + repeat) % len(args.methods)
-            for method in [*args.methods[shift:], *args.methods[:shift]]:
-                runs[method].append(decoders[method](prompt["ids"], args.max_tokens))
-        for method in args.methods:
-            found = runs[method]
-            # goose_bench.medians.middle_by, written out: this runner imports nothing of goose or goose_bench (the
-            # llama.cpp environment need hold llama-cpp-python only; goose bench puts nothing on its path)
-            output, wall, first, stats = sorted(found, key=lambda r: r[1])[(len(found) - 1) // 2]
-            generation = Generation(method, index, output, wall, first, [r[1] for r in found],
-                                    all(r[0] == found[0][0] for r in found), *(stats or (None, None)))
-            generations.append(generation)
+    runs: dict[int, dict[str, list[tuple[Run, float]]]] = {}
+
+    def turn(index: int, repeat: int) -> None:
+        prompt = prompts[index]
+        # the order rotates per prompt and repeat, as Goose's own methods' does
+        shift = (index + repeat) % len(args.methods)
+        for method in [*args.methods[shift:], *args.methods[:shift]]:
+            found = decoders[method](prompt["ids"], args.max_tokens)
+            runs.setdefault(index, {}).setdefault(method, []).append((found, time.time()))
+            output, wall, _, stats = found
             drafts = f", {stats[1]} of {stats[0]} drafted accepted" if stats else ""
             print(f"  {prompt['dataset']}/{prompt['question_id']} {method}: {len(output)} tokens in {wall:.2f} s "
-                  f"({generation.tokens_per_s:.1f} tok/s{drafts})", flush=True)
+                  f"({len(output) / wall if wall > 0 else 0.0:.1f} tok/s{drafts})", flush=True)
+
+    if args.turns:
+        print(READY, flush=True)
+        for line in sys.stdin:
+            parts = line.split()
+            if len(parts) != 2 or not all(part.isdigit() for part in parts) or int(parts[0]) >= len(prompts):
+                raise SystemExit(f"turn {line.strip()!r}: not 'INDEX REPEAT' with INDEX < {len(prompts)}")
+            index, repeat = int(parts[0]), int(parts[1])
+            turn(index, repeat)
+            print(f"{DONE} {index} {repeat}", flush=True)
+    else:
+        for index in range(len(prompts)):
+            for repeat in range(args.repeats):
+                turn(index, repeat)
+    generations = []
+    for index in sorted(runs):
+        for method in args.methods:
+            found = runs[index].get(method)
+            if not found:
+                continue
+            # goose_bench.medians.middle_by, written out: this runner imports nothing of goose or goose_bench (the
+            # llama.cpp environment need hold llama-cpp-python only; goose bench puts nothing on its path)
+            (output, wall, first, stats), ended = sorted(found, key=lambda r: r[0][1])[(len(found) - 1) // 2]
+            generations.append(Generation(method, index, output, wall, first, [r[0][1] for r in found],
+                                          all(r[0][0] == found[0][0][0] for r in found), ended,
+                                          *(stats or (None, None))))
     import llama_cpp
 
     # llama-cpp-python's wrapper of llama_model (no public accessor); a vocabulary-only load where only the server ran
