@@ -110,6 +110,7 @@ def _honest(records: Sequence[Record]) -> Row:
             if len(r.get("wall_s_runs") or ()) > 1 and min(r["wall_s_runs"]) > 0]
     return {
         "speedup_spread": _spread(r.get("speedup") for r in records),
+        "estimated_speedup_spread": _spread(r.get("estimated_speedup") for r in records),
         "tokens_per_s_spread": _spread(r["tokens_per_s"] for r in records),
         "speedup_of_sums": of_sums,
         "repeat_spread": [median(runs), max(runs)] if runs else None,

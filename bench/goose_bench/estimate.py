@@ -6,9 +6,14 @@ how many verify passes of how many rows they needed. Priced on a cost curve t(ro
 measured curve, a curve file measured elsewhere, e.g. on a GPU with ``goose calibrate --json``, or a
 curve shipped with goose by name, ``bench/goose_bench/data/curves/<name>.json``, measured on a quiet machine
 for studies that must price on the same curve wherever they run), a sample costs sum over its passes
-of t(rows + the auxiliary rows riding along); the estimated speedup is ``ar``'s priced cost on the
-same prompt over the method's. Prefill and host time are left out on both sides: this ranks
+of t(rows + the auxiliary rows riding along); the estimated speedup is ``ar``'s priced cost a token
+on the same prompt over the method's. Prefill and host time are left out on both sides: this ranks
 drafting, it does not predict wall time.
+
+Where every pass runs for real (bfloat16, int8, the llama.cpp engine, sampling, ``--no-memo``,
+``--repeats``), the bench prices the same passes on the curve the run calibrated, beside the clock
+(``priced_beside``): the clock says what the run took, the priced figure what its trees cost by the
+rule the planner lays them by, which does not move with the machine's load from prompt to prompt.
 """
 
 from __future__ import annotations
@@ -70,10 +75,16 @@ def priced_seconds(record: Record, curve: CostCurve) -> float | None:
 
 
 def price(records: Mapping[str, Record], curve: CostCurve, baseline: str) -> None:
-    """Fill in ``estimated_s`` and ``estimated_speedup`` (over ``baseline`` on the same sample) in place."""
+    """Fill in ``estimated_s`` and ``estimated_speedup`` (over ``baseline`` on the same sample, a token each: texts of
+    different lengths, sampled or where numerics depend on the batch, compare by their cost a token) in place."""
     for record in records.values():
         record["estimated_s"] = priced_seconds(record, curve)
-    base = records.get(baseline, {}).get("estimated_s")
+
+    def per_token(record: Record) -> float | None:
+        seconds, tokens = record.get("estimated_s"), record.get("new_tokens")
+        return seconds / tokens if seconds and tokens else None
+
+    base = per_token(records.get(baseline, {}))
     for record in records.values():
-        mine = record["estimated_s"]
+        mine = per_token(record)
         record["estimated_speedup"] = base / mine if base and mine else None

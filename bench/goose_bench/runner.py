@@ -139,6 +139,7 @@ class ModelRun:
     records: list[Record] = field(default_factory=list)
     cost_curve: CostCurve | None = None  # this device's verify cost curve, for time predicted from tree sizes
     priced_on: CostCurve | None = None  # the deterministic mode's curve (--cost-curve)
+    priced_beside: CostCurve | None = None  # every pass ran for real: the same passes priced on cost_curve as well
     priced_name: str | None = None  # which: "device" or the curve's file or shipped name
     # what another engine needs to decode the same first turns and stop where ours stop (goose bench llama)
     first_turn_ids: list[list[int]] = field(default_factory=list)  # per sample, as run_sample encodes turn 0
@@ -401,6 +402,9 @@ class Bench:
                             record[key] = None
             if run.priced_on is not None:
                 price(measured, run.priced_on, BASELINE)
+            elif run.cost_curve is not None:  # beside the clock: what the trees cost by the planner's own rule
+                run.priced_beside = run.cost_curve
+                price(measured, run.cost_curve, BASELINE)
             if sampling is None:
                 self._explain(measured, sample, generators, tokenizer)
             for method in order:  # file order: the requested method order, whatever the timing order
@@ -535,7 +539,8 @@ class Bench:
         described = {m.name: describe(m) for m in self.methods}
         summaries = []
         for run in self.runs:
-            priced = {"priced_on": {"curve": run.priced_name, **run.priced_on.to_dict()}} if run.priced_on else {}
+            priced = {"priced_on": {"curve": run.priced_name, **run.priced_on.to_dict()}} if run.priced_on else \
+                {"priced_beside": {"curve": DEVICE_CURVE, **run.priced_beside.to_dict()}} if run.priced_beside else {}
             summary = build_summary(run.model, run.device, run.dtype, run.records, described, run.unavailable,
                                     common | {"cost_curve": run.cost_curve.to_dict() if run.cost_curve else None}
                                     | priced | {"memo": run.memo})

@@ -413,7 +413,8 @@ def test_the_two_medians() -> None:
 @pytest.mark.slow
 def test_repeats_keep_the_median_run_and_compare_with_prompt_lookup(tmp_path: Path) -> None:
     """--repeats 3: every method three times on the prompt, the record is the median-time run, every run's time kept;
-    speedups over hf_pld per prompt in the records, the summary and the report."""
+    speedups over hf_pld per prompt in the records, the summary and the report; the real passes also priced on the
+    run's own curve beside the clock (ar's own at 1x, goose's its passes' price a token)."""
     status = cli.main(["bench", "run", "--model", "smollm2-135m", "--datasets", "humaneval", "--limit", "1",
                        "--max-new-tokens", "8", "--methods", "ar,goose,hf_pld", "--dtype", "float32",
                        "--repeats", "3", "--out", str(tmp_path), "--no-progress"])
@@ -434,6 +435,15 @@ def test_repeats_keep_the_median_run_and_compare_with_prompt_lookup(tmp_path: Pa
     assert goose_row["speedup_vs_hf_pld_range"] == [goose_row["speedup_vs_hf_pld"]] * 2  # one prompt
     report = (tmp_path / "report.md").read_text()
     assert "ran 3 times on every prompt" in report and "### Speedup over Hugging Face prompt lookup" in report
+    beside = CostCurve.from_dict(summary["settings"]["priced_beside"])
+    assert beside.sizes == tuple(summary["settings"]["cost_curve"]["sizes"]) and "priced_on" not in summary["settings"]
+    ar, goose = records[0], records[1]
+    assert ar["estimated_speedup"] == 1.0 and records[2]["estimated_speedup"] is None  # hf_pld reports no passes
+    assert goose["estimated_speedup"] == pytest.approx((len(ar["tree_sizes"]) * beside.seconds[0] / ar["new_tokens"])
+                                                       / (sum(float(beside(n)) for n in goose["tree_sizes"])
+                                                          / goose["new_tokens"]))
+    assert goose_row["estimated_speedup_spread"] == [goose["estimated_speedup"]] * 3
+    assert "priced on this device's measured curve" in report and "beside the clock" in report
 
 
 @pytest.mark.parametrize(("flags", "message"), [
