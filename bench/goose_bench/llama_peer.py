@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from goose.store.cache_dir import default_cache_dir
 from goose_bench.medians import median_of
 from goose_bench.peer_script import (
@@ -268,8 +270,8 @@ class LlamaAlongside:
         prompts_file.write_text(json.dumps(prompts_document(samples, first_turn_ids, eos_ids)) + "\n")
         command = [*llama_command(self.peer, gguf_path(model), prompts_file, self.max_new_tokens, self.threads,
                                   self.repeats, folder, self.engine), "--turns"]
-        print(f"{model}: llama.cpp {', '.join(self.peer.methods)} on {len(samples)} first turns, in turns with ours "
-              f"({self.peer.script.name}, into {folder})", flush=True)
+        tqdm.write(f"{model}: llama.cpp {', '.join(self.peer.methods)} on {len(samples)} first turns, in turns with "
+                   f"ours ({self.peer.script.name}, into {folder})", file=sys.stdout)
         self._guarded(lambda: setattr(self, "session", start_llama_session(command, folder, self.progress)))
 
     def turn(self, index: int, repeat: int) -> None:
@@ -296,7 +298,7 @@ class LlamaAlongside:
                 self.session.stop()
                 self.session = None
             self.failure = self.failure or error
-            print(f"llama.cpp stopped; our methods go on without it: {error}", file=sys.stderr, flush=True)
+            tqdm.write(f"llama.cpp stopped; our methods go on without it: {error}", file=sys.stderr)
 
 
 def start_llama_session(command: Sequence[str], out: Path, progress: bool = True) -> PeerSession:

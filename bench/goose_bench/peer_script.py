@@ -14,10 +14,13 @@ import json
 import shlex
 import shutil
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 STDERR_LINES_SHOWN = 15
 
@@ -139,7 +142,8 @@ class PeerSession:
             if marker is not None and line.rstrip("\n") == marker:
                 return
             if self.progress:
-                print(f"  {self.name} | {line.rstrip()}", flush=True)
+                # beside our run's progress bar: written above it, not through it
+                tqdm.write(f"  {self.name} | {line.rstrip()}", file=sys.stdout)
         status = self.process.wait()
         self.process.stdout.close()
         self._stderr.close()
