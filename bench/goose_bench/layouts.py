@@ -231,7 +231,9 @@ def run_layouts(model: str, layouts: Sequence[str], out: Path, *, threads: int |
     try:
         from goose_bench.plots import layouts_plot
 
-        layouts_plot(document, out / PLOT_FILE)
+        conditions = document["conditions"]
+        layouts_plot(document, out / PLOT_FILE, f"{Path(entries[0]['file']).stem}: "
+                     f"{threads_phrase(conditions['threads'])}, {conditions['cpu']}")
     except ImportError as error:  # matplotlib: goose-bench's dependency, but an environment may lack it
         print(f"no plot: {error}", file=sys.stderr)
     return document

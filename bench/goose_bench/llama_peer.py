@@ -25,7 +25,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -272,11 +273,13 @@ class LlamaAlongside:
                                   self.repeats, folder, self.engine), "--turns"]
         tqdm.write(f"{model}: llama.cpp {', '.join(self.peer.methods)} on {len(samples)} first turns, in turns with "
                    f"ours ({self.peer.script.name}, into {folder})", file=sys.stdout)
-        self._guarded(lambda: setattr(self, "session", start_llama_session(command, folder, self.progress)))
+        with self._kept_going():
+            self.session = start_llama_session(command, folder, self.progress)
 
     def turn(self, index: int, repeat: int) -> None:
         if self.session is not None:
-            self._guarded(lambda: self.session.turn(f"{index} {repeat}"))  # type: ignore[union-attr]
+            with self._kept_going():
+                self.session.turn(f"{index} {repeat}")
 
     def end(self, model: str, records: Sequence[Record], finished: bool) -> None:
         session, self.session = self.session, None
@@ -285,18 +288,17 @@ class LlamaAlongside:
         if not finished:
             session.stop()
             return
-        results: dict[str, Any] = {}
-        self._guarded(lambda: results.update(session.finish()))
-        if results:
-            self.sections[model] = llama_section(results, records, self.dtype, self.quantize) | {"engine": self.engine}
+        with self._kept_going():
+            section = llama_section(session.finish(), records, self.dtype, self.quantize)
+            self.sections[model] = section | {"engine": self.engine}
 
-    def _guarded(self, step: Any) -> None:
+    @contextmanager
+    def _kept_going(self) -> Iterator[None]:
+        """A runner that fails (its session already stopped) is said once and kept as ``failure``; ours go on."""
         try:
-            step()
+            yield
         except LlamaBenchError as error:
-            if self.session is not None:
-                self.session.stop()
-                self.session = None
+            self.session = None
             self.failure = self.failure or error
             tqdm.write(f"llama.cpp stopped; our methods go on without it: {error}", file=sys.stderr)
 

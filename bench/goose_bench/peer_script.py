@@ -66,18 +66,9 @@ def peer_folder(out: Path, peer: str, model: str, several_models: bool) -> Path:
 
 def run_peer_script(command: Sequence[str], out: Path, *, name: str, log_name: str, env: Mapping[str, str],
                     error: type[PeerBenchError], progress: bool = True) -> dict[str, Any]:
-    """Run ``command`` (a runner writing ``results.json`` into ``out``), echo its stdout, return the results."""
-    out.mkdir(parents=True, exist_ok=True)
-    log = out / log_name
-    with log.open("w") as stderr, subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=stderr, text=True,
-                                                  env=dict(env)) as process:
-        assert process.stdout is not None
-        for line in process.stdout:
-            if progress:
-                print(f"  {name} | {line.rstrip()}", flush=True)
-    if process.returncode != 0:
-        raise _failure(command, process.returncode, log, name, error)
-    return json.loads((out / "results.json").read_text())
+    """Run ``command`` (a runner writing ``results.json`` into ``out``) to its end, echo its stdout, return the
+    results: a :class:`PeerSession` handed no turn."""
+    return PeerSession(command, out, name=name, log_name=log_name, env=env, error=error, progress=progress).finish()
 
 
 def _failure(command: Sequence[str], status: int, log: Path, name: str, error: type[PeerBenchError]
@@ -91,11 +82,13 @@ class PeerSession:
     """A runner kept alive beside our run and handed one turn at a time: ``command`` prints ``ready`` once loaded
     and warm, then runs each stdin line it is given and prints ``done`` and the line after it; at the end of its
     stdin it writes ``results.json`` into ``out`` and exits. Starting returns once it is ready (its loading overlaps
-    none of our timed work); every other stdout line is echoed as progress; a runner that exits early is an
-    ``error`` naming the command and its last stderr lines."""
+    none of our timed work; ``ready`` None: at once, for a runner that takes no turns); every other stdout line is
+    echoed as progress; a runner that exits early, or not cleanly, is an ``error`` naming the command and its last
+    stderr lines."""
 
     def __init__(self, command: Sequence[str], out: Path, *, name: str, log_name: str, env: Mapping[str, str],
-                 error: type[PeerBenchError], ready: str, done: str, progress: bool = True) -> None:
+                 error: type[PeerBenchError], ready: str | None = None, done: str = "", progress: bool = True
+                 ) -> None:
         out.mkdir(parents=True, exist_ok=True)
         self.command, self.out, self.name, self.error, self.done, self.progress = \
             list(command), out, name, error, done, progress
@@ -103,11 +96,8 @@ class PeerSession:
         self._stderr = self.log.open("w")
         self.process = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=self._stderr, text=True, env=dict(env))
-        try:
-            self._echo_until(ready)
-        except BaseException:
-            self.stop()  # an interrupted or failed start leaves no runner behind
-            raise
+        if ready is not None:
+            self._guarded(ready)
 
     def turn(self, line: str) -> None:
         """Hand the runner ``line`` and wait until it says that turn is done."""
@@ -117,13 +107,13 @@ class PeerSession:
             self.process.stdin.flush()
         except BrokenPipeError:
             pass  # it exited: reading its stdout to the end says how
-        self._echo_until(f"{self.done} {line}")
+        self._guarded(f"{self.done} {line}")
 
     def finish(self) -> dict[str, Any]:
         """End the runner's stdin, wait for it to write its results, and return them."""
         assert self.process.stdin is not None
         self.process.stdin.close()
-        self._echo_until(None)
+        self._guarded(None)
         return json.loads((self.out / "results.json").read_text())
 
     def stop(self) -> None:
@@ -134,6 +124,14 @@ class PeerSession:
         for stream in (self.process.stdin, self.process.stdout, self._stderr):
             if stream is not None:
                 stream.close()
+
+    def _guarded(self, marker: str | None) -> None:
+        """:meth:`_echo_until`; interrupted or failed, it leaves no runner behind."""
+        try:
+            self._echo_until(marker)
+        except BaseException:
+            self.stop()
+            raise
 
     def _echo_until(self, marker: str | None) -> None:
         """Echo the runner's stdout up to the line ``marker``; ``None``: to its end, where it must exit cleanly."""

@@ -207,9 +207,9 @@ def _study(plt: Any, summary: dict[str, Any], path: Path) -> bool:
     return True
 
 
-def layouts_plot(document: dict[str, Any], path: Path) -> None:
+def layouts_plot(document: dict[str, Any], path: Path, title: str) -> None:
     """``goose bench layouts``' curves: t(n) / t(1) of every file against n, beside n itself (every row at one row's
-    cost: no batched kernel at all)."""
+    cost: no batched kernel at all); ``title``: the conditions, as the layouts module words them."""
     plt = _pyplot()
     sizes = document["conditions"]["sizes"]
     figure, axes = plt.subplots(figsize=(7, 4.5))
@@ -220,10 +220,7 @@ def layouts_plot(document: dict[str, Any], path: Path) -> None:
         axes.plot(sizes, entry["ratios"], marker="o", markersize=3, label=label)
     axes.set_xlabel("rows in the pass (n)")
     axes.set_ylabel("t(n) / t(1)")
-    conditions = document["conditions"]
-    threads = conditions["threads"]
-    axes.set_title(f"{Path(document['files'][0]['file']).stem}: {threads} thread{'s' if threads != 1 else ''}, "
-                   f"{conditions['cpu']}", fontsize="medium")
+    axes.set_title(title, fontsize="medium")
     axes.grid(alpha=0.3)
     axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     figure.tight_layout()

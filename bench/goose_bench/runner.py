@@ -139,7 +139,6 @@ class ModelRun:
     records: list[Record] = field(default_factory=list)
     cost_curve: CostCurve | None = None  # this device's verify cost curve, for time predicted from tree sizes
     priced_on: CostCurve | None = None  # the deterministic mode's curve (--cost-curve)
-    priced_beside: CostCurve | None = None  # every pass ran for real: the same passes priced on cost_curve as well
     priced_name: str | None = None  # which: "device" or the curve's file or shipped name
     # what another engine needs to decode the same first turns and stop where ours stop (goose bench llama)
     first_turn_ids: list[list[int]] = field(default_factory=list)  # per sample, as run_sample encodes turn 0
@@ -403,7 +402,6 @@ class Bench:
             if run.priced_on is not None:
                 price(measured, run.priced_on, BASELINE)
             elif run.cost_curve is not None:  # beside the clock: what the trees cost by the planner's own rule
-                run.priced_beside = run.cost_curve
                 price(measured, run.cost_curve, BASELINE)
             if sampling is None:
                 self._explain(measured, sample, generators, tokenizer)
@@ -540,7 +538,7 @@ class Bench:
         summaries = []
         for run in self.runs:
             priced = {"priced_on": {"curve": run.priced_name, **run.priced_on.to_dict()}} if run.priced_on else \
-                {"priced_beside": {"curve": DEVICE_CURVE, **run.priced_beside.to_dict()}} if run.priced_beside else {}
+                {"priced_beside": {"curve": DEVICE_CURVE, **run.cost_curve.to_dict()}} if run.cost_curve else {}
             summary = build_summary(run.model, run.device, run.dtype, run.records, described, run.unavailable,
                                     common | {"cost_curve": run.cost_curve.to_dict() if run.cost_curve else None}
                                     | priced | {"memo": run.memo})

@@ -243,16 +243,15 @@ def run(args: argparse.Namespace, prompts: list[dict[str, Any]], eos_ids: frozen
             serve_and_generate(args, n_ctx, threads, ids, limit), eos_ids)
     for llm in engines.values():  # warm-up on the first prompt, as Goose's bench warms up its own
         generate(llm, prompts[0]["ids"], WARMUP_TOKENS, eos_ids)
-    runs: dict[int, dict[str, list[tuple[Run, float]]]] = {}
+    runs: dict[int, dict[str, list[tuple[Any, ...]]]] = {}  # per prompt and method: every run, and when it ended
 
     def turn(index: int, repeat: int) -> None:
         prompt = prompts[index]
         # the order rotates per prompt and repeat, as Goose's own methods' does
         shift = (index + repeat) % len(args.methods)
         for method in [*args.methods[shift:], *args.methods[:shift]]:
-            found = decoders[method](prompt["ids"], args.max_tokens)
-            runs.setdefault(index, {}).setdefault(method, []).append((found, time.time()))
-            output, wall, _, stats = found
+            output, wall, first, stats = decoders[method](prompt["ids"], args.max_tokens)
+            runs.setdefault(index, {}).setdefault(method, []).append((output, wall, first, stats, time.time()))
             drafts = f", {stats[1]} of {stats[0]} drafted accepted" if stats else ""
             print(f"  {prompt['dataset']}/{prompt['question_id']} {method}: {len(output)} tokens in {wall:.2f} s "
                   f"({len(output) / wall if wall > 0 else 0.0:.1f} tok/s{drafts})", flush=True)
@@ -278,10 +277,9 @@ def run(args: argparse.Namespace, prompts: list[dict[str, Any]], eos_ids: frozen
                 continue
             # goose_bench.medians.middle_by, written out: this runner imports nothing of goose or goose_bench (the
             # llama.cpp environment need hold llama-cpp-python only; goose bench puts nothing on its path)
-            (output, wall, first, stats), ended = sorted(found, key=lambda r: r[0][1])[(len(found) - 1) // 2]
-            generations.append(Generation(method, index, output, wall, first, [r[0][1] for r in found],
-                                          all(r[0][0] == found[0][0][0] for r in found), ended,
-                                          *(stats or (None, None))))
+            output, wall, first, stats, ended = sorted(found, key=lambda r: r[1])[(len(found) - 1) // 2]
+            generations.append(Generation(method, index, output, wall, first, [r[1] for r in found],
+                                          all(r[0] == found[0][0] for r in found), ended, *(stats or (None, None))))
     import llama_cpp
 
     # llama-cpp-python's wrapper of llama_model (no public accessor); a vocabulary-only load where only the server ran
